@@ -1,0 +1,70 @@
+"""Builds the Quart-Trio app: routes, auth, limits and the one error shape."""
+
+from __future__ import annotations
+
+import logging
+
+from quart import Response, jsonify
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from daemon.api.auth import request_authorized
+from daemon.api.http import http_routes
+from daemon.api.ws import ws_routes
+from daemon.httpserver import Connections
+from daemon.errors import ApiError, PayloadTooLarge, Unauthorized
+from daemon.runtime.core import Runtime
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 1024 * 1024  # CONTRACT §3: a body over 1 MiB is 413
+
+_HTTP_CODES = {
+    400: "BAD_REQUEST", 401: "UNAUTHORIZED", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED",
+    409: "CONFLICT", 413: "PAYLOAD_TOO_LARGE",
+}
+
+
+def _error(err: ApiError) -> Response:
+    response = jsonify(err.to_wire())
+    response.status_code = err.status
+    return response
+
+
+def build_app(rt: Runtime, connections: Connections) -> QuartTrio:
+    app = QuartTrio("veild")
+    app.config.update(
+        MAX_CONTENT_LENGTH=MAX_BODY,
+        RESPONSE_TIMEOUT=None,  # SSE streams last as long as their turn or client
+        PROPAGATE_EXCEPTIONS=False,
+    )
+    app.register_blueprint(http_routes(rt))
+    app.register_blueprint(ws_routes(rt, connections))
+    token = rt.config.server.auth_token
+
+    @app.before_request
+    async def _auth() -> Response | None:
+        if not request_authorized(token):
+            return _error(Unauthorized("missing or wrong bearer token"))
+        return None
+
+    @app.errorhandler(ApiError)
+    async def _api_error(err: ApiError) -> Response:
+        return _error(err)
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(err: HTTPException) -> Response:
+        status = err.code or 500
+        if status == 413:
+            return _error(PayloadTooLarge(f"the request body is over {MAX_BODY} bytes"))
+        api = ApiError(err.description or err.name)
+        api.status = status
+        api.code = _HTTP_CODES.get(status, "BAD_REQUEST" if status < 500 else "INTERNAL_ERROR")
+        return _error(api)
+
+    @app.errorhandler(Exception)
+    async def _unexpected(err: Exception) -> Response:
+        log.error("unhandled error in a request", exc_info=err)
+        return _error(ApiError("internal error"))
+
+    return app

@@ -1,0 +1,31 @@
+"""Bearer-token auth: `Authorization: Bearer T` or `?token=T` (for EventSource clients)."""
+
+from __future__ import annotations
+
+import hmac
+
+from quart import request, websocket
+
+
+def _presented(headers: dict[str, str] | object, args: dict[str, str] | object) -> str | None:
+    header = headers.get("Authorization", "")  # type: ignore[attr-defined]
+    if header.startswith("Bearer "):
+        return str(header[7:].strip())
+    token = args.get("token")  # type: ignore[attr-defined]
+    return str(token) if token else None
+
+
+def _matches(presented: str | None, expected: str) -> bool:
+    return presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
+
+
+def request_authorized(expected: str | None) -> bool:
+    if expected is None or request.path == "/health":
+        return True
+    return _matches(_presented(request.headers, request.args), expected)
+
+
+def websocket_authorized(expected: str | None) -> bool:
+    if expected is None:
+        return True
+    return _matches(_presented(websocket.headers, websocket.args), expected)

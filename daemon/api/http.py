@@ -1,0 +1,159 @@
+"""HTTP routes of CONTRACT §3: parse, call the runtime, render."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Blueprint, Response, jsonify, request
+
+from daemon import __version__
+from daemon.api import parse
+from daemon.api.sse import sse_response
+from daemon.clock import new_id
+from daemon.errors import ApiError, Conflict
+from daemon.runtime import events as ev
+from daemon.runtime.bus import Filter
+from daemon.runtime.core import Runtime
+from daemon.runtime.state import SessionState
+from daemon.runtime.turn import TurnOutcome
+
+
+def _json(body: dict[str, Any], status: int = 200) -> Response:
+    response = jsonify(body)
+    response.status_code = status
+    return response
+
+
+def chat_result(outcome: TurnOutcome) -> dict[str, Any]:
+    stats = outcome.stats.wire()
+    result: dict[str, Any] = {
+        "sessionId": outcome.session.id,
+        "turnId": outcome.turn_id,
+        "content": outcome.content,
+        "model": stats["model"],
+        "iterations": stats["iterations"],
+        "durationMs": stats["durationMs"],
+        "tokenUsage": stats["tokenUsage"],
+        "toolCalls": stats["toolCalls"],
+        "cancelled": outcome.cancelled,
+    }
+    if outcome.cancelled:
+        result["cancelReason"] = outcome.cancel_reason
+    result["session"] = ev.session_wire(outcome.session)
+    return result
+
+
+class TurnFailed(ApiError):
+    """A JSON-mode turn that ended in an `error` other than CANCELLED."""
+
+    def __init__(self, outcome: TurnOutcome) -> None:
+        super().__init__(outcome.message, {
+            **(outcome.details or {}), "sessionId": outcome.session.id, "turnId": outcome.turn_id,
+        })
+        self.code = outcome.code or "INTERNAL_ERROR"
+        self.status = 502 if self.code == "PROVIDER_ERROR" else 500
+
+
+def http_routes(rt: Runtime) -> Blueprint:
+    bp = Blueprint("http", __name__)
+    sessions = rt.sessions
+
+    async def body_object(*, allow_empty: bool = False) -> dict[str, Any]:
+        raw = await request.get_data(as_text=False)
+        assert isinstance(raw, bytes)
+        return parse.json_object(raw, allow_empty=allow_empty)
+
+    @bp.get("/health")
+    async def health() -> Response:
+        return _json({"status": "ok", "version": __version__,
+                      "sessionsRunning": sessions.running_count})
+
+    @bp.get("/agents")
+    async def agents() -> Response:
+        return _json({"agents": [
+            {"name": a.name, "engine": a.engine, "model": a.model, "tools": list(a.tools)}
+            for a in rt.config.agents.values()
+        ]})
+
+    @bp.post("/agents/<name>/chat")
+    async def chat(name: str) -> Response:
+        agent = sessions.agent(name)
+        req = parse.ChatRequest.parse(await body_object())
+        state = await sessions.session_for_chat(agent, req.session_id)
+        if sessions.inject(state, req.message):
+            return _json({"injected": True, "sessionId": state.record.id}, 202)
+        trigger = "sse" if req.sse else "http"
+        turn_id = new_id("turn")
+        # Subscribe before the turn starts, so the stream holds every one of its events.
+        sub = rt.bus.subscribe(
+            Filter(session_ids=frozenset({state.record.id}), turn_id=turn_id, stream_only=True)
+        ) if req.sse else None
+        try:
+            turn = await sessions.start_turn(
+                state, req.message, trigger, turn_id=turn_id, budget_tokens=req.budget_tokens
+            )
+        except Conflict:
+            # Another request started a turn in between: this message joins it.
+            if sub is not None:
+                sub.close()
+            if sessions.inject(state, req.message):
+                return _json({"injected": True, "sessionId": state.record.id}, 202)
+            raise
+        except BaseException:
+            if sub is not None:
+                sub.close()
+            raise
+        if sub is not None:
+            return sse_response(sub, stop_at_terminal=True)
+        await turn.finished.wait()
+        assert turn.outcome is not None
+        if turn.outcome.code is not None and not turn.outcome.cancelled:
+            raise TurnFailed(turn.outcome)
+        return _json(chat_result(turn.outcome))
+
+    @bp.post("/sessions/<session_id>/cancel")
+    async def cancel(session_id: str) -> Response:
+        scope = parse.cancel_scope(await body_object(allow_empty=True))
+        state = await sessions.session(session_id)
+        return _json(sessions.cancel(state, scope).wire())
+
+    @bp.get("/sessions")
+    async def list_sessions() -> Response:
+        limit = parse.int_param(request.args.get("limit"), "limit", minimum=1,
+                                maximum=parse.MAX_LIMIT) or 100
+        records = await rt.store.list_sessions(
+            agent=request.args.get("agent") or None,
+            parent=request.args.get("parent") or None,
+            limit=limit,
+        )
+        return _json({"sessions": [_live(s.id, ev.session_wire(s)) for s in records]})
+
+    def _live(session_id: str, wire: dict[str, Any]) -> dict[str, Any]:
+        # The in-memory state is newer than the row while a turn runs.
+        state: SessionState | None = sessions.cached(session_id)
+        return ev.session_wire(state.record) if state is not None else wire
+
+    @bp.get("/sessions/<session_id>")
+    async def get_session(session_id: str) -> Response:
+        state = await sessions.session(session_id)
+        children = await rt.store.children(session_id)
+        return _json({**ev.session_wire(state.record), "children": children})
+
+    @bp.get("/sessions/<session_id>/messages")
+    async def messages(session_id: str) -> Response:
+        await sessions.session(session_id)
+        records = await rt.store.messages(session_id)
+        return _json({"messages": [ev.message_wire(m) for m in records]})
+
+    @bp.get("/sessions/<session_id>/stream")
+    async def stream(session_id: str) -> Response:
+        after = parse.int_param(request.headers.get("Last-Event-ID"), "Last-Event-ID")
+        if after is None:
+            after = parse.int_param(request.args.get("after"), "after")
+        await sessions.session(session_id)  # 404 for an unknown session
+        sub = rt.bus.subscribe(
+            Filter(session_ids=frozenset({session_id}), stream_only=True), since=after
+        )
+        return sse_response(sub, stop_at_terminal=False)
+
+    return bp

@@ -1,0 +1,99 @@
+"""Request validation: turn untrusted input into typed values or a BadRequest.
+
+Validation happens before anything changes, so a bad request changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from daemon.errors import BadRequest
+
+MAX_LIMIT = 1000
+
+
+def json_object(raw: bytes, *, allow_empty: bool = False) -> dict[str, Any]:
+    if not raw.strip():
+        if allow_empty:
+            return {}
+        raise BadRequest("the request body must be a JSON object")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _field(body: dict[str, Any], key: str, kind: type | tuple[type, ...], name: str) -> Any:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) and kind is not bool:
+        raise BadRequest(f"`{key}` must be {name}", {"field": key})
+    if not isinstance(value, kind):
+        raise BadRequest(f"`{key}` must be {name}", {"field": key})
+    return value
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    message: str
+    session_id: str | None
+    sse: bool
+    budget_tokens: int | None
+
+    @classmethod
+    def parse(cls, body: dict[str, Any]) -> ChatRequest:
+        message = _field(body, "message", str, "a string")
+        if message is None or not message.strip():
+            raise BadRequest("`message` is required and must not be empty", {"field": "message"})
+        session_id = _field(body, "sessionId", str, "a string")
+        if session_id is not None and not session_id:
+            raise BadRequest("`sessionId` must not be empty", {"field": "sessionId"})
+        sse = _field(body, "sse", bool, "a boolean")
+        budget = _field(body, "budgetTokens", int, "an integer")
+        if budget is not None and budget < 0:
+            raise BadRequest("`budgetTokens` must not be negative", {"field": "budgetTokens"})
+        return cls(message, session_id, bool(sse), budget)
+
+
+def cancel_scope(body: dict[str, Any]) -> str:
+    scope = body.get("scope", "tree")
+    if scope not in ("tree", "turn"):
+        raise BadRequest("`scope` must be \"tree\" or \"turn\"", {"field": "scope"})
+    return str(scope)
+
+
+def int_param(value: str | None, name: str, *, minimum: int = 0,
+              maximum: int | None = None) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        number = int(value)
+    except ValueError as exc:
+        raise BadRequest(f"`{name}` must be an integer", {"field": name}) from exc
+    if number < minimum or (maximum is not None and number > maximum):
+        bound = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
+        raise BadRequest(f"`{name}` must be {bound}", {"field": name})
+    return number
+
+
+def csv_param(value: str | None) -> frozenset[str] | None:
+    if not value:
+        return None
+    items = frozenset(v.strip() for v in value.split(",") if v.strip())
+    return items or None
+
+
+def flag_param(value: str | None, name: str) -> bool:
+    if value is None or value == "":
+        return False
+    if value.lower() in ("1", "true", "yes"):
+        return True
+    if value.lower() in ("0", "false", "no"):
+        return False
+    raise BadRequest(f"`{name}` must be 1 or 0", {"field": name})

@@ -1,0 +1,187 @@
+"""`/ws`: the bus over a WebSocket (CONTRACT §7).
+
+One connection = a reader and a writer in one nursery; whichever ends first cancels the
+other. The writer drains the current subscription and sends what it took in as few
+frames as allowed (one array frame with `batch=1`). The reader handles `subscribe` ops
+by swapping in a new subscription whose first item is the `subscribed` frame, so events
+of the old and the new subscription never interleave. A lagged subscription is flushed
+and closed with 1013 `lagged seq=N`; shutdown closes with 1001.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from quart import Blueprint, websocket
+
+from daemon import __version__
+from daemon.api import parse
+from daemon.api.auth import websocket_authorized
+from daemon.errors import BadRequest
+from daemon.httpserver import Connections
+from daemon.runtime.bus import Filter, Subscription
+from daemon.runtime.core import Runtime
+from daemon.runtime.events import Envelope, encode
+
+CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY = 1008
+CLOSE_TRY_AGAIN = 1013
+CLOSE_UNAUTHORIZED = 4401
+# Client frames larger than this are refused (a subscribe op is tiny).
+MAX_CLIENT_FRAME = 64 * 1024
+
+
+def _error_frame(message: str) -> str:
+    return encode({"type": "error", "code": "BAD_REQUEST", "message": message})
+
+
+def _gap_frame(gap: tuple[int, int]) -> str:
+    return encode({"type": "stream.gap", "from": gap[0], "to": gap[1]})
+
+
+def _ids(value: Any, key: str) -> frozenset[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise BadRequest(f"`{key}` must be a list of strings or null")
+    return frozenset(value)
+
+
+def _filter_from_op(op: dict[str, Any]) -> tuple[Filter, int | None]:
+    include = op.get("includeChildren", True)
+    if not isinstance(include, bool):
+        raise BadRequest("`includeChildren` must be a boolean")
+    since = op.get("since")
+    if since is not None and (isinstance(since, bool) or not isinstance(since, int) or since < 0):
+        raise BadRequest("`since` must be a non-negative integer or null")
+    flt = Filter(
+        session_ids=_ids(op.get("sessionIds"), "sessionIds"),
+        include_children=include,
+        types=_ids(op.get("types"), "types"),
+    )
+    return flt, since
+
+
+@dataclass
+class _Connection:
+    sub: Subscription
+    batch: bool
+
+
+def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
+    bp = Blueprint("ws", __name__)
+    bus = rt.bus
+
+    @bp.websocket("/ws")
+    async def ws() -> None:
+        await websocket.accept()
+        if not websocket_authorized(rt.config.server.auth_token):
+            await websocket.close(CLOSE_UNAUTHORIZED, "unauthorized")
+            return
+        args = websocket.args
+        try:
+            since = parse.int_param(args.get("since"), "since")
+            flt = Filter(
+                session_ids=parse.csv_param(args.get("sessionIds")),
+                include_children=parse.flag_param(args.get("includeChildren"), "includeChildren"),
+                types=parse.csv_param(args.get("types")),
+            )
+            batch = parse.flag_param(args.get("batch"), "batch")
+        except BadRequest as exc:
+            await websocket.send(_error_frame(exc.message))
+            await websocket.close(CLOSE_POLICY, "bad subscription")
+            return
+        # hello's seq and the subscription are taken in one synchronous step.
+        sub = bus.subscribe(flt, since)
+        hello = encode({"type": "hello", "seq": bus.latest_seq, "version": __version__})
+        if sub.gap is not None:
+            sub.prepend_control(_gap_frame(sub.gap))
+        conn = _Connection(sub, batch)
+        try:
+            await websocket.send(hello)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_reader, conn)
+                nursery.start_soon(_abort_when_stuck, conn)
+                await _writer(conn)
+                nursery.cancel_scope.cancel()
+        finally:
+            conn.sub.close()
+
+    async def _abort_when_stuck(conn: _Connection) -> None:
+        """A lagged or closing client gets a grace period to take its close frame.
+
+        Hypercorn shields socket writes, so a client that never reads would pin the
+        writer forever; past the grace its socket is closed under it.
+        """
+        while True:
+            sub = conn.sub
+            await sub.ended.wait()
+            if conn.sub is sub:
+                break
+        await trio.sleep(rt.config.server.client_close_grace_s)
+        connections.abort(websocket.scope.get("client"))
+
+    async def _reader(conn: _Connection) -> None:
+        while True:
+            data = await websocket.receive()
+            try:
+                if len(data) > MAX_CLIENT_FRAME:
+                    raise BadRequest("frame too large")
+                try:
+                    op = json.loads(data)
+                except ValueError as exc:
+                    raise BadRequest(f"not valid JSON: {exc}") from exc
+                if not isinstance(op, dict) or op.get("op") != "subscribe":
+                    raise BadRequest("unknown op (known: subscribe)")
+                flt, since = _filter_from_op(op)
+            except BadRequest as exc:
+                conn.sub.push_control(_error_frame(exc.message))
+                continue
+            new = bus.subscribe(flt, since)
+            if new.gap is not None:
+                new.prepend_control(_gap_frame(new.gap))
+            new.prepend_control(encode({"type": "subscribed", "seq": bus.latest_seq}))
+            old, conn.sub = conn.sub, new
+            old.close()
+
+    async def _writer(conn: _Connection) -> None:
+        while True:
+            sub = conn.sub
+            try:
+                batch = await sub.receive_batch()
+            except trio.EndOfChannel:
+                if conn.sub is not sub:
+                    continue  # replaced by a new subscription
+                if sub.lagged:
+                    await websocket.close(CLOSE_TRY_AGAIN, f"lagged seq={sub.last_seq}")
+                elif sub.end_reason == "shutdown":
+                    await websocket.close(CLOSE_GOING_AWAY, "daemon shutting down")
+                return
+            if conn.sub is not sub:
+                continue  # taken from a subscription the client has replaced
+            await _send(batch, conn.batch)
+
+    async def _send(batch: list[Envelope | str], as_array: bool) -> None:
+        run: list[str] = []
+        for item in batch:
+            if isinstance(item, Envelope):
+                run.append(item.json)
+                continue
+            await _flush(run, as_array)
+            run = []
+            await websocket.send(item)
+        await _flush(run, as_array)
+
+    async def _flush(run: list[str], as_array: bool) -> None:
+        if not run:
+            return
+        if as_array and len(run) > 1:
+            await websocket.send("[" + ",".join(run) + "]")
+        else:
+            for text in run:
+                await websocket.send(text)
+
+    return bp

@@ -1,0 +1,169 @@
+"""`veild serve | mock-provider | chat | tail`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+import trio
+
+from daemon import __version__
+from daemon.config import load_config, resolve_config_path
+from daemon.errors import ConfigError, StoreError
+
+EXIT_CONFIG = 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from daemon.server import serve_daemon
+
+    try:
+        config = load_config(resolve_config_path(args.config)).with_overrides(
+            host=args.host, port=args.port, data_dir=args.data_dir
+        )
+    except ConfigError as exc:
+        print(f"veild: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            daemon = await nursery.start(
+                lambda task_status: serve_daemon(config, handle_signals=True,
+                                                 task_status=task_status)
+            )
+            print(f"veild listening on {daemon.url}", flush=True)
+
+    try:
+        trio.run(main)
+    except StoreError as exc:
+        print(f"veild: store error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"veild: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _mock_provider(args: argparse.Namespace) -> int:
+    from daemon.mock.provider import serve_mock_provider
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(serve_mock_provider, args.host, args.port)
+            print(f"mock provider listening on http://{args.host}:{port}/v1", flush=True)
+
+    try:
+        trio.run(main)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _headers() -> dict[str, str]:
+    token = os.environ.get("VEILD_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _chat(args: argparse.Namespace) -> int:
+    import httpx
+
+    body: dict[str, Any] = {"message": args.message, "sse": True}
+    if args.session:
+        body["sessionId"] = args.session
+    with httpx.Client(base_url=args.url, headers=_headers(), timeout=None) as client:
+        with client.stream("POST", f"/agents/{args.agent}/chat", json=body) as response:
+            if response.status_code != 200:
+                print(response.read().decode(), file=sys.stderr)
+                return 1
+            event = ""
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: "):
+                    data = json.loads(line[6:])["data"]
+                    if event in ("inference.chunk", "thinking.chunk", "tool.chunk"):
+                        text = data["content"]
+                        sys.stdout.write(f"\x1b[2m{text}\x1b[0m" if event != "inference.chunk"
+                                         else text)
+                        sys.stdout.flush()
+                    elif event == "inference.tool":
+                        print(f"\n[{data['name']} {json.dumps(data['arguments'])}]")
+                    elif event in ("done", "error"):
+                        print(f"\n[{event} session={data['session']['id']} "
+                              f"model={data['model']} tokens={data['tokenUsage']}]")
+                        return 0 if event == "done" else 1
+    return 0
+
+
+def _tail(args: argparse.Namespace) -> int:
+    from trio_websocket import ConnectionClosed, open_websocket_url
+
+    query = "batch=1"
+    if args.session:
+        query += f"&sessionIds={args.session}&includeChildren=1"
+    url = args.url.replace("http", "ws", 1) + f"/ws?{query}"
+    token = os.environ.get("VEILD_TOKEN")
+    if token:
+        url += f"&token={token}"
+
+    async def main() -> None:
+        async with open_websocket_url(url) as ws:
+            try:
+                while True:
+                    frame = json.loads(await ws.get_message())
+                    for event in frame if isinstance(frame, list) else [frame]:
+                        print(json.dumps(event), flush=True)
+            except ConnectionClosed as exc:
+                print(f"closed: {exc.reason}", file=sys.stderr)
+
+    try:
+        trio.run(main)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="veild", description="The veild agent daemon.")
+    parser.add_argument("--version", action="version", version=f"veild {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the daemon")
+    serve.add_argument("--config")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--data-dir")
+    serve.set_defaults(func=_serve)
+
+    mock = sub.add_parser("mock-provider", help="run the scripted OpenAI-compatible provider")
+    mock.add_argument("--host", default="127.0.0.1")
+    mock.add_argument("--port", type=int, default=0)
+    mock.set_defaults(func=_mock_provider)
+
+    default_url = os.environ.get("VEILD_URL", "http://127.0.0.1:7433")
+    chat = sub.add_parser("chat", help="send one message and stream the turn")
+    chat.add_argument("agent")
+    chat.add_argument("message")
+    chat.add_argument("--session")
+    chat.add_argument("--url", default=default_url)
+    chat.set_defaults(func=_chat)
+
+    tail = sub.add_parser("tail", help="print every bus event as JSON lines")
+    tail.add_argument("--session")
+    tail.add_argument("--url", default=default_url)
+    tail.set_defaults(func=_tail)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=os.environ.get("VEILD_LOG", "INFO").upper(), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result

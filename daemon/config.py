@@ -1,0 +1,267 @@
+"""TOML configuration -> frozen, validated objects.
+
+Every error names the file, the key and what is wrong (CONTRACT §2); unknown keys are
+errors too, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from daemon.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("config/daemon.toml")
+ENGINES = ("openai", "claude-cli")
+PROVIDER_TYPES = ("openai", "mock")
+TOOL_NAMES = ("bash", "agent_spawn", "agent_message")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 7433
+    data_dir: Path = Path("./var")
+    auth_token_env: str | None = None
+    max_depth: int = 4
+    # Per-connection queue of a WebSocket or SSE client, in events (CONTRACT §7).
+    ws_queue_max: int = 4096
+    # The bus keeps this many recent events for `since` / Last-Event-ID replay ...
+    retention_events: int = 20_000
+    # ... and never more than this many encoded bytes.
+    retention_bytes: int = 64 * 1024 * 1024
+    # How long a turn may take to publish its terminal after shutdown cancels it.
+    shutdown_grace_s: float = 5.0
+    # How long a lagged or closing client gets to take its close frame before its
+    # connection is aborted (a client that never reads must not pin the daemon).
+    client_close_grace_s: float = 5.0
+
+    @property
+    def auth_token(self) -> str | None:
+        if not self.auth_token_env:
+            return None
+        return os.environ.get(self.auth_token_env) or None
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    name: str
+    type: str
+    base_url: str = ""
+    api_key_env: str | None = None
+
+    @property
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    name: str
+    engine: str = "openai"
+    provider: str | None = None
+    model: str = ""
+    system: str = "You are a helpful assistant."
+    tools: tuple[str, ...] = ()
+    max_iterations: int = 20
+    budget_tokens: int = 0
+    command: str = "claude"
+    # bash tool limits: default timeout and how much output a result keeps.
+    bash_timeout_s: float = 120.0
+    bash_max_output_bytes: int = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    server: ServerConfig = field(default_factory=ServerConfig)
+    providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
+    agents: Mapping[str, AgentConfig] = field(default_factory=dict)
+
+    def with_overrides(
+        self, *, host: str | None = None, port: int | None = None, data_dir: str | None = None
+    ) -> Config:
+        server = self.server
+        if host is not None:
+            server = replace(server, host=host)
+        if port is not None:
+            server = replace(server, port=port)
+        if data_dir is not None:
+            server = replace(server, data_dir=Path(data_dir))
+        return replace(self, server=server)
+
+
+class _Reader:
+    """Reads typed keys out of one TOML table, naming file and key on every error."""
+
+    def __init__(self, file: str, prefix: str, table: Mapping[str, Any]) -> None:
+        self.file, self.prefix, self.table = file, prefix, table
+        self.seen: set[str] = set()
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}.{key}" if self.prefix else key
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(self.file, self._key(key), message)
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        self.seen.add(key)
+        if key not in self.table:
+            return default
+        value = self.table[key]
+        # bool is an int in Python; a port of `true` is still wrong.
+        if isinstance(value, bool) and kind is not bool and bool not in _as_tuple(kind):
+            raise self.fail(key, f"expected {_kind_name(kind)}, got a boolean")
+        if not isinstance(value, kind):
+            raise self.fail(key, f"expected {_kind_name(kind)}, got {type(value).__name__}")
+        return value
+
+    def positive_int(self, key: str, default: int, *, minimum: int = 1) -> int:
+        value: int = self.get(key, int, default)
+        if value < minimum:
+            raise self.fail(key, f"must be at least {minimum}, got {value}")
+        return value
+
+    def check_unknown(self) -> None:
+        for key in self.table:
+            if key not in self.seen:
+                raise self.fail(key, "unknown key")
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    return " or ".join(k.__name__ for k in _as_tuple(kind))
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(path), "-", "file not found") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), "-", f"not valid TOML: {exc}") from exc
+
+
+def _server(file: str, table: Any) -> ServerConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(file, "server", "must be a table")
+    r = _Reader(file, "server", table)
+    port = r.get("port", int, 7433)
+    if not 0 <= port <= 65535:
+        raise r.fail("port", f"must be 0..65535, got {port}")
+    # Relative to the working directory, like any path given on a command line.
+    data_dir = Path(r.get("data_dir", str, "./var"))
+    cfg = ServerConfig(
+        host=r.get("host", str, "127.0.0.1"),
+        port=port,
+        data_dir=data_dir,
+        auth_token_env=r.get("auth_token_env", str, None),
+        max_depth=r.positive_int("max_depth", 4, minimum=0),
+        ws_queue_max=r.positive_int("ws_queue_max", 4096),
+        retention_events=r.positive_int("retention_events", 20_000),
+        retention_bytes=r.positive_int("retention_bytes", 64 * 1024 * 1024),
+        shutdown_grace_s=float(r.get("shutdown_grace_s", (int, float), 5.0)),
+        client_close_grace_s=float(r.get("client_close_grace_s", (int, float), 5.0)),
+    )
+    r.check_unknown()
+    return cfg
+
+
+def _provider(file: str, name: str, table: Any) -> ProviderConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(file, f"providers.{name}", "must be a table")
+    r = _Reader(file, f"providers.{name}", table)
+    kind = r.get("type", str, None)
+    if kind is None:
+        raise r.fail("type", "is required")
+    if kind not in PROVIDER_TYPES:
+        raise r.fail("type", f"must be one of {', '.join(PROVIDER_TYPES)}, got {kind!r}")
+    base_url = r.get("base_url", str, "")
+    if kind == "openai" and not base_url.startswith(("http://", "https://")):
+        raise r.fail("base_url", "is required: an http(s) URL ending before /chat/completions")
+    cfg = ProviderConfig(
+        name=name, type=kind, base_url=base_url.rstrip("/"),
+        api_key_env=r.get("api_key_env", str, None),
+    )
+    r.check_unknown()
+    return cfg
+
+
+def _agent(
+    file: str, prefix: str, name: str, table: Any, providers: Mapping[str, ProviderConfig]
+) -> AgentConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(file, prefix, "must be a table")
+    r = _Reader(file, prefix, table)
+    engine = r.get("engine", str, "openai")
+    if engine not in ENGINES:
+        raise r.fail("engine", f"must be one of {', '.join(ENGINES)}, got {engine!r}")
+    provider = r.get("provider", str, None)
+    if engine == "openai":
+        if provider is None:
+            raise r.fail("provider", "is required for the openai engine")
+        if provider not in providers:
+            raise r.fail("provider", f"no [providers.{provider}] is configured")
+    tools = r.get("tools", list, [])
+    for tool in tools:
+        if tool not in TOOL_NAMES:
+            raise r.fail("tools", f"unknown tool {tool!r} (known: {', '.join(TOOL_NAMES)})")
+    model = r.get("model", str, "")
+    if engine == "openai" and not model:
+        raise r.fail("model", "is required")
+    cfg = AgentConfig(
+        name=name,
+        engine=engine,
+        provider=provider,
+        model=model,
+        system=r.get("system", str, "You are a helpful assistant."),
+        tools=tuple(tools),
+        max_iterations=r.positive_int("max_iterations", 20),
+        budget_tokens=r.positive_int("budget_tokens", 0, minimum=0),
+        command=r.get("command", str, "claude"),
+        bash_timeout_s=float(r.get("bash_timeout_s", (int, float), 120.0)),
+        bash_max_output_bytes=r.positive_int("bash_max_output_bytes", 256 * 1024),
+    )
+    r.check_unknown()
+    return cfg
+
+
+def load_config(path: Path) -> Config:
+    """Load and validate `path` and the agent files in `config/agents/` beside it."""
+    file = str(path)
+    raw = _read_toml(path)
+    top = _Reader(file, "", raw)
+    server = _server(file, top.get("server", dict, {}))
+    providers = {
+        name: _provider(file, name, table)
+        for name, table in top.get("providers", dict, {}).items()
+    }
+    agents: dict[str, AgentConfig] = {}
+    for name, table in top.get("agents", dict, {}).items():
+        agents[name] = _agent(file, f"agents.{name}", name, table, providers)
+    agents_dir = path.parent / "agents"
+    if agents_dir.is_dir():
+        for agent_file in sorted(agents_dir.glob("*.toml")):
+            name = agent_file.stem
+            if name in agents:
+                raise ConfigError(str(agent_file), name, f"agent {name!r} is also defined in {file}")
+            agents[name] = _agent(
+                str(agent_file), "", name, _read_toml(agent_file), providers
+            )
+    top.check_unknown()
+    return Config(path=path, server=server, providers=providers, agents=agents)
+
+
+def resolve_config_path(cli_path: str | None) -> Path:
+    if cli_path:
+        return Path(cli_path)
+    env = os.environ.get("VEILD_CONFIG")
+    return Path(env) if env else DEFAULT_CONFIG_PATH

@@ -1,0 +1,98 @@
+"""The engine interface: what an engine yields and what the turn gives it.
+
+An engine is `run(ctx) -> AsyncIterator[EngineEvent]`. It yields deltas as they arrive,
+asks `ctx.run_tool` to run tools (the turn times them and owns their live output), and
+yields every message it appends to the conversation. It raises ProviderError or
+MaxIterationsError on failure; the turn classifies and publishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from daemon.config import AgentConfig
+from daemon.store.models import MessageRecord, TokenUsage
+from daemon.tools.base import Tool, ToolOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContentDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelNamed:
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    """Usage of one LLM call, as the provider reported it."""
+
+    usage: TokenUsage
+    iteration: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStarted:
+    call_id: str
+    name: str
+    arguments: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFinished:
+    call_id: str
+    name: str
+    arguments: Any
+    outcome: ToolOutcome
+    duration_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageAppended:
+    message: MessageRecord
+    iteration: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    content: str
+    iterations: int
+
+
+EngineEvent = (
+    ThinkingDelta | ContentDelta | ModelNamed | UsageReport | ToolStarted | ToolFinished
+    | MessageAppended | Finished
+)
+
+
+class EngineContext(Protocol):
+    """What the turn offers an engine."""
+
+    agent: AgentConfig
+    history: Sequence[MessageRecord]  # the session so far, this turn's user message last
+    tools: Sequence[Tool]
+
+    async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
+        """Run one tool call; returns its outcome and duration in ms."""
+        ...
+
+    def take_injected(self) -> list[MessageRecord]:
+        """User messages injected into the running turn since the last LLM call."""
+        ...
+
+
+class Engine(Protocol):
+    def run(self, ctx: EngineContext) -> AsyncIterator[EngineEvent]: ...
+
+
+EngineFactory = Callable[[AgentConfig], Engine]
+RunTool = Callable[[str, str, Any], Awaitable[tuple[ToolOutcome, int]]]

@@ -1,0 +1,99 @@
+"""The daemon's small error vocabulary, translated at the boundaries.
+
+    VeildError
+    ├── ConfigError          a config file is wrong (names file and key; exit 2)
+    ├── ApiError             a request the HTTP/WS layer answers with the error shape
+    │   ├── BadRequest           400 BAD_REQUEST
+    │   ├── Unauthorized         401 UNAUTHORIZED
+    │   ├── NotFound             404 NOT_FOUND
+    │   ├── Conflict             409 CONFLICT
+    │   ├── PayloadTooLarge      413 PAYLOAD_TOO_LARGE
+    │   └── Unavailable          503 SHUTTING_DOWN
+    ├── ProviderError        the LLM provider failed (HTTP status, dropped stream, garbage)
+    ├── MaxIterationsError   the turn used all its LLM calls
+    └── StoreError           the embedded database failed
+
+A turn turns ProviderError / MaxIterationsError / anything else into its terminal
+`error` event; the API layer turns ApiError into `{"error": {...}}` with its status.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class VeildError(Exception):
+    """Base class of every error the daemon raises on purpose."""
+
+
+class ConfigError(VeildError):
+    def __init__(self, file: str, key: str, message: str) -> None:
+        super().__init__(f"{file}: {key}: {message}")
+        self.file = file
+        self.key = key
+        self.message = message
+
+
+class ApiError(VeildError):
+    status = 500
+    code = "INTERNAL_ERROR"
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_wire(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details:
+            body["details"] = self.details
+        return {"error": body}
+
+
+class BadRequest(ApiError):
+    status = 400
+    code = "BAD_REQUEST"
+
+
+class Unauthorized(ApiError):
+    status = 401
+    code = "UNAUTHORIZED"
+
+
+class NotFound(ApiError):
+    status = 404
+    code = "NOT_FOUND"
+
+
+class Conflict(ApiError):
+    status = 409
+    code = "CONFLICT"
+
+
+class PayloadTooLarge(ApiError):
+    status = 413
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class Unavailable(ApiError):
+    status = 503
+    code = "SHUTTING_DOWN"
+
+
+class ProviderError(VeildError):
+    """The provider answered 4xx/5xx, dropped the stream, or sent something malformed."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class MaxIterationsError(VeildError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the turn used all {limit} LLM calls without a final answer")
+        self.limit = limit
+
+
+class StoreError(VeildError):
+    """The embedded database failed."""

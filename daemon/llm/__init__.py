@@ -1,0 +1,1 @@
+"""Provider clients: HTTP in, typed deltas out. Imports errors only."""

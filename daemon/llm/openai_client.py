@@ -1,0 +1,173 @@
+"""A streaming OpenAI-compatible Chat Completions client on httpx.
+
+`stream_chat` yields typed deltas. Anything that is not a whole, well-formed stream —
+an HTTP error status, a transport error, a connection closed before `[DONE]` (or before
+a finish_reason), a chunk that is not JSON or not shaped like one — raises
+ProviderError. There is no partial success.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from daemon.errors import ProviderError
+
+# How much of an error body we keep for the message.
+ERROR_BODY_MAX = 2048
+# A provider line longer than this is not a chunk we can trust.
+LINE_MAX = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ContentDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class UsageDelta:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDelta:
+    model: str
+
+
+Delta = ContentDelta | ReasoningDelta | ToolCallDelta | UsageDelta | ModelDelta
+
+
+def default_timeout() -> httpx.Timeout:
+    # Long reads: a reasoning model may think quietly for minutes. Deadlines for a
+    # whole turn belong to the caller.
+    return httpx.Timeout(30.0, read=600.0)
+
+
+class OpenAIClient:
+    def __init__(self, http: httpx.AsyncClient, base_url: str, api_key: str | None) -> None:
+        self._http = http
+        self._url = f"{base_url.rstrip('/')}/chat/completions"
+        self._headers = {"Accept": "text/event-stream"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+
+    async def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[Delta]:
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        try:
+            async with self._http.stream(
+                "POST", self._url, json=body, headers=self._headers
+            ) as response:
+                if response.status_code >= 400:
+                    raw = b""
+                    async for part in response.aiter_bytes():
+                        raw += part
+                        if len(raw) >= ERROR_BODY_MAX:
+                            break
+                    text = raw[:ERROR_BODY_MAX].decode("utf-8", "replace")
+                    raise ProviderError(
+                        f"provider answered HTTP {response.status_code}: {text}",
+                        status=response.status_code,
+                    )
+                finished = False
+                model_seen: str | None = None
+                async for line in response.aiter_lines():
+                    if len(line) > LINE_MAX:
+                        raise ProviderError("provider sent an oversized line")
+                    if not line or line.startswith(":"):
+                        continue
+                    if not line.startswith("data:"):
+                        continue  # other SSE fields (event:, id:) carry nothing for us
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        finished = True
+                        break
+                    chunk = _parse_chunk(payload)
+                    model = chunk.get("model")
+                    if isinstance(model, str) and model and model != model_seen:
+                        model_seen = model
+                        yield ModelDelta(model)
+                    for delta in _deltas(chunk):
+                        if delta is _FINISH:
+                            finished = True
+                        else:
+                            yield delta  # type: ignore[misc]
+                if not finished:
+                    raise ProviderError("provider closed the stream before it finished")
+        except httpx.HTTPError as exc:
+            raise ProviderError(f"provider connection failed: {type(exc).__name__}: {exc}") from exc
+
+
+_FINISH = object()
+
+
+def _parse_chunk(payload: str) -> dict[str, Any]:
+    try:
+        chunk = json.loads(payload)
+    except ValueError as exc:
+        raise ProviderError(f"provider sent a malformed chunk: {payload[:200]!r}") from exc
+    if not isinstance(chunk, dict):
+        raise ProviderError(f"provider sent a chunk that is not an object: {payload[:200]!r}")
+    if "error" in chunk:
+        err = chunk["error"]
+        message = err.get("message") if isinstance(err, dict) else err
+        raise ProviderError(f"provider reported an error mid-stream: {message}")
+    return chunk
+
+
+def _deltas(chunk: dict[str, Any]) -> list[Any]:
+    out: list[Any] = []
+    try:
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning:
+                out.append(ReasoningDelta(str(reasoning)))
+            content = delta.get("content")
+            if content:
+                out.append(ContentDelta(str(content)))
+            for tc in delta.get("tool_calls") or ():
+                fn = tc.get("function") or {}
+                out.append(
+                    ToolCallDelta(
+                        index=int(tc.get("index", 0)),
+                        id=tc.get("id"),
+                        name=fn.get("name"),
+                        arguments=fn.get("arguments") or "",
+                    )
+                )
+            if choice.get("finish_reason"):
+                out.append(_FINISH)
+        usage = chunk.get("usage")
+        if usage:
+            details = usage.get("prompt_tokens_details") or {}
+            out.append(
+                UsageDelta(
+                    prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                    completion_tokens=int(usage.get("completion_tokens") or 0),
+                    cached_tokens=int(details.get("cached_tokens") or 0),
+                    cost=float(usage.get("cost") or 0.0),
+                )
+            )
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise ProviderError(f"provider sent a chunk of the wrong shape: {exc}") from exc
+    return out

@@ -1,0 +1,1 @@
+"""`veild mock-provider`: a scripted OpenAI-compatible provider for demos and tests."""

@@ -1,0 +1,240 @@
+"""A scripted OpenAI-compatible Chat Completions server (real HTTP/1.1 on Trio + h11).
+
+It streams like the real thing (role chunk, reasoning and content deltas one word each,
+tool calls whose arguments arrive in pieces, a finish chunk, a usage chunk, `[DONE]`)
+and can misbehave on request: an HTTP error status, a dropped connection mid-stream,
+a malformed chunk, or silence. What it says is decided by daemon.mock.script.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import h11
+import trio
+
+from daemon.mock.script import CallSpec, plan
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST = 16 * 1024 * 1024
+READ_SIZE = 64 * 1024
+# Without a delay, this many SSE events go out in one write.
+BURST = 256
+
+
+class _Abort(Exception):
+    """Stop answering this connection (the script asked for a drop)."""
+
+
+def _chunk(model: str, cid: str, delta: dict[str, Any] | None, finish: str | None = None,
+           usage: dict[str, Any] | None = None) -> bytes:
+    body: dict[str, Any] = {
+        "id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
+        "model": model,
+        "choices": [] if delta is None else [
+            {"index": 0, "delta": delta, "finish_reason": finish}
+        ],
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def _usage(messages: list[dict[str, Any]], completion: int) -> dict[str, Any]:
+    prompt = sum(len(str(m.get("content") or "")) for m in messages) // 4 + 1
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _pieces(text: str, n: int = 3) -> list[str]:
+    size = max(1, -(-len(text) // n))
+    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+
+
+def _events(spec: CallSpec, model: str, messages: list[dict[str, Any]],
+            include_usage: bool) -> Iterator[bytes]:
+    cid = f"chatcmpl-{secrets.token_hex(6)}"
+    completion = 0
+    yield _chunk(model, cid, {"role": "assistant", "content": ""})
+    for word in spec.think.split(" ") if spec.think else ():
+        completion += 1
+        yield _chunk(model, cid, {spec.reasoning_field: word + " "})
+    words = spec.say.split(" ") if spec.say else []
+    for i, word in enumerate(words):
+        completion += 1
+        yield _chunk(model, cid, {"content": word if i == len(words) - 1 else word + " "})
+    for index, tool in enumerate(spec.tools):
+        call_id = f"call_{secrets.token_hex(6)}"
+        yield _chunk(model, cid, {"tool_calls": [{
+            "index": index, "id": call_id, "type": "function",
+            "function": {"name": tool.get("name", "bash"), "arguments": ""},
+        }]})
+        for piece in _pieces(json.dumps(tool.get("arguments", {}))):
+            completion += 1
+            yield _chunk(model, cid, {"tool_calls": [{
+                "index": index, "function": {"arguments": piece},
+            }]})
+    yield _chunk(model, cid, {}, finish="tool_calls" if spec.tools else "stop")
+    if include_usage and spec.usage:
+        yield _chunk(model, cid, None, usage=_usage(messages, completion))
+    yield b"data: [DONE]\n\n"
+
+
+def _whole(spec: CallSpec, model: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": spec.say or None}
+    if spec.think:
+        message[spec.reasoning_field] = spec.think
+    if spec.tools:
+        message["tool_calls"] = [
+            {"id": f"call_{secrets.token_hex(6)}", "type": "function",
+             "function": {"name": t.get("name", "bash"),
+                          "arguments": json.dumps(t.get("arguments", {}))}}
+            for t in spec.tools
+        ]
+    words = len(spec.think.split()) + len(spec.say.split())
+    return {
+        "id": f"chatcmpl-{secrets.token_hex(6)}", "object": "chat.completion",
+        "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": "tool_calls" if spec.tools else "stop"}],
+        "usage": _usage(messages, words),
+    }
+
+
+class _Conn:
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.h11 = h11.Connection(h11.SERVER)
+
+    async def send(self, event: Any) -> None:
+        data = self.h11.send(event)
+        if data:
+            await self.stream.send_all(data)
+
+    async def next_event(self) -> Any:
+        while True:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                data = await self.stream.receive_some(READ_SIZE)
+                self.h11.receive_data(data)
+                continue
+            return event
+
+    async def read_request(self) -> tuple[h11.Request, bytes] | None:
+        event = await self.next_event()
+        if isinstance(event, h11.ConnectionClosed):
+            return None
+        if not isinstance(event, h11.Request):
+            raise _Abort()
+        body = bytearray()
+        while True:
+            part = await self.next_event()
+            if isinstance(part, h11.Data):
+                body += part.data
+                if len(body) > MAX_REQUEST:
+                    raise _Abort()
+            elif isinstance(part, h11.EndOfMessage):
+                return event, bytes(body)
+            else:
+                raise _Abort()
+
+    async def json_response(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        await self.send(h11.Response(status_code=status, headers=[
+            ("content-type", "application/json"), ("content-length", str(len(data))),
+        ]))
+        await self.send(h11.Data(data=data))
+        await self.send(h11.EndOfMessage())
+
+
+async def _stream(conn: _Conn, spec: CallSpec, model: str, messages: list[dict[str, Any]],
+                  include_usage: bool) -> None:
+    await conn.send(h11.Response(status_code=200, headers=[
+        ("content-type", "text/event-stream"), ("cache-control", "no-cache"),
+    ]))
+    pending: list[bytes] = []
+    for n, event in enumerate(_events(spec, model, messages, include_usage)):
+        if spec.drop_after is not None and n >= spec.drop_after:
+            if pending:
+                await conn.send(h11.Data(data=b"".join(pending)))
+            raise _Abort()
+        if spec.hang_after is not None and n >= spec.hang_after:
+            if pending:
+                await conn.send(h11.Data(data=b"".join(pending)))
+            await trio.sleep_forever()
+        if spec.garbage_after is not None and n == spec.garbage_after:
+            event = b"data: {this is not json\n\n"
+        pending.append(event)
+        if spec.delay_ms > 0:
+            await conn.send(h11.Data(data=b"".join(pending)))
+            pending = []
+            await trio.sleep(spec.delay_ms / 1000)
+        elif len(pending) >= BURST:
+            await conn.send(h11.Data(data=b"".join(pending)))
+            pending = []
+    if pending:
+        await conn.send(h11.Data(data=b"".join(pending)))
+    await conn.send(h11.EndOfMessage())
+
+
+async def _answer(conn: _Conn, request: h11.Request, raw: bytes) -> None:
+    target = request.target.decode()
+    if request.method == b"GET" and target.rstrip("/").endswith("/models"):
+        await conn.json_response(200, {"object": "list", "data": [
+            {"id": "mock-1", "object": "model", "owned_by": "veild"}]})
+        return
+    if request.method != b"POST" or not target.rstrip("/").endswith("/chat/completions"):
+        await conn.json_response(404, {"error": {"message": f"no route {target}"}})
+        return
+    try:
+        body = json.loads(raw)
+        messages = list(body["messages"])
+    except (ValueError, KeyError, TypeError):
+        await conn.json_response(400, {"error": {"message": "bad request body"}})
+        return
+    spec = plan(messages)
+    model = spec.model or str(body.get("model") or "mock-1")
+    if spec.status:
+        await conn.json_response(spec.status, {"error": {
+            "message": f"scripted failure {spec.status}", "type": "server_error"}})
+        return
+    if body.get("stream"):
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        await _stream(conn, spec, model, messages, include_usage)
+    else:
+        await conn.json_response(200, _whole(spec, model, messages))
+
+
+async def _handle(stream: trio.SocketStream) -> None:
+    conn = _Conn(stream)
+    try:
+        while True:
+            got = await conn.read_request()
+            if got is None:
+                return
+            await _answer(conn, *got)
+            if conn.h11.our_state is h11.MUST_CLOSE or conn.h11.their_state is h11.MUST_CLOSE:
+                return
+            conn.h11.start_next_cycle()
+    except (_Abort, h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        with trio.move_on_after(1, shield=True):
+            await stream.aclose()
+
+
+async def serve_mock_provider(
+    host: str = "127.0.0.1", port: int = 0,
+    *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled; reports the bound port through `task_status`."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()[1]
+    task_status.started(bound)
+    await trio.serve_listeners(_handle, listeners)

@@ -1,0 +1,135 @@
+"""What the mock provider answers, decided from the conversation alone (no state).
+
+A user message may carry a script on a line of its own:
+
+    #mock {"think": 5, "say": "hello", "tools": [{"name": "bash", "arguments": {...}}]}
+
+The object is the spec of the first LLM call after that message; `{"calls": [spec, ...]}`
+gives one spec per call, and `"loop": true` repeats the last one forever. The N-th call
+is the one that follows N-1 assistant messages after the scripted user message. Past the
+end of the list the mock answers with a short text summary of the last tool output.
+
+A call spec:
+    think / say      str (streamed word by word) or int (that many generated words)
+    reasoning_field  "reasoning_content" (default) or "reasoning"
+    tools            [{"name", "arguments"}], arguments streamed in several pieces
+    model            the model named in the chunks (default: the requested model)
+    delay_ms         pause between chunks
+    status           answer with this HTTP status and an error body instead
+    drop_after       close the connection abruptly after N chunks
+    garbage_after    send a malformed chunk after N chunks
+    hang_after       stop sending (and keep the connection open) after N chunks
+    usage            false to send no usage chunk
+
+Without a script the demo behaviour applies: think a little, say what it will do, run
+one bash command, then sum up its output.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+MARKER = "#mock "
+
+DEMO_CALLS: list[dict[str, Any]] = [
+    {
+        "think": "The user wants to see me work. A quick look at the machine will show "
+                 "live tool output, so I will run a small command first.",
+        "say": "Let me look around this workspace first.",
+        "tools": [{"name": "bash", "arguments": {
+            "command": "echo \"hello from veild on $(uname -s)\"; date -u; "
+                       "for i in 1 2 3; do echo \"step $i\"; sleep 0.3; done; pwd",
+        }}],
+    },
+]
+
+
+@dataclass
+class CallSpec:
+    think: str = ""
+    reasoning_field: str = "reasoning_content"
+    say: str = ""
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    model: str | None = None
+    delay_ms: float = 0.0
+    status: int | None = None
+    drop_after: int | None = None
+    garbage_after: int | None = None
+    hang_after: int | None = None
+    usage: bool = True
+
+
+def _words(value: Any, stem: str) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return " ".join(f"{stem}{i}" for i in range(value))
+    return str(value or "")
+
+
+def _spec(raw: dict[str, Any]) -> CallSpec:
+    return CallSpec(
+        think=_words(raw.get("think"), "hmm"),
+        reasoning_field=raw.get("reasoning_field", "reasoning_content"),
+        say=_words(raw.get("say"), "word"),
+        tools=list(raw.get("tools") or []),
+        model=raw.get("model"),
+        delay_ms=float(raw.get("delay_ms", 0)),
+        status=raw.get("status"),
+        drop_after=raw.get("drop_after"),
+        garbage_after=raw.get("garbage_after"),
+        hang_after=raw.get("hang_after"),
+        usage=bool(raw.get("usage", True)),
+    )
+
+
+def _find_script(messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any] | None]:
+    """Index of the last user message and the script it carries (if any)."""
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if m.get("role") != "user":
+            continue
+        content = m.get("content") or ""
+        if isinstance(content, list):  # content parts
+            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+        for line in str(content).splitlines():
+            if line.startswith(MARKER):
+                try:
+                    script = json.loads(line[len(MARKER):])
+                except ValueError:
+                    script = {"say": "That #mock line is not valid JSON."}
+                return i, script if isinstance(script, dict) else {}
+        return i, None
+    return -1, None
+
+
+def _summary(messages: list[dict[str, Any]]) -> str:
+    for m in reversed(messages):
+        if m.get("role") == "tool":
+            text = str(m.get("content") or "").strip()
+            first = text.splitlines()[0] if text else "(no output)"
+            return f"Done. The command's first line was: {first}"
+    return "Done."
+
+
+def plan(messages: list[dict[str, Any]]) -> CallSpec:
+    """The spec for the call that answers `messages`."""
+    user_index, script = _find_script(messages)
+    calls_made = sum(1 for m in messages[user_index + 1:] if m.get("role") == "assistant")
+    if script is None:
+        calls, loop = DEMO_CALLS, False
+    elif "calls" in script:
+        calls, loop = list(script["calls"]), bool(script.get("loop"))
+    else:
+        calls, loop = [script], bool(script.get("loop"))
+    model = script.get("model") if script else None
+    if calls_made < len(calls):
+        raw = calls[calls_made]
+    elif loop and calls:
+        raw = calls[-1]
+    else:
+        raw = {"say": _summary(messages)}
+    spec = _spec(raw)
+    if spec.model is None:
+        spec.model = model
+    return spec

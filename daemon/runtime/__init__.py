@@ -1,0 +1,3 @@
+"""The heart: the bus (bus.py), the wire shape (events.py), one turn (turn.py) and the
+sessions that own turns (sessions.py). Imports engines/, tools/, store/; never api/.
+"""

@@ -1,0 +1,209 @@
+"""The one place that knows the wire shape of every event (CONTRACT §4).
+
+Everything that reaches a client is built here as a dict, stamped with `seq` and `ts` by
+the bus, and encoded to JSON exactly once (`Envelope.json`); the SSE frame of an event is
+derived from that same string, once, on first use.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+from daemon.store.models import MessageRecord, SessionRecord, TokenUsage
+
+# session.stream event types
+TURN_START: Final = "turn.start"
+THINKING_CHUNK: Final = "thinking.chunk"
+INFERENCE_CHUNK: Final = "inference.chunk"
+INFERENCE_TOOL: Final = "inference.tool"
+TOOL_CHUNK: Final = "tool.chunk"
+TOOL_RESULT: Final = "tool.result"
+MESSAGE: Final = "message"
+USAGE: Final = "usage"
+DONE: Final = "done"
+ERROR: Final = "error"
+
+CHUNK_TYPES: Final = frozenset({THINKING_CHUNK, INFERENCE_CHUNK, TOOL_CHUNK})
+TERMINAL_TYPES: Final = frozenset({DONE, ERROR})
+
+TRIGGERS: Final = frozenset(
+    {"http", "sse", "agent_spawn", "agent_message", "async_inform", "wake"}
+)
+CANCEL_REASONS: Final = frozenset(
+    {"user_cancel", "budget_exceeded", "parent_cancelled", "shutdown"}
+)
+
+
+def encode(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRef:
+    """Where a session sits in the tree; stamped on every event of that session."""
+
+    session_id: str
+    agent_name: str
+    parent_session_id: str | None
+    root_session_id: str
+    depth: int
+    spawn_tool_call_id: str | None
+    # This session and all its ancestors, nearest first: lets a subscription with
+    # includeChildren match a descendant's event without asking anyone.
+    lineage: tuple[str, ...]
+
+    @classmethod
+    def of(cls, record: SessionRecord, parent: SessionRef | None = None) -> SessionRef:
+        lineage = (record.id, *(parent.lineage if parent else ()))
+        return cls(
+            record.id, record.agent_name, record.parent_session_id,
+            record.root_session_id, record.depth, record.spawn_tool_call_id, lineage,
+        )
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "sessionId": self.session_id,
+            "agentName": self.agent_name,
+            "parentSessionId": self.parent_session_id,
+            "rootSessionId": self.root_session_id,
+            "depth": self.depth,
+            "spawnToolCallId": self.spawn_tool_call_id,
+        }
+
+
+class Envelope:
+    """One published event: its seq, what subscriptions filter on, and its JSON."""
+
+    __slots__ = ("_sse", "event_type", "json", "lineage", "seq", "session_id", "turn_id", "type")
+
+    def __init__(
+        self, seq: int, type: str, ref: SessionRef | None, turn_id: str | None,
+        event_type: str | None, json_text: str,
+    ) -> None:
+        self.seq = seq
+        self.type = type
+        self.session_id = ref.session_id if ref else None
+        self.lineage: tuple[str, ...] = ref.lineage if ref else ()
+        self.turn_id = turn_id
+        self.event_type = event_type
+        self.json = json_text
+        self._sse: bytes | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.event_type in TERMINAL_TYPES
+
+    @property
+    def size(self) -> int:
+        return len(self.json)
+
+    def sse_frame(self) -> bytes:
+        """`id:`/`event:`/`data:` frame; the event name is the stream event type."""
+        if self._sse is None:
+            name = self.event_type or self.type
+            self._sse = f"id: {self.seq}\nevent: {name}\ndata: {self.json}\n\n".encode()
+        return self._sse
+
+    def __repr__(self) -> str:
+        return f"<Envelope seq={self.seq} {self.type} {self.event_type or ''}>"
+
+
+def build(
+    seq: int, ts: int, type: str, ref: SessionRef | None, fields: dict[str, Any],
+    *, turn_id: str | None = None, event_type: str | None = None,
+) -> Envelope:
+    obj: dict[str, Any] = {"seq": seq, "type": type, "ts": ts}
+    if ref is not None:
+        obj.update(ref.wire())
+    if type == "session.stream":
+        obj["turnId"] = turn_id
+        obj["eventType"] = event_type
+    obj.update(fields)
+    return Envelope(seq, type, ref, turn_id, event_type, encode(obj))
+
+
+# -- payloads ---------------------------------------------------------------------------
+
+
+def usage_wire(usage: TokenUsage) -> dict[str, Any]:
+    return {"input": usage.input, "output": usage.output, "cache": usage.cache, "cost": usage.cost}
+
+
+def session_wire(s: SessionRecord) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "agentName": s.agent_name,
+        "parentSessionId": s.parent_session_id,
+        "rootSessionId": s.root_session_id,
+        "depth": s.depth,
+        "status": s.status,
+        "createdAt": s.created_at,
+        "updatedAt": s.updated_at,
+        "model": s.model,
+        "tokenUsage": usage_wire(s.token_usage),
+    }
+
+
+def message_wire(m: MessageRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["toolCalls"] = m.tool_calls
+    if m.tool_call_id:
+        out["toolCallId"] = m.tool_call_id
+    out["createdAt"] = m.created_at
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStat:
+    id: str
+    name: str
+    arguments: Any
+    is_error: bool
+    duration_ms: int
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "name": self.name, "arguments": self.arguments,
+            "isError": self.is_error, "durationMs": self.duration_ms,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStats:
+    """What `done`, `error`, `chat.response` and the JSON result all report (§5.5)."""
+
+    agent_name: str
+    model: str | None
+    iterations: int
+    duration_ms: int
+    token_usage: TokenUsage
+    tool_calls: tuple[ToolCallStat, ...]
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "agentName": self.agent_name,
+            "model": self.model,
+            "iterations": self.iterations,
+            "durationMs": self.duration_ms,
+            "tokenUsage": usage_wire(self.token_usage),
+            "toolCalls": [t.wire() for t in self.tool_calls],
+        }
+
+
+def done_data(session: SessionRecord, stats: TurnStats) -> dict[str, Any]:
+    return {"session": session_wire(session), **stats.wire(), "cancelled": False}
+
+
+def error_data(
+    code: str, message: str, details: dict[str, Any] | None, session: SessionRecord,
+    stats: TurnStats,
+) -> dict[str, Any]:
+    data: dict[str, Any] = {"code": code, "message": message}
+    if details:
+        data["details"] = details
+    data.update(session=session_wire(session), **stats.wire())
+    data["cancelled"] = code == "CANCELLED"
+    return data

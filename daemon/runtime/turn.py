@@ -1,0 +1,335 @@
+"""One turn: a CancelScope that is the cancel gate, a nursery, and one terminal event.
+
+    with CancelScope() as gate:          # cancel(reason) closes the gate
+        publish chat.user_message, turn.start
+        async with open_nursery():       # tools (and, later, waiting child turns)
+            drive the engine: each event -> persist if needed -> publish
+    finally (shielded, bounded):         # the exit path, whatever happened
+        classify -> persist the end -> publish exactly one `done` or `error`
+
+Chunks go through `_chunk`, which drops them once the gate is shut: Trio is
+single-threaded and publishing is synchronous, so after `cancel()` returns no chunk of
+this turn can reach the bus. The terminal lives in the exit path, so no caller has to
+remember to emit it and no path can skip it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from daemon.clock import now_ms
+from daemon.config import AgentConfig
+from daemon.engines import base as eng
+from daemon.errors import MaxIterationsError, ProviderError
+from daemon.runtime import events as ev
+from daemon.runtime.bus import Bus
+from daemon.runtime.state import SessionState
+from daemon.store.models import MessageRecord, SessionRecord, TokenUsage, TurnRecord
+from daemon.store.sqlite import Store
+from daemon.tools.base import Tool, ToolContext, ToolError, ToolOutcome
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TurnServices:
+    """What every turn is given by the session manager."""
+
+    bus: Bus
+    store: Store
+    engine_for: Callable[[AgentConfig], eng.Engine]
+    tools: Mapping[str, Tool]
+    workspaces: Path
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    turn_id: str
+    code: str | None  # None: `done`; else the `error` code
+    message: str
+    details: dict[str, Any] | None
+    content: str
+    stats: ev.TurnStats
+    session: SessionRecord
+
+    @property
+    def cancelled(self) -> bool:
+        return self.code == "CANCELLED"
+
+    @property
+    def cancel_reason(self) -> str | None:
+        return (self.details or {}).get("reason") if self.cancelled else None
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+@dataclass(eq=False)
+class Turn:
+    id: str
+    session: SessionState
+    agent: AgentConfig
+    message: str
+    trigger: str
+    services: TurnServices
+    from_session_id: str | None = None
+    budget_tokens: int = 0
+    parent: Turn | None = None  # the turn this one runs inside (a waiting spawn)
+
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    cancel_reason: str | None = None
+    ending: bool = False
+    finished: trio.Event = field(default_factory=trio.Event)
+    outcome: TurnOutcome | None = None
+
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    model: str | None = None
+    iterations: int = 0
+    content: str = ""
+    tool_calls: list[ev.ToolCallStat] = field(default_factory=list)
+    injected: list[MessageRecord] = field(default_factory=list)
+    nursery: trio.Nursery | None = None
+
+    # -- the gate -------------------------------------------------------------------------
+
+    def cancel(self, reason: str) -> bool:
+        """Close the gate; True if this call stopped a turn that was still going."""
+        if self.ending or self.scope.cancel_called:
+            return False
+        self.cancel_reason = reason
+        self.scope.cancel()
+        return True
+
+    @property
+    def gate_closed(self) -> bool:
+        turn: Turn | None = self
+        while turn is not None:
+            if turn.scope.cancel_called:
+                return True
+            turn = turn.parent
+        return False
+
+    def inject(self, message: MessageRecord) -> None:
+        self.injected.append(message)
+
+    # -- publishing -----------------------------------------------------------------------
+
+    def _stream(self, event_type: str, data: dict[str, Any]) -> None:
+        self.services.bus.publish(
+            "session.stream", self.session.ref, {"data": data},
+            turn_id=self.id, event_type=event_type,
+        )
+
+    def _chunk(self, event_type: str, data: dict[str, Any]) -> None:
+        if not self.gate_closed:
+            self._stream(event_type, data)
+
+    def _plain(self, type: str, fields: dict[str, Any]) -> None:
+        self.services.bus.publish(type, self.session.ref, fields)
+
+    # -- running --------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED) -> None:
+        started = trio.current_time()
+        failure: BaseException | None = None
+        with self.scope:
+            task_status.started(self)
+            try:
+                await self._begin()
+                async with trio.open_nursery() as nursery:
+                    self.nursery = nursery
+                    await self._drive()
+            except BaseException as exc:
+                failure = exc
+                raise
+            finally:
+                self.ending = True
+                await self._end(failure, started)
+
+    async def _begin(self) -> None:
+        record = self.session.mark("running")
+        self._plain("session.updated", {"session": ev.session_wire(record)})
+        self._plain("chat.user_message", {"event": {
+            "content": self.message, "trigger": self.trigger, "timestamp": now_ms(),
+        }})
+        self._stream(ev.TURN_START, {
+            "turnId": self.id, "trigger": self.trigger, "model": self.agent.model or None,
+            "fromSessionId": self.from_session_id,
+        })
+        store = self.services.store
+        await store.start_turn(
+            TurnRecord(self.id, self.session.record.id, self.trigger, now_ms()), record
+        )
+        await self._append(MessageRecord("user", self.message, None, None, now_ms()), 0)
+
+    async def _append(self, message: MessageRecord, iteration: int) -> None:
+        await self.services.store.append_message(self.session.record.id, message)
+        data: dict[str, Any] = {"role": message.role, "content": message.content}
+        if message.tool_calls:
+            data["toolCalls"] = message.tool_calls
+        if message.tool_call_id:
+            data["toolCallId"] = message.tool_call_id
+        data["iteration"] = iteration
+        self._stream(ev.MESSAGE, data)
+        self._plain("chat.message", {"event": {**data, "timestamp": message.created_at}})
+
+    async def _drive(self) -> None:
+        engine = self.services.engine_for(self.agent)
+        history = await self.services.store.messages(self.session.record.id)
+        ctx = _EngineContext(self, history)
+        async with aclosing(engine.run(ctx)) as stream:
+            async for event in stream:
+                await self._handle(event)
+
+    async def _handle(self, event: eng.EngineEvent) -> None:
+        if isinstance(event, eng.ContentDelta):
+            self._chunk(ev.INFERENCE_CHUNK, {"content": event.text})
+        elif isinstance(event, eng.ThinkingDelta):
+            self._chunk(ev.THINKING_CHUNK, {"content": event.text})
+        elif isinstance(event, eng.ModelNamed):
+            self.model = event.model
+        elif isinstance(event, eng.UsageReport):
+            self.usage = self.usage + event.usage
+            self.iterations = max(self.iterations, event.iteration)
+            self._stream(ev.USAGE, {
+                "tokenUsage": ev.usage_wire(self.usage),
+                "budgetTokens": self.budget_tokens or None,
+                "iteration": event.iteration,
+            })
+            if self.budget_tokens and self.usage.total > self.budget_tokens:
+                self.cancel("budget_exceeded")
+                await trio.lowlevel.checkpoint()  # raises Cancelled: no further call or tool
+        elif isinstance(event, eng.ToolStarted):
+            self._stream(ev.INFERENCE_TOOL, {
+                "toolCallId": event.call_id, "name": event.name, "arguments": event.arguments,
+            })
+            self._plain("chat.inference_tool", {"event": {
+                "name": event.name, "timestamp": now_ms(),
+            }})
+        elif isinstance(event, eng.ToolFinished):
+            self.tool_calls.append(ev.ToolCallStat(
+                event.call_id, event.name, event.arguments, event.outcome.is_error,
+                event.duration_ms,
+            ))
+            self._stream(ev.TOOL_RESULT, {
+                "toolCallId": event.call_id, "toolName": event.name,
+                "isError": event.outcome.is_error, "content": event.outcome.content,
+                "durationMs": event.duration_ms,
+            })
+        elif isinstance(event, eng.MessageAppended):
+            self.iterations = max(self.iterations, event.iteration)
+            await self._append(event.message, event.iteration)
+        elif isinstance(event, eng.Finished):
+            self.content = event.content
+            self.iterations = max(self.iterations, event.iterations)
+
+    async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
+        started = trio.current_time()
+        tool = self.services.tools.get(name) if name in self.agent.tools else None
+        if tool is None:
+            outcome = ToolOutcome(f"unknown tool {name!r}", is_error=True)
+        elif not isinstance(args, dict):
+            outcome = ToolOutcome("tool arguments must be a JSON object", is_error=True)
+        else:
+            ctx = ToolContext(
+                session_id=self.session.record.id,
+                tool_call_id=call_id,
+                workspace=self.services.workspaces / self.session.record.id,
+                emit_chunk=self._emit_tool_chunk,
+                default_timeout_s=self.agent.bash_timeout_s,
+                max_output_bytes=self.agent.bash_max_output_bytes,
+            )
+            try:
+                outcome = await tool.run(ctx, args)
+            except ToolError as exc:
+                outcome = ToolOutcome(str(exc), is_error=True)
+        return outcome, int((trio.current_time() - started) * 1000)
+
+    def _emit_tool_chunk(
+        self, call_id: str, tool_name: str, content: str, stream: str, offset: int
+    ) -> None:
+        self._chunk(ev.TOOL_CHUNK, {
+            "toolCallId": call_id, "toolName": tool_name, "content": content,
+            "stream": stream, "offset": offset,
+        })
+
+    # -- the exit path --------------------------------------------------------------------
+
+    def _classify(self, failure: BaseException | None) -> tuple[str | None, str, dict[str, Any] | None]:
+        if failure is None:
+            if self.scope.cancel_called:  # stopped right at its end: the receipt counts it
+                return "CANCELLED", "turn cancelled", {"reason": self.cancel_reason}
+            return None, "", None
+        leaves = _leaves(failure)
+        errors = [e for e in leaves if not isinstance(e, trio.Cancelled)]
+        if not errors:
+            reason = self.cancel_reason if self.scope.cancel_called else "parent_cancelled"
+            return "CANCELLED", "turn cancelled", {"reason": reason}
+        first = errors[0]
+        if isinstance(first, ProviderError):
+            details = {"status": first.status} if first.status else None
+            return "PROVIDER_ERROR", first.message, details
+        if isinstance(first, MaxIterationsError):
+            return "MAX_ITERATIONS", str(first), {"maxIterations": first.limit}
+        log.error("turn %s failed", self.id, exc_info=first)
+        return "INTERNAL_ERROR", f"internal error: {type(first).__name__}", None
+
+    async def _end(self, failure: BaseException | None, started: float) -> None:
+        code, message, details = self._classify(failure)
+        stats = ev.TurnStats(
+            agent_name=self.agent.name,
+            model=self.model or self.agent.model or None,
+            iterations=self.iterations,
+            duration_ms=int((trio.current_time() - started) * 1000),
+            token_usage=self.usage,
+            tool_calls=tuple(self.tool_calls),
+        )
+        record = self.session.mark("idle", usage=self.usage, model=self.model)
+        with trio.move_on_after(self.services.grace_s, shield=True):
+            try:
+                await self.services.store.end_turn(self.id, code or "done", now_ms(), record)
+            except Exception:
+                log.exception("could not persist the end of turn %s", self.id)
+        if code is None:
+            self._plain("chat.response", {"event": {
+                "content": self.content, "toolCount": len(self.tool_calls),
+                "iterations": stats.iterations, "tokenUsage": ev.usage_wire(self.usage),
+                "timestamp": now_ms(),
+            }})
+            self._stream(ev.DONE, ev.done_data(record, stats))
+        else:
+            self._stream(ev.ERROR, ev.error_data(code, message, details, record, stats))
+        if self.session.running is self:
+            self.session.running = None
+        self._plain("session.updated", {"session": ev.session_wire(record)})
+        self.outcome = TurnOutcome(self.id, code, message, details, self.content, stats, record)
+        self.finished.set()
+
+
+class _EngineContext:
+    """The turn as an engine sees it (engines.base.EngineContext)."""
+
+    def __init__(self, turn: Turn, history: Sequence[MessageRecord]) -> None:
+        self._turn = turn
+        self.agent = turn.agent
+        self.history = history
+        tools = turn.services.tools
+        self.tools = [tools[name] for name in turn.agent.tools if name in tools]
+
+    async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
+        return await self._turn.run_tool(call_id, name, args)
+
+    def take_injected(self) -> list[MessageRecord]:
+        taken, self._turn.injected = self._turn.injected, []
+        return taken

@@ -1,0 +1,140 @@
+"""The daemon: store, bus, sessions, providers and HTTP, started in order and stopped in
+the reverse order.
+
+Shutdown (SIGTERM/SIGINT, or `Daemon.request_shutdown()`): stop accepting, cancel every
+running turn with `shutdown` and wait for their terminals, end every bus subscription
+(SSE streams finish, WebSockets close with 1001), give connections a grace period and
+abort what is left, close the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+import trio
+
+from daemon.api.app import build_app
+from daemon.config import AgentConfig, Config
+from daemon.engines.base import Engine
+from daemon.engines.openai import OpenAIEngine
+from daemon.httpserver import Connections, HttpServer, bind_socket
+from daemon.llm.openai_client import OpenAIClient, default_timeout
+from daemon.mock.provider import serve_mock_provider
+from daemon.runtime.bus import Bus
+from daemon.runtime.core import Runtime
+from daemon.runtime.sessions import SessionManager
+from daemon.runtime.turn import TurnServices
+from daemon.sdnotify import notify, serve_watchdog
+from daemon.store.sqlite import Store
+from daemon.tools.bash import BashTool
+from daemon.tools.base import Tool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Daemon:
+    runtime: Runtime
+    http: HttpServer
+    host: str
+    _stop: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def port(self) -> int:
+        return self.http.port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def request_shutdown(self) -> None:
+        self._stop.set()
+
+
+def _engine_factory(
+    config: Config, http: httpx.AsyncClient, provider_urls: dict[str, str]
+) -> Callable[[AgentConfig], Engine]:
+    clients: dict[str, OpenAIClient] = {}
+    for name, provider in config.providers.items():
+        clients[name] = OpenAIClient(http, provider_urls[name], provider.api_key)
+
+    def engine_for(agent: AgentConfig) -> Engine:
+        if agent.engine == "openai" and agent.provider is not None:
+            return OpenAIEngine(agent, clients[agent.provider])
+        raise NotImplementedError(f"engine {agent.engine!r} is not available in this build")
+
+    return engine_for
+
+
+async def _serve_signals(daemon: Daemon, *, task_status: trio.TaskStatus[None]) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
+        async for signum in signals:
+            log.info("received %s: shutting down", signal.Signals(signum).name)
+            daemon.request_shutdown()
+            return
+
+
+async def serve_daemon(
+    config: Config, *, handle_signals: bool = False,
+    task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the daemon until `request_shutdown()`; reports the Daemon when listening."""
+    server = config.server
+    store = await Store.open(server.data_dir / "veild.db")
+    try:
+        reserved = await store.seq_reserved() or 0
+        bus = Bus(
+            first_seq=reserved + 1, seq_reserved=reserved + 1,
+            retention_events=server.retention_events, retention_bytes=server.retention_bytes,
+            queue_max=server.ws_queue_max,
+        )
+        async with trio.open_nursery() as nursery, httpx.AsyncClient(
+            timeout=default_timeout()
+        ) as http:
+            await nursery.start(bus.serve_reservations, store.set_seq_reserved,
+                                store.set_seq_reserved_now)
+            provider_urls: dict[str, str] = {}
+            for name, provider in config.providers.items():
+                if provider.type == "mock":
+                    port = await nursery.start(serve_mock_provider, "127.0.0.1", 0)
+                    provider_urls[name] = f"http://127.0.0.1:{port}/v1"
+                else:
+                    provider_urls[name] = provider.base_url
+            tools: dict[str, Tool] = {"bash": BashTool()}
+            services = TurnServices(
+                bus=bus, store=store, engine_for=_engine_factory(config, http, provider_urls),
+                tools=tools, workspaces=server.data_dir / "workspaces",
+                grace_s=server.shutdown_grace_s,
+            )
+            sessions = SessionManager(config, store, bus, services)
+            await nursery.start(sessions.serve)
+            runtime = Runtime(config, store, bus, sessions)
+            connections = Connections()
+            http_server = HttpServer(
+                build_app(runtime, connections), bind_socket(server.host, server.port),
+                connections,
+            )
+            await nursery.start(http_server.serve)
+            daemon = Daemon(runtime, http_server, server.host)
+            if handle_signals:
+                await nursery.start(_serve_signals, daemon)
+            await nursery.start(serve_watchdog)
+            notify("READY=1")
+            task_status.started(daemon)
+
+            await daemon._stop.wait()
+            notify("STOPPING=1")
+            http_server.stop_accepting()
+            await sessions.shutdown()
+            bus.close_all("shutdown")
+            await http_server.close(server.client_close_grace_s)
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.move_on_after(5, shield=True):
+            await store.aclose()

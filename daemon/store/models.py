@@ -1,0 +1,58 @@
+"""Plain records the store reads and writes; the wire shape lives in runtime/events.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class TokenUsage:
+    input: int = 0
+    output: int = 0
+    cache: int = 0
+    cost: float = 0.0
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            self.input + other.input,
+            self.output + other.output,
+            self.cache + other.cache,
+            self.cost + other.cost,
+        )
+
+    @property
+    def total(self) -> int:
+        return self.input + self.output
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    id: str
+    agent_name: str
+    parent_session_id: str | None
+    root_session_id: str
+    depth: int
+    spawn_tool_call_id: str | None
+    status: str  # "idle" | "running"
+    created_at: int
+    updated_at: int
+    model: str | None = None
+    token_usage: TokenUsage = field(default_factory=TokenUsage)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    role: str  # "system" | "user" | "assistant" | "tool"
+    content: str
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    created_at: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    id: str
+    session_id: str
+    trigger: str
+    started_at: int

@@ -1,0 +1,253 @@
+"""SQLite in WAL mode, reached from Trio through one worker thread.
+
+Every public method is `async` and runs its statements in a thread under a
+CapacityLimiter(1), so the connection is only ever used by one thread at a time and
+the Trio thread never blocks on disk. Messages are one row each; chunks are never
+stored. Schema changes are numbered files in migrations/, tracked by
+`PRAGMA user_version`.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+
+from daemon.errors import StoreError
+from daemon.store.models import MessageRecord, SessionRecord, TokenUsage, TurnRecord
+
+T = TypeVar("T")
+
+_SESSION_COLUMNS = (
+    "id, agent_name, parent_session_id, root_session_id, depth, spawn_tool_call_id, "
+    "status, created_at, updated_at, model, input_tokens, output_tokens, cache_tokens, cost"
+)
+
+
+def _migrations() -> list[tuple[int, str]]:
+    folder = resources.files("daemon.store") / "migrations"
+    found = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".sql"):
+            found.append((int(entry.name.split("_", 1)[0]), entry.read_text()))
+    return sorted(found)
+
+
+def _session(row: tuple[Any, ...]) -> SessionRecord:
+    return SessionRecord(
+        id=row[0], agent_name=row[1], parent_session_id=row[2], root_session_id=row[3],
+        depth=row[4], spawn_tool_call_id=row[5], status=row[6], created_at=row[7],
+        updated_at=row[8], model=row[9],
+        token_usage=TokenUsage(row[10], row[11], row[12], row[13]),
+    )
+
+
+class Store:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._limiter = trio.CapacityLimiter(1)
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, path: Path) -> Store:
+        def _open() -> sqlite3.Connection:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA busy_timeout=5000")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            for number, sql in _migrations():
+                if number > version:
+                    conn.executescript(f"BEGIN;\n{sql}\nPRAGMA user_version={number};\nCOMMIT;")
+            return conn
+
+        try:
+            conn = await trio.to_thread.run_sync(_open)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the database at {path}: {exc}") from exc
+        return cls(conn)
+
+    async def aclose(self) -> None:
+        await self._call(self._conn.close)
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        except sqlite3.Error as exc:
+            raise StoreError(str(exc)) from exc
+
+    def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    # -- meta -----------------------------------------------------------------------------
+
+    def _get_meta(self, key: str) -> str | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_seq_reserved_now(self, value: int) -> None:
+        """Synchronous: only for the bus's rare catch-up path."""
+        self._conn.execute(
+            "INSERT INTO meta(key, value) VALUES('seq_reserved', ?) "
+            "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (str(value),)
+        )
+
+    async def set_seq_reserved(self, value: int) -> None:
+        await self._call(self.set_seq_reserved_now, value)
+
+    async def seq_reserved(self) -> int | None:
+        value = await self._call(self._get_meta, "seq_reserved")
+        return int(value) if value is not None else None
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def create_session(self, s: SessionRecord) -> None:
+        await self._call(
+            self._conn.execute,
+            "INSERT INTO sessions(id, agent_name, parent_session_id, root_session_id, depth, "
+            "spawn_tool_call_id, status, created_at, updated_at, model) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (s.id, s.agent_name, s.parent_session_id, s.root_session_id, s.depth,
+             s.spawn_tool_call_id, s.status, s.created_at, s.updated_at, s.model),
+        )
+
+    async def save_session(self, s: SessionRecord) -> None:
+        u = s.token_usage
+        await self._call(
+            self._conn.execute,
+            "UPDATE sessions SET status=?, updated_at=?, model=?, input_tokens=?, "
+            "output_tokens=?, cache_tokens=?, cost=? WHERE id=?",
+            (s.status, s.updated_at, s.model, u.input, u.output, u.cache, u.cost, s.id),
+        )
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        def _get() -> SessionRecord | None:
+            row = self._conn.execute(
+                f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id=?", (session_id,)
+            ).fetchone()
+            return _session(row) if row else None
+
+        return await self._call(_get)
+
+    async def list_sessions(
+        self, *, agent: str | None = None, parent: str | None = None, limit: int = 100
+    ) -> list[SessionRecord]:
+        def _list() -> list[SessionRecord]:
+            where, args = [], []
+            if agent is not None:
+                where.append("agent_name=?")
+                args.append(agent)
+            if parent is not None:
+                where.append("parent_session_id=?")
+                args.append(parent)
+            sql = f"SELECT {_SESSION_COLUMNS} FROM sessions"
+            if where:
+                sql += " WHERE " + " AND ".join(where)
+            sql += " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+            return [_session(r) for r in self._conn.execute(sql, (*args, limit))]
+
+        return await self._call(_list)
+
+    async def children(self, session_id: str) -> list[str]:
+        def _children() -> list[str]:
+            rows = self._conn.execute(
+                "SELECT id FROM sessions WHERE parent_session_id=? ORDER BY created_at, rowid",
+                (session_id,),
+            )
+            return [r[0] for r in rows]
+
+        return await self._call(_children)
+
+    # -- messages -------------------------------------------------------------------------
+
+    async def append_message(self, session_id: str, m: MessageRecord) -> None:
+        await self._call(
+            self._conn.execute,
+            "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
+            "created_at) VALUES (?,?,?,?,?,?)",
+            (session_id, m.role, m.content,
+             json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id, m.created_at),
+        )
+
+    async def messages(self, session_id: str) -> list[MessageRecord]:
+        def _messages() -> list[MessageRecord]:
+            rows = self._conn.execute(
+                "SELECT role, content, tool_calls, tool_call_id, created_at FROM messages "
+                "WHERE session_id=? ORDER BY id", (session_id,),
+            )
+            return [
+                MessageRecord(r[0], r[1], json.loads(r[2]) if r[2] else None, r[3], r[4])
+                for r in rows
+            ]
+
+        return await self._call(_messages)
+
+    # -- turns ----------------------------------------------------------------------------
+
+    async def start_turn(self, t: TurnRecord, session: SessionRecord) -> None:
+        """Record the turn and mark its session running, in one transaction."""
+
+        def _start(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO turns(id, session_id, trigger, started_at) VALUES (?,?,?,?)",
+                (t.id, t.session_id, t.trigger, t.started_at),
+            )
+            conn.execute(
+                "UPDATE sessions SET status=?, updated_at=? WHERE id=?",
+                (session.status, session.updated_at, session.id),
+            )
+
+        await self._call(self._tx, _start)
+
+    async def end_turn(
+        self, turn_id: str, code: str, ended_at: int, session: SessionRecord
+    ) -> None:
+        """Close the turn and save its session (status, usage), in one transaction."""
+        u = session.token_usage
+
+        def _end(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE turns SET ended_at=?, terminal_code=? WHERE id=?",
+                (ended_at, code, turn_id),
+            )
+            conn.execute(
+                "UPDATE sessions SET status=?, updated_at=?, model=?, input_tokens=?, "
+                "output_tokens=?, cache_tokens=?, cost=? WHERE id=?",
+                (session.status, session.updated_at, session.model, u.input, u.output,
+                 u.cache, u.cost, session.id),
+            )
+
+        await self._call(self._tx, _end)
+
+    async def unfinished_turns(self) -> list[TurnRecord]:
+        def _unfinished() -> list[TurnRecord]:
+            rows = self._conn.execute(
+                "SELECT id, session_id, trigger, started_at FROM turns "
+                "WHERE ended_at IS NULL ORDER BY started_at"
+            )
+            return [TurnRecord(*r) for r in rows]
+
+        return await self._call(_unfinished)
+
+    async def running_sessions(self) -> list[str]:
+        def _running() -> list[str]:
+            rows = self._conn.execute("SELECT id FROM sessions WHERE status='running'")
+            return [r[0] for r in rows]
+
+        return await self._call(_running)

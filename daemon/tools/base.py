@@ -1,0 +1,60 @@
+"""What a tool is and what it is given.
+
+A tool gets a ToolContext: the session's workspace, its limits, and `emit_chunk`, the
+turn's gated publisher for live output. It returns a ToolOutcome. Failures the model
+should see (bad arguments, a non-zero exit, a timeout) are outcomes with
+`is_error=True`; a ToolError raised inside `run` becomes one too. Anything else is a
+bug and ends the turn in INTERNAL_ERROR.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from daemon.errors import VeildError
+
+# (tool_call_id, tool_name, content, stream, offset) -> None; drops when the gate is shut.
+ChunkEmitter = Callable[[str, str, str, str, int], None]
+
+
+class ToolError(VeildError):
+    """A failure the model is told about in the tool result."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    content: str
+    is_error: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    session_id: str
+    tool_call_id: str
+    workspace: Path
+    emit_chunk: ChunkEmitter
+    default_timeout_s: float
+    max_output_bytes: int
+
+
+class Tool(Protocol):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    async def run(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome: ...
+
+
+def schema(tool: Tool) -> dict[str, Any]:
+    """The OpenAI `tools` entry for a tool."""
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+        },
+    }

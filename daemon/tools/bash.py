@@ -1,0 +1,143 @@
+"""`bash {command, timeoutS?}`: runs in the session's workspace and streams its output.
+
+The command runs in its own process group (a new session) so that cancel or timeout can
+kill everything it started, not just bash. stdout and stderr are read concurrently and
+each read is published at once as a `tool.chunk` with its byte offset. The result keeps
+at most `max_output_bytes` of output and says how much it dropped.
+"""
+
+from __future__ import annotations
+
+import codecs
+import math
+import os
+import signal
+import subprocess
+from typing import Any
+
+import trio
+
+from daemon.tools.base import ToolContext, ToolError, ToolOutcome
+
+READ_SIZE = 16 * 1024
+KILL_GRACE_S = 2.0
+
+
+class _Capture:
+    """Output kept for the result: the first `limit` bytes, in arrival order."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.parts: list[str] = []
+        self.kept = 0
+        self.dropped = 0
+
+    def add(self, text: str) -> None:
+        room = self.limit - self.kept
+        data = text.encode()
+        if len(data) <= room:
+            self.parts.append(text)
+            self.kept += len(data)
+        else:
+            if room > 0:
+                self.parts.append(data[:room].decode("utf-8", "ignore"))
+                self.kept = self.limit
+            self.dropped += len(data) - max(room, 0)
+
+    def text(self) -> str:
+        out = "".join(self.parts)
+        if self.dropped:
+            out += f"\n[output truncated: {self.dropped} more bytes not kept]"
+        return out
+
+
+def _kill_group(process: trio.Process) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class BashTool:
+    name = "bash"
+    description = (
+        "Run a bash command in this session's workspace directory. stdout and stderr "
+        "stream live; the result holds the exit code and the (possibly truncated) output."
+    )
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "description": "The bash command line to run."},
+            "timeoutS": {
+                "type": "number",
+                "description": "Seconds before the command is killed (default 120).",
+            },
+        },
+        "required": ["command"],
+        "additionalProperties": False,
+    }
+
+    async def run(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
+        command = args.get("command")
+        if not isinstance(command, str) or not command.strip():
+            raise ToolError("`command` must be a non-empty string")
+        timeout = args.get("timeoutS", ctx.default_timeout_s)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ToolError("`timeoutS` must be a positive number")
+        if not math.isfinite(timeout):
+            raise ToolError("`timeoutS` must be finite")
+
+        ctx.workspace.mkdir(parents=True, exist_ok=True)
+        capture = _Capture(ctx.max_output_bytes)
+        process = await trio.lowlevel.open_process(
+            ["bash", "-c", command],
+            cwd=ctx.workspace,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # own process group: killpg reaches every child
+        )
+        timed_out = False
+        try:
+            with trio.move_on_after(timeout) as deadline:
+                async with trio.open_nursery() as nursery:
+                    assert process.stdout is not None and process.stderr is not None
+                    nursery.start_soon(self._pump, ctx, process.stdout, "stdout", capture)
+                    nursery.start_soon(self._pump, ctx, process.stderr, "stderr", capture)
+                await process.wait()
+            timed_out = deadline.cancelled_caught
+        finally:
+            # Cancel, timeout or a normal end: nothing the command started outlives it.
+            _kill_group(process)
+            with trio.move_on_after(KILL_GRACE_S, shield=True):
+                await process.wait()
+            for pipe in (process.stdout, process.stderr):
+                if pipe is not None:
+                    with trio.move_on_after(KILL_GRACE_S, shield=True):
+                        await pipe.aclose()
+        output = capture.text()
+        if timed_out:
+            return ToolOutcome(f"{output}\n[timed out after {timeout:g}s; process group killed]",
+                               is_error=True)
+        code = process.returncode
+        return ToolOutcome(f"{output}\n[exit code {code}]" if output else f"[exit code {code}]",
+                           is_error=code != 0)
+
+    @staticmethod
+    async def _pump(
+        ctx: ToolContext, stream: trio.abc.ReceiveStream, name: str, capture: _Capture
+    ) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        offset = 0
+        while True:
+            data = await stream.receive_some(READ_SIZE)
+            final = not data
+            text = decoder.decode(data, final=final)
+            if text:
+                ctx.emit_chunk(ctx.tool_call_id, "bash", text, name, offset)
+                capture.add(text)
+                # Offsets count the bytes of what was published, so a replayed chunk
+                # is recognisable even when a read split a UTF-8 character.
+                offset += len(text.encode())
+            if final:
+                return
