@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import weakref
 from functools import partial
 from typing import Any
 
@@ -31,9 +30,7 @@ class Connections:
     """The open TCP streams, by the peer address an ASGI scope names as `client`."""
 
     def __init__(self) -> None:
-        self._by_peer: weakref.WeakValueDictionary[tuple[str, int], trio.SocketStream] = (
-            weakref.WeakValueDictionary()
-        )
+        self._by_peer: dict[tuple[str, int], trio.SocketStream] = {}
 
     def add(self, stream: trio.SocketStream) -> None:
         try:
@@ -41,6 +38,11 @@ class Connections:
         except OSError:
             return
         self._by_peer[(peer[0], peer[1])] = stream
+
+    def discard(self, stream: trio.SocketStream) -> None:
+        for peer, known in list(self._by_peer.items()):
+            if known is stream:
+                del self._by_peer[peer]
 
     def abort(self, client: Any) -> bool:
         """Close the socket of the connection whose peer is `client` (host, port)."""
@@ -125,6 +127,7 @@ class HttpServer:
                     try:
                         await tcp_server(stream)
                     finally:
+                        self.connections.discard(stream)
                         self._live -= 1
                         if self._live == 0:
                             self._all_closed.set()

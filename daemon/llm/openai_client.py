@@ -9,6 +9,7 @@ ProviderError. There is no partial success.
 from __future__ import annotations
 
 import json
+from contextlib import aclosing
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -88,29 +89,34 @@ class OpenAIClient:
                         f"provider answered HTTP {response.status_code}: {text}",
                         status=response.status_code,
                     )
-                finished = False
+                finished = done = False
                 model_seen: str | None = None
-                async for line in response.aiter_lines():
-                    if len(line) > LINE_MAX:
-                        raise ProviderError("provider sent an oversized line")
-                    if not line or line.startswith(":"):
-                        continue
-                    if not line.startswith("data:"):
-                        continue  # other SSE fields (event:, id:) carry nothing for us
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        finished = True
-                        break
-                    chunk = _parse_chunk(payload)
-                    model = chunk.get("model")
-                    if isinstance(model, str) and model and model != model_seen:
-                        model_seen = model
-                        yield ModelDelta(model)
-                    for delta in _deltas(chunk):
-                        if delta is _FINISH:
-                            finished = True
-                        else:
-                            yield delta  # type: ignore[misc]
+                async with aclosing(response.aiter_lines()) as lines:  # type: ignore[type-var]
+                    async for line in lines:
+                        if len(line) > LINE_MAX:
+                            raise ProviderError("provider sent an oversized line")
+                        if not line or line.startswith(":"):
+                            continue
+                        if not line.startswith("data:"):
+                            continue  # other SSE fields (event:, id:) carry nothing for us
+                        payload = line[5:].strip()
+                        if payload == "[DONE]":
+                            # Read on to the end of the body rather than break: httpx's
+                            # generators are only cleaned up when exhausted.
+                            finished = done = True
+                            continue
+                        if done:
+                            continue
+                        chunk = _parse_chunk(payload)
+                        model = chunk.get("model")
+                        if isinstance(model, str) and model and model != model_seen:
+                            model_seen = model
+                            yield ModelDelta(model)
+                        for delta in _deltas(chunk):
+                            if delta is _FINISH:
+                                finished = True
+                            else:
+                                yield delta  # type: ignore[misc]
                 if not finished:
                     raise ProviderError("provider closed the stream before it finished")
         except httpx.HTTPError as exc:
@@ -118,6 +124,7 @@ class OpenAIClient:
 
 
 _FINISH = object()
+
 
 
 def _parse_chunk(payload: str) -> dict[str, Any]:

@@ -13,6 +13,8 @@ import logging
 import secrets
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import h11
@@ -52,6 +54,13 @@ def _usage(messages: list[dict[str, Any]], completion: int) -> dict[str, Any]:
             "total_tokens": prompt + completion}
 
 
+def _completion_tokens(spec: CallSpec) -> int:
+    """What the mock reports as completion tokens: one per streamed piece."""
+    words = (len(spec.think.split(" ")) if spec.think else 0) + (
+        len(spec.say.split(" ")) if spec.say else 0)
+    return words + sum(len(_pieces(json.dumps(t.get("arguments", {})))) for t in spec.tools)
+
+
 def _pieces(text: str, n: int = 3) -> list[str]:
     size = max(1, -(-len(text) // n))
     return [text[i:i + size] for i in range(0, len(text), size)] or [""]
@@ -82,6 +91,7 @@ def _events(spec: CallSpec, model: str, messages: list[dict[str, Any]],
             }]})
     yield _chunk(model, cid, {}, finish="tool_calls" if spec.tools else "stop")
     if include_usage and spec.usage:
+        assert completion == _completion_tokens(spec)
         yield _chunk(model, cid, None, usage=_usage(messages, completion))
     yield b"data: [DONE]\n\n"
 
@@ -183,7 +193,16 @@ async def _stream(conn: _Conn, spec: CallSpec, model: str, messages: list[dict[s
     await conn.send(h11.EndOfMessage())
 
 
-async def _answer(conn: _Conn, request: h11.Request, raw: bytes) -> None:
+@dataclass(frozen=True)
+class Served:
+    """One chat completion the mock answered (what tests compare the daemon against)."""
+
+    model: str
+    usage: dict[str, Any] | None
+    status: int
+
+
+async def _answer(conn: _Conn, request: h11.Request, raw: bytes, log: list[Served] | None) -> None:
     target = request.target.decode()
     if request.method == b"GET" and target.rstrip("/").endswith("/models"):
         await conn.json_response(200, {"object": "list", "data": [
@@ -200,25 +219,28 @@ async def _answer(conn: _Conn, request: h11.Request, raw: bytes) -> None:
         return
     spec = plan(messages)
     model = spec.model or str(body.get("model") or "mock-1")
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    if log is not None:
+        usage = _usage(messages, _completion_tokens(spec)) if spec.usage and include_usage else None
+        log.append(Served(model, usage, spec.status or 200))
     if spec.status:
         await conn.json_response(spec.status, {"error": {
             "message": f"scripted failure {spec.status}", "type": "server_error"}})
         return
     if body.get("stream"):
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         await _stream(conn, spec, model, messages, include_usage)
     else:
         await conn.json_response(200, _whole(spec, model, messages))
 
 
-async def _handle(stream: trio.SocketStream) -> None:
+async def _handle(stream: trio.SocketStream, log: list[Served] | None = None) -> None:
     conn = _Conn(stream)
     try:
         while True:
             got = await conn.read_request()
             if got is None:
                 return
-            await _answer(conn, *got)
+            await _answer(conn, *got, log)
             if conn.h11.our_state is h11.MUST_CLOSE or conn.h11.their_state is h11.MUST_CLOSE:
                 return
             conn.h11.start_next_cycle()
@@ -230,11 +252,11 @@ async def _handle(stream: trio.SocketStream) -> None:
 
 
 async def serve_mock_provider(
-    host: str = "127.0.0.1", port: int = 0,
+    host: str = "127.0.0.1", port: int = 0, log: list[Served] | None = None,
     *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled; reports the bound port through `task_status`."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
     task_status.started(bound)
-    await trio.serve_listeners(_handle, listeners)
+    await trio.serve_listeners(partial(_handle, log=log), listeners)

@@ -75,6 +75,14 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
+def _not_absorbed(exc: BaseException) -> BaseException | None:
+    """The part of a turn's failure that must propagate: Cancelled and non-Exceptions."""
+    if isinstance(exc, BaseExceptionGroup):
+        rest = exc.split(Exception)[1]
+        return rest
+    return None if isinstance(exc, Exception) else exc
+
+
 @dataclass(eq=False)
 class Turn:
     id: str
@@ -152,7 +160,11 @@ class Turn:
                     await self._drive()
             except BaseException as exc:
                 failure = exc
-                raise
+                # Errors end here, reported by the terminal. Cancellation goes on up:
+                # our own scope absorbs its own cancel; a parent's passes through.
+                passing = _not_absorbed(exc)
+                if passing is not None:
+                    raise passing from None
             finally:
                 self.ending = True
                 await self._end(failure, started)

@@ -1,0 +1,217 @@
+"""Test harness: a real daemon on port 0, a real scripted provider on port 0, real clients.
+
+Nothing here replaces a class of the daemon: the provider is a separate HTTP server (the
+process boundary), the daemon runs exactly as `veild serve` runs it, and the tests talk
+to it through httpx and trio-websocket like any client would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
+
+from daemon.config import load_config
+from daemon.mock.provider import Served, serve_mock_provider
+from daemon.server import Daemon, serve_daemon
+
+CHUNKS = {"thinking.chunk", "inference.chunk", "tool.chunk"}
+TERMINALS = {"done", "error"}
+
+AGENTS_TOML = """
+[agents.assistant]
+engine = "openai"
+provider = "mock"
+model = "test-model"
+tools = ["bash"]
+max_iterations = 6
+
+[agents.plain]
+engine = "openai"
+provider = "mock"
+model = "plain-model"
+tools = []
+max_iterations = 3
+"""
+
+
+def mock(**spec: Any) -> str:
+    """A user message that scripts the mock provider."""
+    return "scripted\n#mock " + json.dumps(spec)
+
+
+def write_config(tmp: Path, provider_url: str, *, server: str = "", extra: str = "") -> Path:
+    path = tmp / "daemon.toml"
+    path.write_text(
+        f"[server]\nhost = \"127.0.0.1\"\nport = 0\ndata_dir = \"{tmp / 'data'}\"\n{server}\n"
+        f"[providers.mock]\ntype = \"openai\"\nbase_url = \"{provider_url}\"\n"
+        f"{AGENTS_TOML}{extra}"
+    )
+    return path
+
+
+@dataclass
+class Provider:
+    url: str
+    served: list[Served]
+
+
+@asynccontextmanager
+async def open_provider() -> AsyncIterator[Provider]:
+    served: list[Served] = []
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_mock_provider, "127.0.0.1", 0, served)
+        yield Provider(f"http://127.0.0.1:{port}/v1", served)
+        nursery.cancel_scope.cancel()
+
+
+@dataclass
+class Running:
+    daemon: Daemon
+    http: httpx.AsyncClient
+    config_path: Path
+
+    @property
+    def url(self) -> str:
+        return self.daemon.url
+
+    @property
+    def ws_url(self) -> str:
+        return self.url.replace("http://", "ws://") + "/ws"
+
+    async def chat(self, message: str, agent: str = "assistant", **body: Any) -> httpx.Response:
+        return await self.http.post(f"/agents/{agent}/chat", json={"message": message, **body})
+
+    async def cancel(self, session_id: str, scope: str | None = None) -> dict[str, Any]:
+        body = {"scope": scope} if scope else None
+        r = await self.http.post(f"/sessions/{session_id}/cancel", json=body)
+        assert r.status_code == 200, r.text
+        result: dict[str, Any] = r.json()
+        return result
+
+
+@asynccontextmanager
+async def open_daemon(
+    tmp: Path, provider: Provider, *, server: str = "", extra: str = ""
+) -> AsyncIterator[Running]:
+    path = write_config(tmp, provider.url, server=server, extra=extra)
+    config = load_config(path)
+    async with trio.open_nursery() as nursery:
+        daemon: Daemon = await nursery.start(serve_daemon, config)
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as http:
+            yield Running(daemon, http, path)
+        daemon.request_shutdown()
+
+
+@dataclass
+class Recorder:
+    """A /ws client that records every event it receives, in order."""
+
+    ws: WebSocketConnection
+    events: list[dict[str, Any]] = field(default_factory=list)
+    frames: list[Any] = field(default_factory=list)
+    closed: ConnectionClosed | None = None
+    _changed: trio.Event = field(default_factory=trio.Event)
+
+    async def _pump(self) -> None:
+        try:
+            while True:
+                frame = json.loads(await self.ws.get_message())
+                self.frames.append(frame)
+                for event in frame if isinstance(frame, list) else [frame]:
+                    self.events.append(event)
+                self._changed.set()
+                self._changed = trio.Event()
+        except ConnectionClosed as exc:
+            self.closed = exc
+            self._changed.set()
+
+    async def wait_for(self, predicate: Callable[[list[dict[str, Any]]], Any]) -> Any:
+        while True:
+            result = predicate(self.events)
+            if result:
+                return result
+            if self.closed is not None:
+                raise AssertionError(f"WebSocket closed while waiting: {self.closed}")
+            await self._changed.wait()
+
+    def stream(self, turn_id: str | None = None, session_id: str | None = None
+               ) -> list[dict[str, Any]]:
+        return [
+            e for e in self.events
+            if e.get("type") == "session.stream"
+            and (turn_id is None or e["turnId"] == turn_id)
+            and (session_id is None or e["sessionId"] == session_id)
+        ]
+
+    async def terminal(self, turn_id: str) -> dict[str, Any]:
+        def find(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+            for e in events:
+                if (e.get("type") == "session.stream" and e["turnId"] == turn_id
+                        and e["eventType"] in TERMINALS):
+                    return e
+            return None
+        result: dict[str, Any] = await self.wait_for(find)
+        return result
+
+    async def turn_of(self, session_id: str | None = None) -> str:
+        """The id of the first turn that starts (in `session_id`, if given)."""
+        def find(events: list[dict[str, Any]]) -> str | None:
+            for e in events:
+                if e.get("eventType") == "turn.start" and (
+                    session_id is None or e["sessionId"] == session_id
+                ):
+                    return str(e["turnId"])
+            return None
+        result: str = await self.wait_for(find)
+        return result
+
+
+@asynccontextmanager
+async def open_recorder(url: str, query: str = "batch=1") -> AsyncIterator[Recorder]:
+    async with open_websocket_url(f"{url}?{query}") as ws:
+        hello = json.loads(await ws.get_message())
+        assert hello["type"] == "hello", hello
+        rec = Recorder(ws)
+        rec.frames.append(hello)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rec._pump)
+            yield rec
+            nursery.cancel_scope.cancel()
+
+
+def assert_one_terminal_last(stream: list[dict[str, Any]]) -> dict[str, Any]:
+    """CONTRACT §5.2 on one turn's session.stream events."""
+    terminals = [e for e in stream if e["eventType"] in TERMINALS]
+    assert len(terminals) == 1, [e["eventType"] for e in stream]
+    assert stream[-1] is terminals[0], [e["eventType"] for e in stream][-5:]
+    return terminals[0]
+
+
+def assert_seqs_unique_increasing(events: list[dict[str, Any]]) -> None:
+    seqs = [e["seq"] for e in events]
+    assert seqs == sorted(set(seqs)), "duplicate or out-of-order seq on the bus"
+
+
+def process_group_alive(pgid: int) -> bool:
+    """True if any non-zombie process is in process group `pgid`."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state not in ("Z", "X"):
+            return True
+    return False

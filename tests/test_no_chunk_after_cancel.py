@@ -1,0 +1,93 @@
+"""CONTRACT §5.3 — no chunk after cancel: once POST /sessions/{id}/cancel has answered, no
+inference/thinking/tool chunk of that turn is on the bus, and a cancelled bash's process
+group is gone. Hypothesis picks the moment: during thinking, content, tool output, or
+between two LLM calls, after k events of that phase."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.harness import (
+    CHUNKS,
+    Running,
+    assert_one_terminal_last,
+    mock,
+    open_daemon,
+    open_provider,
+    open_recorder,
+    process_group_alive,
+)
+
+TICKS = "echo $$ > pgid; for i in $(seq 1 400); do echo tick $i; sleep 0.005; done"
+SCRIPT = mock(calls=[
+    {"think": 30, "say": 30, "delay_ms": 1,
+     "tools": [{"name": "bash", "arguments": {"command": TICKS}}]},
+    {"think": 30, "say": 30, "delay_ms": 1},
+])
+PHASE_EVENT = {
+    "thinking": "thinking.chunk",
+    "content": "inference.chunk",
+    "tool": "tool.chunk",
+    "between": "tool.result",
+}
+
+
+async def cancel_at(daemon: Running, tmp: Path, phase: str, k: int) -> None:
+    async with open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
+        nursery.start_soon(daemon.chat, SCRIPT)
+        turn_id = await rec.turn_of()
+        wanted = PHASE_EVENT[phase]
+        if phase == "between":
+            k = 0
+        await rec.wait_for(lambda evs: len(
+            [e for e in evs if e.get("turnId") == turn_id and e["eventType"] == wanted]) > k)
+        session_id = rec.stream(turn_id)[0]["sessionId"]
+        receipt = await daemon.cancel(session_id, "turn")
+        terminal = await rec.terminal(turn_id)
+
+        stream = rec.stream(turn_id)
+        assert_one_terminal_last(stream)
+        late = [e for e in stream if e["eventType"] in CHUNKS and e["seq"] > receipt["seq"]]
+        assert not late, f"chunks after the cancel answered: {late[:3]}"
+        if receipt["cancelled"]:
+            assert receipt["cancelled"] == [{"sessionId": session_id, "turnId": turn_id}]
+            assert terminal["eventType"] == "error"
+            assert terminal["data"]["code"] == "CANCELLED"
+            assert terminal["data"]["details"]["reason"] == "user_cancel"
+        pgid_file = tmp / "data" / "workspaces" / session_id / "pgid"
+        if pgid_file.exists() and pgid_file.read_text().strip():
+            assert not process_group_alive(int(pgid_file.read_text()))
+
+
+@settings(max_examples=200)
+@given(phase=st.sampled_from(sorted(PHASE_EVENT)), k=st.integers(min_value=0, max_value=25))
+async def test_no_chunk_after_cancel(tmp_path_factory, phase: str, k: int) -> None:
+    tmp = tmp_path_factory.mktemp("cancel")
+    async with open_provider() as provider, open_daemon(tmp, provider) as daemon:
+        await cancel_at(daemon, tmp, phase, k)
+
+
+async def test_cancel_during_tool_kills_the_process_group(tmp_path: Path) -> None:
+    async with open_provider() as provider, open_daemon(tmp_path, provider) as daemon:
+        async with open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
+            command = "sleep 300 & echo $$ > pgid; echo started; wait"
+            nursery.start_soon(daemon.chat, mock(tools=[
+                {"name": "bash", "arguments": {"command": command}}]))
+            turn_id = await rec.turn_of()
+            await rec.wait_for(lambda evs: any(
+                e.get("eventType") == "tool.chunk" and "started" in e["data"]["content"]
+                for e in evs))
+            session_id = rec.stream(turn_id)[0]["sessionId"]
+            pgid = int((tmp_path / "data" / "workspaces" / session_id / "pgid").read_text())
+            assert process_group_alive(pgid)
+            receipt = await daemon.cancel(session_id)
+            assert receipt["cancelled"]
+            await rec.terminal(turn_id)
+            assert not process_group_alive(pgid)
+            # The cancel receipt is JSON the contract names.
+            assert json.loads(json.dumps(receipt))["cancelled"][0]["turnId"] == turn_id
