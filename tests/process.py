@@ -1,0 +1,48 @@
+"""Run `veild serve` as a real child process (for crash, signal and CLI tests)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+
+@dataclass
+class DaemonProcess:
+    process: trio.Process
+    url: str
+
+    @property
+    def ws_url(self) -> str:
+        return self.url.replace("http://", "ws://") + "/ws"
+
+
+@asynccontextmanager
+async def spawn_daemon(config: Path) -> AsyncIterator[DaemonProcess]:
+    env = {**os.environ, "VEILD_LOG": "WARNING"}
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "daemon", "serve", "--config", str(config)],
+        stdout=-1, env=env,
+    )
+    try:
+        assert process.stdout is not None
+        line = b""
+        with trio.fail_after(20):
+            while not line.endswith(b"\n"):
+                chunk = await process.stdout.receive_some(1)
+                if not chunk:
+                    raise AssertionError("the daemon exited before it was listening")
+                line += chunk
+        text = line.decode().strip()
+        assert text.startswith("veild listening on http://"), text
+        yield DaemonProcess(process, text.removeprefix("veild listening on "))
+    finally:
+        if process.returncode is None:
+            process.kill()
+        with trio.move_on_after(5, shield=True):
+            await process.wait()

@@ -1,0 +1,105 @@
+"""CONTRACT §5.7 — nothing lost: every `message` published is in the store; after a
+restart GET /sessions/{id}/messages returns it; a turn cut short by SIGKILL is reported
+at the next start with a terminal `error` INTERRUPTED and its session is idle again;
+seqs are never reused across restarts."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import httpx
+import trio
+
+from tests.harness import (
+    Provider,
+    assert_one_terminal_last,
+    mock,
+    open_daemon,
+    open_recorder,
+    write_config,
+)
+from tests.process import spawn_daemon
+
+
+async def test_messages_survive_a_restart(tmp_path: Path, provider: Provider) -> None:
+    async with open_daemon(tmp_path, provider) as daemon, open_recorder(daemon.ws_url) as rec:
+        r = await daemon.chat(mock(calls=[
+            {"say": 3, "tools": [{"name": "bash", "arguments": {"command": "echo kept"}}]},
+            {"say": "final words"},
+        ]))
+        body = r.json()
+        await rec.terminal(body["turnId"])
+        published = [
+            (e["data"]["role"], e["data"]["content"])
+            for e in rec.stream(body["turnId"]) if e["eventType"] == "message"
+        ]
+        last_seq = rec.events[-1]["seq"]
+    assert [role for role, _ in published] == ["user", "assistant", "tool", "assistant"]
+    async with open_daemon(tmp_path, provider) as again:
+        r = await again.http.get(f"/sessions/{body['sessionId']}/messages")
+        stored = [(m["role"], m["content"]) for m in r.json()["messages"]]
+        assert stored == published
+        async with open_recorder(again.ws_url) as rec2:
+            await again.chat(mock(say="new"))
+            await rec2.wait_for(lambda evs: any(e.get("eventType") == "done" for e in evs))
+            assert min(e["seq"] for e in rec2.events) > last_seq
+
+
+async def test_sigkill_mid_turn_is_reported_interrupted(tmp_path: Path, provider: Provider) -> None:
+    config = write_config(tmp_path, provider.url)
+    async with spawn_daemon(config) as proc:
+        async with httpx.AsyncClient(base_url=proc.url, timeout=30) as http:
+            async with open_recorder(proc.ws_url) as rec, trio.open_nursery() as nursery:
+                async def chat() -> None:
+                    try:
+                        await http.post("/agents/assistant/chat",
+                                        json={"message": mock(say=10, hang_after=5)})
+                    except httpx.HTTPError:
+                        pass  # the daemon is killed under this request
+
+                nursery.start_soon(chat)
+                turn_id = await rec.turn_of()
+                await rec.wait_for(lambda evs: any(
+                    e.get("eventType") == "inference.chunk" for e in evs))
+                session_id = rec.stream(turn_id)[0]["sessionId"]
+                proc.process.send_signal(signal.SIGKILL)
+                await proc.process.wait()
+                nursery.cancel_scope.cancel()
+    async with spawn_daemon(config) as proc:
+        async with httpx.AsyncClient(base_url=proc.url, timeout=30) as http:
+            session = (await http.get(f"/sessions/{session_id}")).json()
+            assert session["status"] == "idle"
+            messages = (await http.get(f"/sessions/{session_id}/messages")).json()["messages"]
+            assert messages[0]["role"] == "user"
+            async with open_recorder(proc.ws_url, "since=0") as rec:
+                terminal = await rec.terminal(turn_id)
+                assert terminal["data"]["code"] == "INTERRUPTED"
+                assert terminal["sessionId"] == session_id
+                assert_one_terminal_last(rec.stream(turn_id))
+
+
+async def test_sigterm_stops_gracefully(tmp_path: Path, provider: Provider) -> None:
+    config = write_config(tmp_path, provider.url)
+    async with spawn_daemon(config) as proc:
+        async with httpx.AsyncClient(base_url=proc.url, timeout=30) as http:
+            async with open_recorder(proc.ws_url) as rec, trio.open_nursery() as nursery:
+                async def chat() -> None:
+                    r = await http.post("/agents/assistant/chat",
+                                        json={"message": mock(say=10, hang_after=5)})
+                    assert r.json()["cancelled"] and r.json()["cancelReason"] == "shutdown"
+
+                nursery.start_soon(chat)
+                turn_id = await rec.turn_of()
+                await rec.wait_for(lambda evs: any(
+                    e.get("eventType") == "inference.chunk" for e in evs))
+                started = trio.current_time()
+                proc.process.send_signal(signal.SIGTERM)
+                terminal = await rec.terminal(turn_id)
+                assert terminal["data"]["details"]["reason"] == "shutdown"
+                with trio.fail_after(10):
+                    code = await proc.process.wait()
+                assert code == 0
+                assert trio.current_time() - started < 10
+                await rec.wait_for(lambda _: rec.closed is not None)
+                assert rec.closed is not None and rec.closed.reason.code == 1001
