@@ -252,7 +252,9 @@ def load_config(path: Path) -> Config:
         for agent_file in sorted(agents_dir.glob("*.toml")):
             name = agent_file.stem
             if name in agents:
-                raise ConfigError(str(agent_file), name, f"agent {name!r} is also defined in {file}")
+                raise ConfigError(
+                    str(agent_file), name, f"agent {name!r} is also defined in {file}"
+                )
             agents[name] = _agent(
                 str(agent_file), "", name, _read_toml(agent_file), providers
             )

@@ -107,6 +107,12 @@ class HttpServer:
         return int(self.sock.getsockname()[1])
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await self._serve(task_status)
+        finally:
+            self.sock.close()
+
+    async def _serve(self, task_status: trio.TaskStatus[None]) -> None:
         state: dict[str, Any] = {}
         lifespan = Lifespan(self._app, self.config, state)
         async with trio.open_nursery() as lifespan_nursery:
@@ -125,7 +131,7 @@ class HttpServer:
                 async def handler(stream: trio.SocketStream) -> None:
                     self._live += 1
                     try:
-                        await tcp_server(stream)
+                        await tcp_server(stream)  # type: ignore[arg-type]  # plain TCP is fine
                     finally:
                         self.connections.discard(stream)
                         self._live -= 1

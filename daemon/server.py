@@ -30,8 +30,8 @@ from daemon.runtime.sessions import SessionManager
 from daemon.runtime.turn import TurnServices
 from daemon.sdnotify import notify, serve_watchdog
 from daemon.store.sqlite import Store
-from daemon.tools.bash import BashTool
 from daemon.tools.base import Tool
+from daemon.tools.bash import BashTool
 
 log = logging.getLogger(__name__)
 

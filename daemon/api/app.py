@@ -11,8 +11,8 @@ from werkzeug.exceptions import HTTPException
 from daemon.api.auth import request_authorized
 from daemon.api.http import http_routes
 from daemon.api.ws import ws_routes
-from daemon.httpserver import Connections
 from daemon.errors import ApiError, PayloadTooLarge, Unauthorized
+from daemon.httpserver import Connections
 from daemon.runtime.core import Runtime
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,10 @@ def build_app(rt: Runtime, connections: Connections) -> QuartTrio:
     async def _http_error(err: HTTPException) -> Response:
         status = err.code or 500
         if status == 413:
-            return _error(PayloadTooLarge(f"the request body is over {MAX_BODY} bytes"))
+            response = _error(PayloadTooLarge(f"the request body is over {MAX_BODY} bytes"))
+            # The unread rest of the body makes this connection unusable: close it.
+            response.headers["Connection"] = "close"
+            return response
         api = ApiError(err.description or err.name)
         api.status = status
         api.code = _HTTP_CODES.get(status, "BAD_REQUEST" if status < 500 else "INTERNAL_ERROR")

@@ -8,7 +8,7 @@ MaxIterationsError on failure; the turn classifies and publishes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -91,7 +91,7 @@ class EngineContext(Protocol):
 
 
 class Engine(Protocol):
-    def run(self, ctx: EngineContext) -> AsyncIterator[EngineEvent]: ...
+    def run(self, ctx: EngineContext) -> AsyncGenerator[EngineEvent, None]: ...
 
 
 EngineFactory = Callable[[AgentConfig], Engine]

@@ -10,7 +10,7 @@ turn. More calls than `max_iterations` raise MaxIterationsError.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,7 +85,7 @@ class OpenAIEngine:
         self.agent = agent
         self.client = client
 
-    async def run(self, ctx: EngineContext) -> AsyncIterator[EngineEvent]:
+    async def run(self, ctx: EngineContext) -> AsyncGenerator[EngineEvent, None]:
         history = list(ctx.history)
         tools = [schema(t) for t in ctx.tools]
         iteration = 0
@@ -111,10 +111,10 @@ class OpenAIEngine:
                     elif isinstance(delta, llm.ReasoningDelta):
                         yield ThinkingDelta(delta.text)
                     elif isinstance(delta, llm.ToolCallDelta):
-                        call = result.calls.setdefault(delta.index, _PendingCall())
-                        call.id = call.id or (delta.id or "")
-                        call.name = call.name or (delta.name or "")
-                        call.arguments += delta.arguments
+                        pending = result.calls.setdefault(delta.index, _PendingCall())
+                        pending.id = pending.id or (delta.id or "")
+                        pending.name = pending.name or (delta.name or "")
+                        pending.arguments += delta.arguments
                     elif isinstance(delta, llm.UsageDelta):
                         usage = TokenUsage(
                             delta.prompt_tokens, delta.completion_tokens,

@@ -9,8 +9,8 @@ ProviderError. There is no partial success.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +72,7 @@ class OpenAIClient:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
 
-    async def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[Delta]:
+    async def stream_chat(self, body: dict[str, Any]) -> AsyncGenerator[Delta, None]:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         try:
             async with self._http.stream(
@@ -116,7 +116,7 @@ class OpenAIClient:
                             if delta is _FINISH:
                                 finished = True
                             else:
-                                yield delta  # type: ignore[misc]
+                                yield delta
                 if not finished:
                     raise ProviderError("provider closed the stream before it finished")
         except httpx.HTTPError as exc:

@@ -258,5 +258,9 @@ async def serve_mock_provider(
     """Serve until cancelled; reports the bound port through `task_status`."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
-    task_status.started(bound)
-    await trio.serve_listeners(partial(_handle, log=log), listeners)
+    try:
+        task_status.started(bound)
+        await trio.serve_listeners(partial(_handle, log=log), listeners)
+    finally:
+        for listener in listeners:
+            listener.socket.close()

@@ -47,7 +47,9 @@ class SessionManager:
 
     # -- lifetime -------------------------------------------------------------------------
 
-    async def serve(self, *, task_status: trio.TaskStatus[SessionManager] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(
+        self, *, task_status: trio.TaskStatus[SessionManager] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await self._recover_interrupted()
@@ -123,7 +125,8 @@ class SessionManager:
         parent = await self._load(record.parent_session_id) if record.parent_session_id else None
         # Another task may have loaded it while we awaited: keep the first.
         return self._sessions.setdefault(
-            session_id, SessionState(record, ev.SessionRef.of(record, parent.ref if parent else None))
+            session_id,
+            SessionState(record, ev.SessionRef.of(record, parent.ref if parent else None)),
         )
 
     async def session(self, session_id: str) -> SessionState:

@@ -278,7 +278,9 @@ class Turn:
 
     # -- the exit path --------------------------------------------------------------------
 
-    def _classify(self, failure: BaseException | None) -> tuple[str | None, str, dict[str, Any] | None]:
+    def _classify(
+        self, failure: BaseException | None
+    ) -> tuple[str | None, str, dict[str, Any] | None]:
         if failure is None:
             if self.scope.cancel_called:  # stopped right at its end: the receipt counts it
                 return "CANCELLED", "turn cancelled", {"reason": self.cancel_reason}
@@ -335,9 +337,9 @@ class _EngineContext:
     def __init__(self, turn: Turn, history: Sequence[MessageRecord]) -> None:
         self._turn = turn
         self.agent = turn.agent
-        self.history = history
+        self.history: Sequence[MessageRecord] = history
         tools = turn.services.tools
-        self.tools = [tools[name] for name in turn.agent.tools if name in tools]
+        self.tools: Sequence[Tool] = [tools[name] for name in turn.agent.tools if name in tools]
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         return await self._turn.run_tool(call_id, name, args)
