@@ -1,0 +1,125 @@
+"""`make bench`: throughput and cancel latency, measured in one run on this machine.
+
+The mock provider and the daemon run as child processes (as in production); this
+process is the client. Printed figures:
+  1. plain httpx reading a 20 000-token stream straight from the mock provider (chunks/s)
+  2. inference.chunk events/s reaching a /ws subscriber (batch=1) while one turn streams
+     the same 20 000 tokens through the daemon
+  3. cancel latency: from the cancel POST's answer to the terminal `error` on /ws
+     (median and worst of 50)
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import httpx
+import trio
+from trio_websocket import open_websocket_url
+
+TOKENS = 20_000
+SCRIPT = "bench\n#mock " + json.dumps({"say": TOKENS})
+
+
+async def _line(process: trio.Process) -> str:
+    assert process.stdout is not None
+    data = b""
+    while not data.endswith(b"\n"):
+        data += await process.stdout.receive_some(1)
+    return data.decode().strip()
+
+
+async def plain_httpx(provider: str) -> float:
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": SCRIPT}]}
+    async with httpx.AsyncClient(timeout=60) as http:
+        start, n = time.perf_counter(), 0
+        async with http.stream("POST", f"{provider}/chat/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and '"content"' in line:
+                    n += 1
+        return n / (time.perf_counter() - start)
+
+
+async def ws_rate(url: str) -> tuple[float, int]:
+    ws_url = url.replace("http://", "ws://") + "/ws?batch=1&types=inference.chunk,done"
+    async with open_websocket_url(ws_url, max_message_size=64 * 1024 * 1024) as ws, \
+            httpx.AsyncClient(base_url=url, timeout=120) as http, trio.open_nursery() as n:
+        await ws.get_message()
+        n.start_soon(partial(http.post, "/agents/bench/chat", json={"message": SCRIPT}))
+        first, count = None, 0
+        while True:
+            frame = json.loads(await ws.get_message())
+            for event in frame if isinstance(frame, list) else [frame]:
+                if event["eventType"] == "done":
+                    return count / (time.perf_counter() - first), count  # type: ignore[operator]
+                first = first or time.perf_counter()
+                count += 1
+
+
+async def cancel_latency(url: str, runs: int) -> list[float]:
+    slow = "bench\n#mock " + json.dumps({"say": 100_000, "delay_ms": 1})
+    out = []
+    ws_url = url.replace("http://", "ws://") + "/ws?types=turn.start,inference.chunk,error"
+    async with open_websocket_url(ws_url) as ws, httpx.AsyncClient(base_url=url,
+                                                                   timeout=60) as http:
+        await ws.get_message()
+        for _ in range(runs):
+            async with trio.open_nursery() as n:
+                n.start_soon(partial(http.post, "/agents/bench/chat", json={"message": slow}))
+                session = None
+                while session is None:
+                    e = json.loads(await ws.get_message())
+                    if e["eventType"] == "inference.chunk":
+                        session = e["sessionId"]
+                r = await http.post(f"/sessions/{session}/cancel")
+                answered = time.perf_counter()
+                assert r.json()["cancelled"]
+                while True:
+                    e = json.loads(await ws.get_message())
+                    if e["eventType"] == "error" and e["sessionId"] == session:
+                        out.append((time.perf_counter() - answered) * 1000)
+                        break
+    return out
+
+
+async def main() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="veild-bench-"))
+    async with trio.open_nursery() as nursery:
+        provider = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "daemon", "mock-provider", "--port", "0"], stdout=-1)
+        provider_url = (await _line(provider)).split(" on ")[1]
+        config = tmp / "daemon.toml"
+        config.write_text(
+            f'[server]\nport = 0\ndata_dir = "{tmp}/data"\n'
+            f'[providers.mock]\ntype = "openai"\nbase_url = "{provider_url}"\n'
+            '[agents.bench]\nprovider = "mock"\nmodel = "bench"\n'
+        )
+        daemon = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "daemon", "serve", "--config", str(config)], stdout=-1,
+            env={"VEILD_LOG": "WARNING", "PATH": "/usr/bin:/bin"})
+        url = (await _line(daemon)).split(" on ")[1]
+        try:
+            plain = await plain_httpx(provider_url)
+            rate, count = await ws_rate(url)
+            latencies = await cancel_latency(url, 50)
+        finally:
+            daemon.terminate()
+            provider.terminate()
+            await daemon.wait()
+            await provider.wait()
+            nursery.cancel_scope.cancel()
+    print(f"plain httpx from the mock provider: {plain:,.0f} chunks/s ({TOKENS} tokens)")
+    print(f"/ws subscriber during one turn:     {rate:,.0f} inference.chunk/s "
+          f"({count} events; {rate / plain:.2f}x of plain httpx)")
+    print(f"cancel answer -> terminal on /ws:   median {statistics.median(latencies):.2f} ms, "
+          f"worst {max(latencies):.2f} ms (n={len(latencies)})")
+
+
+if __name__ == "__main__":
+    trio.run(main)

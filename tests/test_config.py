@@ -1,0 +1,45 @@
+"""CONTRACT §2 — config errors name the file, the key and what is wrong; exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from daemon.config import load_config
+from daemon.errors import ConfigError
+
+
+def test_default_config_loads() -> None:
+    config = load_config(Path("config/daemon.toml"))
+    assert "assistant" in config.agents and config.providers["demo"].type == "mock"
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ("[server]\nport = \"x\"\n", "server.port"),
+    ("[server]\nprot = 1\n", "server.prot"),
+    ("[providers.p]\ntype = \"nope\"\n", "providers.p.type"),
+    ("[agents.a]\nengine = \"openai\"\nprovider = \"missing\"\nmodel = \"m\"\n",
+     "agents.a.provider"),
+    ("[providers.p]\ntype = \"mock\"\n[agents.a]\nprovider = \"p\"\nmodel = \"m\"\n"
+     "tools = [\"rm\"]\n", "agents.a.tools"),
+])
+def test_errors_name_file_and_key(tmp_path: Path, text: str, key: str) -> None:
+    path = tmp_path / "daemon.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == key and info.value.file == str(path)
+
+
+def test_cli_exits_2_on_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "daemon.toml"
+    path.write_text("[server]\nport = 99999\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "daemon", "serve", "--config", str(path)],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 2
+    assert str(path) in result.stderr and "server.port" in result.stderr
