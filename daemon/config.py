@@ -16,7 +16,8 @@ from typing import Any
 from daemon.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("config/daemon.toml")
-ENGINES = ("openai", "claude-cli")
+ENGINES = ("openai", "claude-cli")  # the names CONTRACT §2 reserves
+AVAILABLE_ENGINES = ("openai",)
 PROVIDER_TYPES = ("openai", "mock")
 TOOL_NAMES = ("bash", "agent_spawn", "agent_message")
 
@@ -204,6 +205,9 @@ def _agent(
     engine = r.get("engine", str, "openai")
     if engine not in ENGINES:
         raise r.fail("engine", f"must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine not in AVAILABLE_ENGINES:
+        # Refused here rather than failing every turn of the agent later.
+        raise r.fail("engine", f"the {engine} engine is not available in this version")
     provider = r.get("provider", str, None)
     if engine == "openai":
         if provider is None:

@@ -31,18 +31,20 @@ class Connections:
 
     def __init__(self) -> None:
         self._by_peer: dict[tuple[str, int], trio.SocketStream] = {}
+        self._peer_of: dict[int, tuple[str, int]] = {}  # id(stream) -> peer
 
     def add(self, stream: trio.SocketStream) -> None:
         try:
-            peer = stream.socket.getpeername()
+            host, port = stream.socket.getpeername()[:2]
         except OSError:
             return
-        self._by_peer[(peer[0], peer[1])] = stream
+        self._by_peer[(host, port)] = stream
+        self._peer_of[id(stream)] = (host, port)
 
     def discard(self, stream: trio.SocketStream) -> None:
-        for peer, known in list(self._by_peer.items()):
-            if known is stream:
-                del self._by_peer[peer]
+        peer = self._peer_of.pop(id(stream), None)
+        if peer is not None:
+            self._by_peer.pop(peer, None)
 
     def abort(self, client: Any) -> bool:
         """Close the socket of the connection whose peer is `client` (host, port)."""
@@ -51,12 +53,14 @@ class Connections:
         stream = self._by_peer.pop((client[0], client[1]), None)
         if stream is None:
             return False
+        self._peer_of.pop(id(stream), None)
         stream.socket.close()
         return True
 
     def abort_all(self) -> int:
         streams = list(self._by_peer.values())
         self._by_peer.clear()
+        self._peer_of.clear()
         for stream in streams:
             stream.socket.close()
         return len(streams)

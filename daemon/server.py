@@ -64,9 +64,9 @@ def _engine_factory(
         clients[name] = OpenAIClient(http, provider_urls[name], provider.api_key)
 
     def engine_for(agent: AgentConfig) -> Engine:
-        if agent.engine == "openai" and agent.provider is not None:
-            return OpenAIEngine(agent, clients[agent.provider])
-        raise NotImplementedError(f"engine {agent.engine!r} is not available in this build")
+        # Config validation admits only available engines; openai needs a provider.
+        assert agent.engine == "openai" and agent.provider is not None
+        return OpenAIEngine(agent, clients[agent.provider])
 
     return engine_for
 

@@ -20,6 +20,7 @@ def test_default_config_loads() -> None:
 @pytest.mark.parametrize(("text", "key"), [
     ("[server]\nport = \"x\"\n", "server.port"),
     ("[server]\nprot = 1\n", "server.prot"),
+    ("[agents.c]\nengine = \"claude-cli\"\n", "agents.c.engine"),
     ("[providers.p]\ntype = \"nope\"\n", "providers.p.type"),
     ("[agents.a]\nengine = \"openai\"\nprovider = \"missing\"\nmodel = \"m\"\n",
      "agents.a.provider"),

@@ -6,6 +6,8 @@ seqs are never reused across restarts."""
 from __future__ import annotations
 
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -13,13 +15,14 @@ import trio
 
 from tests.harness import (
     Provider,
+    Recorder,
     assert_one_terminal_last,
     mock,
     open_daemon,
     open_recorder,
     write_config,
 )
-from tests.process import spawn_daemon
+from tests.process import DaemonProcess, spawn_daemon
 
 
 async def test_messages_survive_a_restart(tmp_path: Path, provider: Provider) -> None:
@@ -46,32 +49,44 @@ async def test_messages_survive_a_restart(tmp_path: Path, provider: Provider) ->
             assert min(e["seq"] for e in rec2.events) > last_seq
 
 
+@asynccontextmanager
+async def hanging_turn(proc: DaemonProcess) -> AsyncIterator[tuple[Recorder, str, list]]:
+    """A JSON chat whose provider goes silent after a few chunks; yields once streaming.
+
+    The third item collects the chat's answer (None if the connection broke).
+    """
+    answers: list[httpx.Response | None] = []
+    async with httpx.AsyncClient(base_url=proc.url, timeout=30) as http, \
+            open_recorder(proc.ws_url) as rec, trio.open_nursery() as nursery:
+        async def chat() -> None:
+            try:
+                answers.append(await http.post(
+                    "/agents/assistant/chat", json={"message": mock(say=10, hang_after=5)}))
+            except httpx.HTTPError:
+                answers.append(None)  # the daemon died under this request
+
+        nursery.start_soon(chat)
+        turn_id = await rec.turn_of()
+        await rec.wait_for(lambda evs: any(e.get("eventType") == "inference.chunk" for e in evs))
+        yield rec, turn_id, answers
+
+
 async def test_sigkill_mid_turn_is_reported_interrupted(tmp_path: Path, provider: Provider) -> None:
     config = write_config(tmp_path, provider.url)
     async with spawn_daemon(config) as proc:
-        async with httpx.AsyncClient(base_url=proc.url, timeout=30) as http:
-            async with open_recorder(proc.ws_url) as rec, trio.open_nursery() as nursery:
-                async def chat() -> None:
-                    try:
-                        await http.post("/agents/assistant/chat",
-                                        json={"message": mock(say=10, hang_after=5)})
-                    except httpx.HTTPError:
-                        pass  # the daemon is killed under this request
-
-                nursery.start_soon(chat)
-                turn_id = await rec.turn_of()
-                await rec.wait_for(lambda evs: any(
-                    e.get("eventType") == "inference.chunk" for e in evs))
-                session_id = rec.stream(turn_id)[0]["sessionId"]
-                proc.process.send_signal(signal.SIGKILL)
-                await proc.process.wait()
-                nursery.cancel_scope.cancel()
+        async with hanging_turn(proc) as (rec, turn_id, _):
+            session_id = rec.stream(turn_id)[0]["sessionId"]
+            proc.process.send_signal(signal.SIGKILL)
+            await proc.process.wait()
+            published = [(e["data"]["role"], e["data"]["content"])
+                         for e in rec.stream(turn_id) if e["eventType"] == "message"]
+    assert published, "the user message is published before the provider is called"
     async with spawn_daemon(config) as proc:
         async with httpx.AsyncClient(base_url=proc.url, timeout=30) as http:
             session = (await http.get(f"/sessions/{session_id}")).json()
             assert session["status"] == "idle"
             messages = (await http.get(f"/sessions/{session_id}/messages")).json()["messages"]
-            assert messages[0]["role"] == "user"
+            assert [(m["role"], m["content"]) for m in messages] == published
             async with open_recorder(proc.ws_url, "since=0") as rec:
                 terminal = await rec.terminal(turn_id)
                 assert terminal["data"]["code"] == "INTERRUPTED"
@@ -82,24 +97,17 @@ async def test_sigkill_mid_turn_is_reported_interrupted(tmp_path: Path, provider
 async def test_sigterm_stops_gracefully(tmp_path: Path, provider: Provider) -> None:
     config = write_config(tmp_path, provider.url)
     async with spawn_daemon(config) as proc:
-        async with httpx.AsyncClient(base_url=proc.url, timeout=30) as http:
-            async with open_recorder(proc.ws_url) as rec, trio.open_nursery() as nursery:
-                async def chat() -> None:
-                    r = await http.post("/agents/assistant/chat",
-                                        json={"message": mock(say=10, hang_after=5)})
-                    assert r.json()["cancelled"] and r.json()["cancelReason"] == "shutdown"
-
-                nursery.start_soon(chat)
-                turn_id = await rec.turn_of()
-                await rec.wait_for(lambda evs: any(
-                    e.get("eventType") == "inference.chunk" for e in evs))
-                started = trio.current_time()
-                proc.process.send_signal(signal.SIGTERM)
-                terminal = await rec.terminal(turn_id)
-                assert terminal["data"]["details"]["reason"] == "shutdown"
-                with trio.fail_after(10):
-                    code = await proc.process.wait()
-                assert code == 0
-                assert trio.current_time() - started < 10
-                await rec.wait_for(lambda _: rec.closed is not None)
-                assert rec.closed is not None and rec.closed.reason.code == 1001
+        async with hanging_turn(proc) as (rec, turn_id, answers):
+            started = trio.current_time()
+            proc.process.send_signal(signal.SIGTERM)
+            terminal = await rec.terminal(turn_id)
+            assert terminal["data"]["details"]["reason"] == "shutdown"
+            with trio.fail_after(10):
+                code = await proc.process.wait()
+            assert code == 0
+            assert trio.current_time() - started < 10
+            await rec.wait_for(lambda _: rec.closed is not None)
+            assert rec.closed is not None and rec.closed.reason.code == 1001
+        answer = answers[0]
+        assert answer is not None
+        assert answer.json()["cancelled"] and answer.json()["cancelReason"] == "shutdown"

@@ -53,24 +53,24 @@ async def test_sse_is_exactly_the_bus_stream(daemon: Running) -> None:
         assert [e["eventType"] for e in sse_events].count("done") == 1
 
 
+async def stream_until_done(daemon: Running, path: str, **kwargs: Any) -> list[dict[str, Any]]:
+    """Events of GET `path` (an endless session stream) up to the first `done`."""
+    events = []
+    async with daemon.http.stream("GET", path, **kwargs) as s:
+        async for line in s.aiter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                if events[-1]["eventType"] == "done":
+                    return events
+    raise AssertionError("the stream ended before `done`")
+
+
 async def test_session_stream_replays_after_last_event_id(daemon: Running) -> None:
     r = await daemon.chat(mock(say=10))
     session_id, turn_id = r.json()["sessionId"], r.json()["turnId"]
-    async with daemon.http.stream("GET", f"/sessions/{session_id}/stream",
-                                  headers={"Last-Event-ID": "0"}) as s:
-        seen = []
-        async for line in s.aiter_lines():
-            if line.startswith("data: "):
-                seen.append(json.loads(line[6:]))
-                if seen[-1]["eventType"] == "done":
-                    break
+    seen = await stream_until_done(daemon, f"/sessions/{session_id}/stream",
+                                   headers={"Last-Event-ID": "0"})
     assert seen[0]["eventType"] == "turn.start" and seen[0]["turnId"] == turn_id
     middle = seen[len(seen) // 2]["seq"]
-    async with daemon.http.stream("GET", f"/sessions/{session_id}/stream?after={middle}") as s:
-        again = []
-        async for line in s.aiter_lines():
-            if line.startswith("data: "):
-                again.append(json.loads(line[6:]))
-                if again[-1]["eventType"] == "done":
-                    break
+    again = await stream_until_done(daemon, f"/sessions/{session_id}/stream?after={middle}")
     assert again == [e for e in seen if e["seq"] > middle]

@@ -10,11 +10,10 @@ from daemon import __version__
 from daemon.api import parse
 from daemon.api.sse import sse_response
 from daemon.clock import new_id
-from daemon.errors import ApiError, Conflict
+from daemon.errors import ApiError
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Filter
 from daemon.runtime.core import Runtime
-from daemon.runtime.state import SessionState
 from daemon.runtime.turn import TurnOutcome
 
 
@@ -85,6 +84,8 @@ def http_routes(rt: Runtime) -> Blueprint:
         trigger = "sse" if req.sse else "http"
         turn_id = new_id("turn")
         # Subscribe before the turn starts, so the stream holds every one of its events.
+        # No await lies between the inject check above and start_turn's claim, so no
+        # other request can start a turn on this session in between.
         sub = rt.bus.subscribe(
             Filter(session_ids=frozenset({state.record.id}), turn_id=turn_id, stream_only=True)
         ) if req.sse else None
@@ -92,13 +93,6 @@ def http_routes(rt: Runtime) -> Blueprint:
             turn = await sessions.start_turn(
                 state, req.message, trigger, turn_id=turn_id, budget_tokens=req.budget_tokens
             )
-        except Conflict:
-            # Another request started a turn in between: this message joins it.
-            if sub is not None:
-                sub.close()
-            if sessions.inject(state, req.message):
-                return _json({"injected": True, "sessionId": state.record.id}, 202)
-            raise
         except BaseException:
             if sub is not None:
                 sub.close()
@@ -114,8 +108,7 @@ def http_routes(rt: Runtime) -> Blueprint:
     @bp.post("/sessions/<session_id>/cancel")
     async def cancel(session_id: str) -> Response:
         scope = parse.cancel_scope(await body_object(allow_empty=True))
-        state = await sessions.session(session_id)
-        return _json(sessions.cancel(state, scope).wire())
+        return _json((await sessions.cancel(session_id, scope)).wire())
 
     @bp.get("/sessions")
     async def list_sessions() -> Response:
@@ -126,22 +119,17 @@ def http_routes(rt: Runtime) -> Blueprint:
             parent=request.args.get("parent") or None,
             limit=limit,
         )
-        return _json({"sessions": [_live(s.id, ev.session_wire(s)) for s in records]})
-
-    def _live(session_id: str, wire: dict[str, Any]) -> dict[str, Any]:
-        # The in-memory state is newer than the row while a turn runs.
-        state: SessionState | None = sessions.cached(session_id)
-        return ev.session_wire(state.record) if state is not None else wire
+        return _json({"sessions": [ev.session_wire(sessions.live(s)) for s in records]})
 
     @bp.get("/sessions/<session_id>")
     async def get_session(session_id: str) -> Response:
-        state = await sessions.session(session_id)
+        record = await sessions.record(session_id)
         children = await rt.store.children(session_id)
-        return _json({**ev.session_wire(state.record), "children": children})
+        return _json({**ev.session_wire(record), "children": children})
 
     @bp.get("/sessions/<session_id>/messages")
     async def messages(session_id: str) -> Response:
-        await sessions.session(session_id)
+        await sessions.record(session_id)  # 404 for an unknown session
         records = await rt.store.messages(session_id)
         return _json({"messages": [ev.message_wire(m) for m in records]})
 
@@ -150,7 +138,7 @@ def http_routes(rt: Runtime) -> Blueprint:
         after = parse.int_param(request.headers.get("Last-Event-ID"), "Last-Event-ID")
         if after is None:
             after = parse.int_param(request.args.get("after"), "after")
-        await sessions.session(session_id)  # 404 for an unknown session
+        await sessions.record(session_id)  # 404 for an unknown session
         sub = rt.bus.subscribe(
             Filter(session_ids=frozenset({session_id}), stream_only=True), since=after
         )

@@ -190,6 +190,14 @@ class Bus:
         self.published += 1
         return env
 
+    def publish_stream(
+        self, ref: SessionRef, turn_id: str, event_type: str, data: dict[str, Any]
+    ) -> Envelope:
+        """A `session.stream` event of one turn."""
+        return self.publish(
+            "session.stream", ref, {"data": data}, turn_id=turn_id, event_type=event_type
+        )
+
     def _take_seq(self) -> int:
         seq = self._next_seq
         if seq >= self._reserved:

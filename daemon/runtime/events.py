@@ -8,7 +8,7 @@ derived from that same string, once, on first use.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from daemon.store.models import MessageRecord, SessionRecord, TokenUsage
@@ -36,8 +36,10 @@ CANCEL_REASONS: Final = frozenset(
 )
 
 
-def encode(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+# One encoder for the process: json.dumps with non-default options builds a new
+# JSONEncoder on every call, which is measurable on the per-token path.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+encode = _ENCODER.encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,18 @@ class SessionRef:
     # This session and all its ancestors, nearest first: lets a subscription with
     # includeChildren match a descendant's event without asking anyone.
     lineage: tuple[str, ...]
+    # The envelope fields every event of this session carries, built once.
+    wire: dict[str, Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "wire", {
+            "sessionId": self.session_id,
+            "agentName": self.agent_name,
+            "parentSessionId": self.parent_session_id,
+            "rootSessionId": self.root_session_id,
+            "depth": self.depth,
+            "spawnToolCallId": self.spawn_tool_call_id,
+        })
 
     @classmethod
     def of(cls, record: SessionRecord, parent: SessionRef | None = None) -> SessionRef:
@@ -61,16 +75,6 @@ class SessionRef:
             record.id, record.agent_name, record.parent_session_id,
             record.root_session_id, record.depth, record.spawn_tool_call_id, lineage,
         )
-
-    def wire(self) -> dict[str, Any]:
-        return {
-            "sessionId": self.session_id,
-            "agentName": self.agent_name,
-            "parentSessionId": self.parent_session_id,
-            "rootSessionId": self.root_session_id,
-            "depth": self.depth,
-            "spawnToolCallId": self.spawn_tool_call_id,
-        }
 
 
 class Envelope:
@@ -114,13 +118,13 @@ def build(
     seq: int, ts: int, type: str, ref: SessionRef | None, fields: dict[str, Any],
     *, turn_id: str | None = None, event_type: str | None = None,
 ) -> Envelope:
-    obj: dict[str, Any] = {"seq": seq, "type": type, "ts": ts}
-    if ref is not None:
-        obj.update(ref.wire())
-    if type == "session.stream":
-        obj["turnId"] = turn_id
-        obj["eventType"] = event_type
-    obj.update(fields)
+    if ref is None:
+        obj: dict[str, Any] = {"seq": seq, "type": type, "ts": ts, **fields}
+    elif event_type is None:
+        obj = {"seq": seq, "type": type, "ts": ts, **ref.wire, **fields}
+    else:
+        obj = {"seq": seq, "type": type, "ts": ts, **ref.wire, "turnId": turn_id,
+               "eventType": event_type, **fields}
     return Envelope(seq, type, ref, turn_id, event_type, encode(obj))
 
 

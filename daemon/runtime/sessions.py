@@ -3,6 +3,10 @@
 It owns the long-lived nursery in which top-level turns run (a turn belongs to the
 daemon, not to the HTTP request that asked for it) and the map session -> running turn
 that cancel uses. At start it closes the turns a dead process left open (INTERRUPTED).
+
+Only sessions with something in flight (a running turn, messages waiting for one) are
+held in memory; an idle session is forgotten when its turn ends and read back from the
+store when it is next used, so memory does not grow with the number of sessions.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from daemon.runtime import events as ev
 from daemon.runtime.bus import Bus
 from daemon.runtime.state import SessionState
 from daemon.runtime.turn import Turn, TurnServices
-from daemon.store.models import MessageRecord, SessionRecord
+from daemon.store.models import MessageRecord, SessionRecord, TokenUsage
 from daemon.store.sqlite import Store
 
 log = logging.getLogger(__name__)
@@ -62,20 +66,18 @@ class SessionManager:
             state = await self._load(turn.session_id)
             record = state.mark("idle")
             await self.store.end_turn(turn.id, "INTERRUPTED", now_ms(), record)
-            stats = ev.TurnStats(state.record.agent_name, state.record.model, 0, 0,
-                                 state.record.token_usage.__class__(), ())
-            self.bus.publish(
-                "session.stream", state.ref,
-                {"data": ev.error_data(
-                    "INTERRUPTED", "the daemon stopped while this turn ran",
-                    {"startedAt": turn.started_at}, record, stats,
-                )},
-                turn_id=turn.id, event_type=ev.ERROR,
-            )
+            # The turn's own exit path died with the process: this is its terminal.
+            stats = ev.TurnStats(record.agent_name, record.model, 0, 0, TokenUsage(), ())
+            self.bus.publish_stream(state.ref, turn.id, ev.ERROR, ev.error_data(
+                "INTERRUPTED", "the daemon stopped while this turn ran",
+                {"startedAt": turn.started_at}, record, stats,
+            ))
             self.bus.publish("session.updated", state.ref, {"session": ev.session_wire(record)})
+            self._forget_if_idle(state)
         for session_id in await self.store.running_sessions():  # no turn row: just idle it
             state = await self._load(session_id)
             await self.store.save_session(state.mark("idle"))
+            self._forget_if_idle(state)
 
     async def shutdown(self) -> None:
         """Refuse new turns, cancel running ones with `shutdown`, wait for terminals."""
@@ -129,11 +131,24 @@ class SessionManager:
             SessionState(record, ev.SessionRef.of(record, parent.ref if parent else None)),
         )
 
-    async def session(self, session_id: str) -> SessionState:
-        return await self._load(session_id)
+    def _forget_if_idle(self, state: SessionState) -> None:
+        if state.running is None and not state.pending:
+            self._sessions.pop(state.record.id, None)
 
-    def cached(self, session_id: str) -> SessionState | None:
-        return self._sessions.get(session_id)
+    async def record(self, session_id: str) -> SessionRecord:
+        """The session as it is now (the live record while a turn runs); never cached."""
+        state = self._sessions.get(session_id)
+        if state is not None:
+            return state.record
+        record = await self.store.get_session(session_id)
+        if record is None:
+            raise NotFound(f"no session {session_id!r}", {"sessionId": session_id})
+        return record
+
+    def live(self, record: SessionRecord) -> SessionRecord:
+        """`record`, or the newer in-memory one while the session has a turn in flight."""
+        state = self._sessions.get(record.id)
+        return state.record if state is not None else record
 
     async def session_for_chat(self, agent: AgentConfig, session_id: str | None) -> SessionState:
         if session_id is None:
@@ -176,9 +191,10 @@ class SessionManager:
     async def _run(self, turn: Turn, *, task_status: trio.TaskStatus[Turn]) -> None:
         await turn.run(task_status=task_status)
         leftovers, turn.injected = turn.injected, []
-        if not leftovers:
-            return
         state = turn.session
+        if not leftovers:
+            self._forget_if_idle(state)
+            return
         state.pending.extend(leftovers)
         # Injected after the turn's last LLM call: a wake turn takes them right away,
         # unless the turn was stopped (Stop means stop; they wait for the next turn).
@@ -187,6 +203,8 @@ class SessionManager:
             text = "\n\n".join(m.content for m in state.pending)
             state.pending = []
             await self.start_turn(state, text, "wake")
+            return
+        self._forget_if_idle(state)
 
     def inject(self, state: SessionState, message: str) -> bool:
         """Hand a user message to the session's running turn; False if none runs."""
@@ -196,18 +214,21 @@ class SessionManager:
         turn.inject(MessageRecord("user", message, None, None, now_ms()))
         return True
 
-    def cancel(self, state: SessionState, scope: str) -> CancelReceipt:
+    async def cancel(self, session_id: str, scope: str) -> CancelReceipt:
         """Shut the gates; the terminals follow from each turn's exit path."""
+        if session_id not in self._sessions:
+            await self.record(session_id)  # 404 for an unknown session
+        # From here on nothing awaits: every gate is shut before the receipt is made.
         stopped: list[dict[str, str]] = []
-        turn = state.running
+        state = self._sessions.get(session_id)
+        turn = state.running if state is not None else None
         if turn is not None and turn.cancel("user_cancel"):
-            stopped.append({"sessionId": state.record.id, "turnId": turn.id})
+            stopped.append({"sessionId": session_id, "turnId": turn.id})
         if scope == "tree":
             for other in self._sessions.values():
-                if other is state or other.running is None:
-                    continue
-                if state.record.id in other.ref.lineage[1:] and other.running.cancel(
-                    "parent_cancelled"
+                running = other.running
+                if running is not None and session_id in other.ref.lineage[1:] and (
+                    running.cancel("parent_cancelled")
                 ):
-                    stopped.append({"sessionId": other.record.id, "turnId": other.running.id})
+                    stopped.append({"sessionId": other.record.id, "turnId": running.id})
         return CancelReceipt(stopped, self.bus.latest_seq)

@@ -2,7 +2,7 @@
 
     with CancelScope() as gate:          # cancel(reason) closes the gate
         publish chat.user_message, turn.start
-        async with open_nursery():       # tools (and, later, waiting child turns)
+        async with open_nursery():       # where waiting child turns will run (sub-agents)
             drive the engine: each event -> persist if needed -> publish
     finally (shielded, bounded):         # the exit path, whatever happened
         classify -> persist the end -> publish exactly one `done` or `error`
@@ -134,10 +134,7 @@ class Turn:
     # -- publishing -----------------------------------------------------------------------
 
     def _stream(self, event_type: str, data: dict[str, Any]) -> None:
-        self.services.bus.publish(
-            "session.stream", self.session.ref, {"data": data},
-            turn_id=self.id, event_type=event_type,
-        )
+        self.services.bus.publish_stream(self.session.ref, self.id, event_type, data)
 
     def _chunk(self, event_type: str, data: dict[str, Any]) -> None:
         if not self.gate_closed:
@@ -246,9 +243,15 @@ class Turn:
             self.content = event.content
             self.iterations = max(self.iterations, event.iterations)
 
+    @property
+    def tools(self) -> dict[str, Tool]:
+        """The tools this turn's agent may call, by name."""
+        known = self.services.tools
+        return {name: known[name] for name in self.agent.tools if name in known}
+
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         started = trio.current_time()
-        tool = self.services.tools.get(name) if name in self.agent.tools else None
+        tool = self.tools.get(name)
         if tool is None:
             outcome = ToolOutcome(f"unknown tool {name!r}", is_error=True)
         elif not isinstance(args, dict):
@@ -338,8 +341,7 @@ class _EngineContext:
         self._turn = turn
         self.agent = turn.agent
         self.history: Sequence[MessageRecord] = history
-        tools = turn.services.tools
-        self.tools: Sequence[Tool] = [tools[name] for name in turn.agent.tools if name in tools]
+        self.tools: Sequence[Tool] = list(turn.tools.values())
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         return await self._turn.run_tool(call_id, name, args)
