@@ -30,6 +30,7 @@ from daemon.runtime.sessions import SessionManager
 from daemon.runtime.turn import TurnServices
 from daemon.sdnotify import notify, serve_watchdog
 from daemon.store.sqlite import Store
+from daemon.tools.agents import AgentMessageTool, AgentSpawnTool
 from daemon.tools.base import Tool
 from daemon.tools.bash import BashTool
 
@@ -106,7 +107,9 @@ async def serve_daemon(
                     provider_urls[name] = f"http://127.0.0.1:{port}/v1"
                 else:
                     provider_urls[name] = provider.base_url
-            tools: dict[str, Tool] = {"bash": BashTool()}
+            tools: dict[str, Tool] = {
+                t.name: t for t in (BashTool(), AgentSpawnTool(), AgentMessageTool())
+            }
             services = TurnServices(
                 bus=bus, store=store, engine_for=_engine_factory(config, http, provider_urls),
                 tools=tools, workspaces=server.data_dir / "workspaces",

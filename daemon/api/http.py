@@ -12,6 +12,7 @@ from daemon.api.sse import sse_response
 from daemon.clock import new_id
 from daemon.errors import ApiError
 from daemon.runtime import events as ev
+from daemon.runtime import inbox
 from daemon.runtime.bus import Filter
 from daemon.runtime.core import Runtime
 from daemon.runtime.turn import TurnOutcome
@@ -79,12 +80,14 @@ def http_routes(rt: Runtime) -> Blueprint:
         agent = sessions.agent(name)
         req = parse.ChatRequest.parse(await body_object())
         state = await sessions.session_for_chat(agent, req.session_id)
-        if sessions.inject(state, req.message):
-            return _json({"injected": True, "sessionId": state.record.id}, 202)
+        if state.running is not None:
+            # Mid-turn: through the inbox (stored first), steered into the running turn.
+            await sessions.deliver(state.id, req.message)
+            return _json({"injected": True, "sessionId": state.id}, 202)
         trigger = "sse" if req.sse else "http"
         turn_id = new_id("turn")
         # Subscribe before the turn starts, so the stream holds every one of its events.
-        # No await lies between the inject check above and start_turn's claim, so no
+        # No await lies between the running check above and start_turn's claim, so no
         # other request can start a turn on this session in between.
         sub = rt.bus.subscribe(
             Filter(session_ids=frozenset({state.record.id}), turn_id=turn_id, stream_only=True)
@@ -109,6 +112,14 @@ def http_routes(rt: Runtime) -> Blueprint:
     async def cancel(session_id: str) -> Response:
         scope = parse.cancel_scope(await body_object(allow_empty=True))
         return _json((await sessions.cancel(session_id, scope)).wire())
+
+    @bp.post("/sessions/<session_id>/messages")
+    async def post_message(session_id: str) -> Response:
+        req = parse.MessageRequest.parse(await body_object())
+        await sessions.deliver(
+            session_id, inbox.from_outside(session_id, req.message), delivery=req.delivery
+        )
+        return _json({"queued": True}, 202)
 
     @bp.get("/sessions")
     async def list_sessions() -> Response:

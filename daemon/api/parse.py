@@ -61,6 +61,24 @@ class ChatRequest:
         return cls(message, session_id, bool(sse), budget)
 
 
+@dataclass(frozen=True)
+class MessageRequest:
+    """`POST /sessions/{id}/messages`."""
+
+    message: str
+    delivery: str
+
+    @classmethod
+    def parse(cls, body: dict[str, Any]) -> MessageRequest:
+        message = _field(body, "message", str, "a string")
+        if message is None or not message.strip():
+            raise BadRequest("`message` is required and must not be empty", {"field": "message"})
+        delivery = body.get("delivery", "steer")
+        if delivery not in ("steer", "queue"):
+            raise BadRequest("`delivery` must be \"steer\" or \"queue\"", {"field": "delivery"})
+        return cls(message, str(delivery))
+
+
 def cancel_scope(body: dict[str, Any]) -> str:
     scope = body.get("scope", "tree")
     if scope not in ("tree", "turn"):

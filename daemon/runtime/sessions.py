@@ -1,18 +1,25 @@
-"""The session manager: sessions, their running turns, cancel and shutdown.
+"""The session manager: sessions, their turns, inboxes and wakes, cancel and shutdown.
 
-It owns the long-lived nursery in which top-level turns run (a turn belongs to the
-daemon, not to the HTTP request that asked for it) and the map session -> running turn
-that cancel uses. At start it closes the turns a dead process left open (INTERRUPTED).
+It owns the long-lived nursery in which turns that belong to no other turn run (a chat
+turn belongs to the daemon, not to the HTTP request; a no-wait spawn or async inform
+outlives the tool call that started it; wake drains), and the map session -> running
+turn that cancel and delivery use. A waiting spawn's turn runs in its caller turn's
+nursery instead (`inside=`), so Trio itself carries a cancel down to it.
 
-Only sessions with something in flight (a running turn, messages waiting for one) are
-held in memory; an idle session is forgotten when its turn ends and read back from the
-store when it is next used, so memory does not grow with the number of sessions.
+Inbox: a delivery is stored first, then offered to its session. A running turn takes
+`steer` entries before its next LLM call; an idle session with a waking entry starts a
+wake drain that takes everything queued. What a turn held but did not store goes back
+when it ends; a stopped turn's session keeps its entries, but they wake nothing.
+
+Only sessions with something in flight (a running turn, a waking delivery) are held in
+memory; an idle session is forgotten when its turn ends and read back from the store
+(with its pending inbox) when it is next used, so memory does not grow with sessions.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import trio
@@ -21,13 +28,18 @@ from daemon.clock import new_id, now_ms
 from daemon.config import AgentConfig, Config
 from daemon.errors import Conflict, NotFound, Unavailable
 from daemon.runtime import events as ev
+from daemon.runtime import inbox
 from daemon.runtime.bus import Bus
 from daemon.runtime.state import SessionState
+from daemon.runtime.subagents import TurnAgents
 from daemon.runtime.turn import Turn, TurnServices
-from daemon.store.models import MessageRecord, SessionRecord, TokenUsage
+from daemon.store.models import InboxRecord, SessionRecord, TokenUsage
 from daemon.store.sqlite import Store
 
 log = logging.getLogger(__name__)
+
+# Cancel reasons after which a session's waiting deliveries no longer wake it.
+_STOPS = frozenset({"user_cancel", "parent_cancelled", "budget_exceeded"})
 
 
 @dataclass(frozen=True)
@@ -44,7 +56,9 @@ class SessionManager:
         self.config = config
         self.store = store
         self.bus = bus
-        self.services = services
+        self.services = replace(
+            services, sub_agents=lambda turn, call_id: TurnAgents(self, turn, call_id)
+        )
         self._sessions: dict[str, SessionState] = {}
         self._nursery: trio.Nursery | None = None
         self.closing = False
@@ -57,6 +71,8 @@ class SessionManager:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await self._recover_interrupted()
+            for session_id in await self.store.sessions_to_wake():  # CONTRACT §1
+                await self._dispatch(await self._load(session_id))
             task_status.started(self)
             await trio.sleep_forever()
 
@@ -65,12 +81,19 @@ class SessionManager:
         for turn in await self.store.unfinished_turns():
             state = await self._load(turn.session_id)
             record = state.mark("idle")
-            await self.store.end_turn(turn.id, "INTERRUPTED", now_ms(), record)
+            message = "the daemon stopped while this turn ran"
+            # A turn that owed its caller a result still answers (and wakes it).
+            replies = [InboxRecord(
+                0, turn.reply_to, inbox.from_session(
+                    record.id, record.agent_name, inbox.kind_of_reply(turn.trigger),
+                    inbox.turn_result("INTERRUPTED", message, ""),
+                ), record.id, "steer", True, None, now_ms(),
+            )] if turn.reply_to else []
+            await self.store.end_turn(turn.id, "INTERRUPTED", now_ms(), record, replies)
             # The turn's own exit path died with the process: this is its terminal.
             stats = ev.TurnStats(record.agent_name, record.model, 0, 0, TokenUsage(), ())
             self.bus.publish_stream(state.ref, turn.id, ev.ERROR, ev.error_data(
-                "INTERRUPTED", "the daemon stopped while this turn ran",
-                {"startedAt": turn.started_at}, record, stats,
+                "INTERRUPTED", message, {"startedAt": turn.started_at}, record, stats,
             ))
             self.bus.publish("session.updated", state.ref, {"session": ev.session_wire(record)})
             self._forget_if_idle(state)
@@ -105,7 +128,7 @@ class SessionManager:
         sid = new_id("ses")
         record = SessionRecord(
             id=sid, agent_name=agent.name,
-            parent_session_id=parent.record.id if parent else None,
+            parent_session_id=parent.id if parent else None,
             root_session_id=parent.record.root_session_id if parent else sid,
             depth=parent.record.depth + 1 if parent else 0,
             spawn_tool_call_id=spawn_tool_call_id,
@@ -117,33 +140,48 @@ class SessionManager:
         self.bus.publish("session.created", state.ref, {"session": ev.session_wire(record)})
         return state
 
+    async def load(self, session_id: str) -> SessionState:
+        """The session's live state (NotFound if there is none)."""
+        return await self._load(session_id)
+
     async def _load(self, session_id: str) -> SessionState:
         state = self._sessions.get(session_id)
         if state is not None:
             return state
-        record = await self.store.get_session(session_id)
-        if record is None:
-            raise NotFound(f"no session {session_id!r}", {"sessionId": session_id})
-        parent = await self._load(record.parent_session_id) if record.parent_session_id else None
+        record = await self._stored(session_id)
+        ref = await self._ref(record)
+        pending = await self.store.pending_inbox(session_id)
         # Another task may have loaded it while we awaited: keep the first.
-        return self._sessions.setdefault(
-            session_id,
-            SessionState(record, ev.SessionRef.of(record, parent.ref if parent else None)),
+        state = self._sessions.setdefault(session_id, SessionState(record, ref))
+        for item in pending:
+            state.add(item)
+        return state
+
+    async def _ref(self, record: SessionRecord) -> ev.SessionRef:
+        """The session's place in the tree, without keeping its ancestors in memory."""
+        if record.parent_session_id is None:
+            return ev.SessionRef.of(record)
+        parent = self._sessions.get(record.parent_session_id)
+        parent_ref = parent.ref if parent is not None else await self._ref(
+            await self._stored(record.parent_session_id)
         )
+        return ev.SessionRef.of(record, parent_ref)
 
-    def _forget_if_idle(self, state: SessionState) -> None:
-        if state.running is None and not state.pending:
-            self._sessions.pop(state.record.id, None)
-
-    async def record(self, session_id: str) -> SessionRecord:
-        """The session as it is now (the live record while a turn runs); never cached."""
-        state = self._sessions.get(session_id)
-        if state is not None:
-            return state.record
+    async def _stored(self, session_id: str) -> SessionRecord:
         record = await self.store.get_session(session_id)
         if record is None:
             raise NotFound(f"no session {session_id!r}", {"sessionId": session_id})
         return record
+
+    def _forget_if_idle(self, state: SessionState) -> None:
+        if state.running is None and not state.wants_wake:
+            if self._sessions.get(state.id) is state:
+                del self._sessions[state.id]
+
+    async def record(self, session_id: str) -> SessionRecord:
+        """The session as it is now (the live record while a turn runs); never cached."""
+        state = self._sessions.get(session_id)
+        return state.record if state is not None else await self._stored(session_id)
 
     def live(self, record: SessionRecord) -> SessionRecord:
         """`record`, or the newer in-memory one while the session has a turn in flight."""
@@ -170,65 +208,151 @@ class SessionManager:
     async def start_turn(
         self, state: SessionState, message: str, trigger: str, *, turn_id: str | None = None,
         budget_tokens: int | None = None, from_session_id: str | None = None,
+        inside: Turn | None = None, reply_to: str | None = None,
     ) -> Turn:
-        """Start a turn in the manager's nursery; returns once it can be cancelled."""
+        """Start a turn; returns once it can be cancelled.
+
+        It runs in `inside`'s nursery when given (a waiting spawn: a cancel of that turn
+        reaches this one through Trio), else in the manager's. Deliveries waiting in the
+        session's inbox go in before its first LLM call.
+        """
         if self.closing or self._nursery is None:
             raise Unavailable("the daemon is shutting down")
         if state.running is not None:
-            raise Conflict("the session is running a turn", {"sessionId": state.record.id})
+            raise Conflict("the session is running a turn", {"sessionId": state.id})
+        turn = self._turn(state, message, trigger, turn_id=turn_id, budget_tokens=budget_tokens,
+                          from_session_id=from_session_id, parent=inside, reply_to=reply_to)
+        taken, state.inbox = state.inbox, []
+        turn.hand(taken)
+        nursery = inside.nursery if inside is not None else self._nursery
+        assert nursery is not None
+        return await self._launch(turn, nursery)
+
+    def _turn(self, state: SessionState, message: str, trigger: str, *,
+              turn_id: str | None = None, budget_tokens: int | None = None,
+              from_session_id: str | None = None, parent: Turn | None = None,
+              reply_to: str | None = None) -> Turn:
         agent = self.agent(state.record.agent_name)
-        turn = Turn(
+        return Turn(
             id=turn_id or new_id("turn"), session=state, agent=agent, message=message,
             trigger=trigger, services=self.services, from_session_id=from_session_id,
             budget_tokens=agent.budget_tokens if budget_tokens is None else budget_tokens,
+            parent=parent, reply_to=reply_to,
         )
-        # Messages that reached the session while nothing could take them go in first.
-        turn.injected, state.pending = list(state.pending), []
-        state.running = turn  # claimed synchronously with the check above
-        started: Turn = await self._nursery.start(self._run, turn)
+
+    async def _launch(self, turn: Turn, nursery: trio.Nursery) -> Turn:
+        # Claimed synchronously with the caller's check that nothing runs.
+        turn.session.running = turn
+        started: Turn = await nursery.start(self._run, turn)
         return started
 
     async def _run(self, turn: Turn, *, task_status: trio.TaskStatus[Turn]) -> None:
-        await turn.run(task_status=task_status)
-        leftovers, turn.injected = turn.injected, []
+        try:
+            await turn.run(task_status=task_status)
+        finally:
+            with trio.move_on_after(self.services.grace_s, shield=True):
+                await self._settle(turn)
+        # Not reached when an enclosing scope (a stopped caller, shutdown) was cancelled:
+        # then nothing starts by itself.
+        for item in turn.delivered:
+            if item.wakes:
+                await self._accept(item)
+        await self._dispatch(turn.session)
+
+    async def _settle(self, turn: Turn) -> None:
+        """A turn ended: give back what it held; after a stop, quiet what waits."""
         state = turn.session
-        if not leftovers:
-            self._forget_if_idle(state)
-            return
-        state.pending.extend(leftovers)
-        # Injected after the turn's last LLM call: a wake turn takes them right away,
-        # unless the turn was stopped (Stop means stop; they wait for the next turn).
-        assert turn.outcome is not None
-        if not turn.outcome.cancelled and not self.closing and state.running is None:
-            text = "\n\n".join(m.content for m in state.pending)
-            state.pending = []
-            await self.start_turn(state, text, "wake")
-            return
+        if state.running is turn:
+            state.running = None
+        for item in turn.leftovers():
+            state.add(item)
+        for item in turn.delivered:  # recorded; offered to a target already in memory
+            target = self._sessions.get(item.session_id)
+            if target is not None:
+                target.add(item)
+        outcome = turn.outcome
+        if outcome is not None and outcome.cancel_reason in _STOPS and state.wants_wake:
+            # Stop means stop: what was waiting goes into the next turn, wakes nothing.
+            loud = [i.id for i in state.inbox if i.wakes]
+            state.inbox = [replace(i, wakes=False) for i in state.inbox]
+            await self.store.quiet_inbox(loud)
         self._forget_if_idle(state)
 
-    def inject(self, state: SessionState, message: str) -> bool:
-        """Hand a user message to the session's running turn; False if none runs."""
+    # -- inbox ----------------------------------------------------------------------------
+
+    async def deliver(
+        self, session_id: str, content: str, *, from_session_id: str | None = None,
+        delivery: str = "steer", reply_to: str | None = None,
+    ) -> InboxRecord:
+        """Store a message in the session's inbox, then hand it over or wake the session."""
+        await self.record(session_id)  # NotFound before anything is stored
+        item = await self.store.deliver(InboxRecord(
+            0, session_id, content, from_session_id, delivery, True, reply_to, now_ms()
+        ))
+        await self._accept(item)
+        return item
+
+    async def _accept(self, item: InboxRecord) -> None:
+        state = await self._load(item.session_id)
+        state.add(item)
+        await self._dispatch(state)
+
+    async def _dispatch(self, state: SessionState) -> None:
+        """Offer the session's inbox to its running turn, or start a wake drain."""
         turn = state.running
-        if turn is None or turn.ending:
-            return False
-        turn.inject(MessageRecord("user", message, None, None, now_ms()))
-        return True
+        if turn is not None:
+            if not turn.ending:
+                steer = [i for i in state.inbox if i.delivery == "steer"]
+                if steer:
+                    state.inbox = [i for i in state.inbox if i.delivery != "steer"]
+                    turn.hand(steer)
+            return
+        if self.closing or self._nursery is None or not state.wants_wake:
+            self._forget_if_idle(state)
+            return
+        # One drain takes everything queued: wakes that piled up coalesce.
+        items, state.inbox = state.inbox, []
+        turn = self._turn(state, "\n\n".join(i.content for i in items), "wake",
+                          from_session_id=items[0].from_session_id)
+        turn.drain(items)
+        await self._launch(turn, self._nursery)
+
+    # -- cancel ---------------------------------------------------------------------------
 
     async def cancel(self, session_id: str, scope: str) -> CancelReceipt:
         """Shut the gates; the terminals follow from each turn's exit path."""
         if session_id not in self._sessions:
             await self.record(session_id)  # 404 for an unknown session
         # From here on nothing awaits: every gate is shut before the receipt is made.
-        stopped: list[dict[str, str]] = []
         state = self._sessions.get(session_id)
-        turn = state.running if state is not None else None
-        if turn is not None and turn.cancel("user_cancel"):
-            stopped.append({"sessionId": session_id, "turnId": turn.id})
-        if scope == "tree":
-            for other in self._sessions.values():
-                running = other.running
-                if running is not None and session_id in other.ref.lineage[1:] and (
-                    running.cancel("parent_cancelled")
-                ):
-                    stopped.append({"sessionId": other.record.id, "turnId": running.id})
-        return CancelReceipt(stopped, self.bus.latest_seq)
+        named = state.running if state is not None else None
+        stopped: list[Turn] = []
+        if named is not None and named.cancel("user_cancel"):
+            stopped.append(named)
+        running = [s.running for s in self._sessions.values() if s.running is not None]
+
+        def in_scope(turn: Turn) -> bool:
+            if scope == "tree" and session_id in turn.session.ref.lineage[1:]:
+                return True
+            # Turns running inside a stopped turn (waiting spawns, sync messages).
+            return named in turn.ancestors() or any(t in stopped for t in turn.ancestors())
+
+        found = True
+        while found:  # a fixpoint: a turn may run inside one stopped in this loop
+            found = False
+            for turn in running:
+                if turn not in stopped and in_scope(turn) and turn.cancel("parent_cancelled"):
+                    stopped.append(turn)
+                    found = True
+        # Each stopped turn publishes its terminal after those of the stopped (or
+        # already ending) turns below it in the tree (CONTRACT §5.6).
+        for turn in stopped:
+            sid = turn.session.id
+            turn.before_end.extend(
+                other for other in running
+                if other is not turn and (other in stopped or other.ending)
+                and (sid in other.session.ref.lineage[1:] or turn in other.ancestors())
+            )
+        return CancelReceipt(
+            [{"sessionId": t.session.id, "turnId": t.id} for t in stopped], self.bus.latest_seq
+        )

@@ -2,15 +2,21 @@
 
     with CancelScope() as gate:          # cancel(reason) closes the gate
         publish chat.user_message, turn.start
-        async with open_nursery():       # where waiting child turns will run (sub-agents)
+        async with open_nursery():       # where waiting child turns run (sub-agents)
             drive the engine: each event -> persist if needed -> publish
     finally (shielded, bounded):         # the exit path, whatever happened
-        classify -> persist the end -> publish exactly one `done` or `error`
+        wait for the terminals of stopped descendants (cancel order, CONTRACT §5.6)
+        classify -> persist the end and its replies -> publish one `done` or `error`
 
 Chunks go through `_chunk`, which drops them once the gate is shut: Trio is
 single-threaded and publishing is synchronous, so after `cancel()` returns no chunk of
 this turn can reach the bus. The terminal lives in the exit path, so no caller has to
 remember to emit it and no path can skip it.
+
+Inbox entries reach a turn in two ways: as its own message (a wake drain) or handed to
+it while it runs (injected before its next LLM call). Either way the entry is consumed
+in the transaction that stores the message carrying it; what the turn did not get to
+store goes back to the session's inbox when it ends (`leftovers`).
 """
 
 from __future__ import annotations
@@ -29,11 +35,18 @@ from daemon.config import AgentConfig
 from daemon.engines import base as eng
 from daemon.errors import MaxIterationsError, ProviderError
 from daemon.runtime import events as ev
+from daemon.runtime import inbox
 from daemon.runtime.bus import Bus
 from daemon.runtime.state import SessionState
-from daemon.store.models import MessageRecord, SessionRecord, TokenUsage, TurnRecord
+from daemon.store.models import (
+    InboxRecord,
+    MessageRecord,
+    SessionRecord,
+    TokenUsage,
+    TurnRecord,
+)
 from daemon.store.sqlite import Store
-from daemon.tools.base import Tool, ToolContext, ToolError, ToolOutcome
+from daemon.tools.base import SubAgents, Tool, ToolContext, ToolError, ToolOutcome
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +61,8 @@ class TurnServices:
     tools: Mapping[str, Tool]
     workspaces: Path
     grace_s: float
+    # agent_spawn / agent_message as seen from one tool call of one turn
+    sub_agents: Callable[[Turn, str], SubAgents] | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,7 @@ class Turn:
     from_session_id: str | None = None
     budget_tokens: int = 0
     parent: Turn | None = None  # the turn this one runs inside (a waiting spawn)
+    reply_to: str | None = None  # the session that gets this turn's result (no-wait spawn)
 
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     cancel_reason: str | None = None
@@ -106,8 +122,19 @@ class Turn:
     iterations: int = 0
     content: str = ""
     tool_calls: list[ev.ToolCallStat] = field(default_factory=list)
-    injected: list[MessageRecord] = field(default_factory=list)
     nursery: trio.Nursery | None = None
+
+    # Inbox entries: taken as this turn's own message (a wake drain) ...
+    drained: tuple[InboxRecord, ...] = ()
+    # ... or handed to it while it runs, not yet given to the engine,
+    handed: list[InboxRecord] = field(default_factory=list)
+    # and every entry it holds that no stored message has consumed yet, by id.
+    unconsumed: dict[int, InboxRecord] = field(default_factory=dict)
+    consumed: list[InboxRecord] = field(default_factory=list)
+    # Stopped descendants whose terminals must precede ours (CONTRACT §5.6).
+    before_end: list[Turn] = field(default_factory=list)
+    # What this turn delivered to other inboxes when it ended (with their ids).
+    delivered: list[InboxRecord] = field(default_factory=list)
 
     # -- the gate -------------------------------------------------------------------------
 
@@ -128,8 +155,39 @@ class Turn:
             turn = turn.parent
         return False
 
-    def inject(self, message: MessageRecord) -> None:
-        self.injected.append(message)
+    def ancestors(self) -> list[Turn]:
+        """The turns this one runs inside, nearest first."""
+        found, turn = [], self.parent
+        while turn is not None:
+            found.append(turn)
+            turn = turn.parent
+        return found
+
+    # -- inbox ----------------------------------------------------------------------------
+
+    def drain(self, items: list[InboxRecord]) -> None:
+        """Take these entries as this turn's own message (a wake drain)."""
+        self.drained = tuple(items)
+        self.unconsumed.update((i.id, i) for i in items)
+
+    def hand(self, items: list[InboxRecord]) -> None:
+        """Give entries to the running turn: they go in before its next LLM call."""
+        self.handed.extend(items)
+        self.unconsumed.update((i.id, i) for i in items)
+
+    def holds(self, inbox_id: int) -> bool:
+        return inbox_id in self.unconsumed or any(i.id == inbox_id for i in self.consumed)
+
+    def take_handed(self) -> list[MessageRecord]:
+        taken, self.handed = self.handed, []
+        return [MessageRecord("user", i.content, None, None, now_ms(), (i.id,)) for i in taken]
+
+    def leftovers(self) -> list[InboxRecord]:
+        """Entries this turn held but never stored: they go back to the inbox."""
+        left = sorted(self.unconsumed.values(), key=lambda i: i.id)
+        self.unconsumed.clear()
+        self.handed.clear()
+        return left
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -178,12 +236,17 @@ class Turn:
         })
         store = self.services.store
         await store.start_turn(
-            TurnRecord(self.id, self.session.record.id, self.trigger, now_ms()), record
+            TurnRecord(self.id, self.session.record.id, self.trigger, now_ms(), self.reply_to),
+            record,
         )
-        await self._append(MessageRecord("user", self.message, None, None, now_ms()), 0)
+        await self._append(MessageRecord(
+            "user", self.message, None, None, now_ms(), tuple(i.id for i in self.drained)
+        ), 0)
 
     async def _append(self, message: MessageRecord, iteration: int) -> None:
-        await self.services.store.append_message(self.session.record.id, message)
+        await self.services.store.append_message(self.session.record.id, message, self.id)
+        for inbox_id in message.inbox_ids:
+            self.consumed.append(self.unconsumed.pop(inbox_id))
         data: dict[str, Any] = {"role": message.role, "content": message.content}
         if message.tool_calls:
             data["toolCalls"] = message.tool_calls
@@ -257,6 +320,7 @@ class Turn:
         elif not isinstance(args, dict):
             outcome = ToolOutcome("tool arguments must be a JSON object", is_error=True)
         else:
+            sub_agents = self.services.sub_agents
             ctx = ToolContext(
                 session_id=self.session.record.id,
                 tool_call_id=call_id,
@@ -264,6 +328,7 @@ class Turn:
                 emit_chunk=self._emit_tool_chunk,
                 default_timeout_s=self.agent.bash_timeout_s,
                 max_output_bytes=self.agent.bash_max_output_bytes,
+                agents=sub_agents(self, call_id) if sub_agents is not None else None,
             )
             try:
                 outcome = await tool.run(ctx, args)
@@ -302,7 +367,23 @@ class Turn:
         log.error("turn %s failed", self.id, exc_info=first)
         return "INTERNAL_ERROR", f"internal error: {type(first).__name__}", None
 
+    def _replies(self, code: str | None, message: str) -> list[InboxRecord]:
+        """What this turn delivers: its result to whoever is owed one. A stopped turn's
+        reply is recorded but wakes nothing (Stop means stop, CONTRACT §6)."""
+        targets = [self.reply_to] + [i.reply_to for i in self.consumed]
+        sid = self.session.record.id
+        body = inbox.turn_result(code, message, self.content)
+        text = inbox.from_session(sid, self.agent.name, inbox.kind_of_reply(self.trigger), body)
+        return [
+            InboxRecord(0, target, text, sid, "steer", code != "CANCELLED", None, now_ms())
+            for target in dict.fromkeys(t for t in targets if t and t != sid)
+        ]
+
     async def _end(self, failure: BaseException | None, started: float) -> None:
+        if self.before_end:
+            with trio.move_on_after(self.services.grace_s, shield=True):
+                for turn in self.before_end:
+                    await turn.finished.wait()
         code, message, details = self._classify(failure)
         stats = ev.TurnStats(
             agent_name=self.agent.name,
@@ -315,7 +396,9 @@ class Turn:
         record = self.session.mark("idle", usage=self.usage, model=self.model)
         with trio.move_on_after(self.services.grace_s, shield=True):
             try:
-                await self.services.store.end_turn(self.id, code or "done", now_ms(), record)
+                self.delivered = await self.services.store.end_turn(
+                    self.id, code or "done", now_ms(), record, self._replies(code, message)
+                )
             except Exception:
                 log.exception("could not persist the end of turn %s", self.id)
         if code is None:
@@ -347,5 +430,4 @@ class _EngineContext:
         return await self._turn.run_tool(call_id, name, args)
 
     def take_injected(self) -> list[MessageRecord]:
-        taken, self._turn.injected = self._turn.injected, []
-        return taken
+        return self._turn.take_handed()

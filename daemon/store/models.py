@@ -48,6 +48,9 @@ class MessageRecord:
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     created_at: int = 0
+    # The inbox entries this message consumes: stored in the same transaction as the
+    # message, so a delivery is processed exactly once (never zero, never twice).
+    inbox_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,3 +59,18 @@ class TurnRecord:
     session_id: str
     trigger: str
     started_at: int
+    reply_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InboxRecord:
+    """A message delivered to a session and not yet taken by one of its turns."""
+
+    id: int
+    session_id: str
+    content: str  # as the model will see it (delivered content carries its origin)
+    from_session_id: str | None
+    delivery: str  # "steer" | "queue"
+    wakes: bool
+    reply_to: str | None
+    created_at: int

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,7 +20,13 @@ from typing import Any, TypeVar
 import trio
 
 from daemon.errors import StoreError
-from daemon.store.models import MessageRecord, SessionRecord, TokenUsage, TurnRecord
+from daemon.store.models import (
+    InboxRecord,
+    MessageRecord,
+    SessionRecord,
+    TokenUsage,
+    TurnRecord,
+)
 
 T = TypeVar("T")
 
@@ -36,6 +43,37 @@ def _migrations() -> list[tuple[int, str]]:
         if entry.name.endswith(".sql"):
             found.append((int(entry.name.split("_", 1)[0]), entry.read_text()))
     return sorted(found)
+
+
+_INBOX_COLUMNS = (
+    "id, session_id, content, from_session_id, delivery, wakes, reply_to, created_at"
+)
+
+
+def _inbox(row: tuple[Any, ...]) -> InboxRecord:
+    return InboxRecord(row[0], row[1], row[2], row[3], row[4], bool(row[5]), row[6], row[7])
+
+
+def _insert_inbox(conn: sqlite3.Connection, d: InboxRecord) -> InboxRecord:
+    cursor = conn.execute(
+        "INSERT INTO inbox(session_id, content, from_session_id, delivery, wakes, reply_to, "
+        "created_at) VALUES (?,?,?,?,?,?,?)",
+        (d.session_id, d.content, d.from_session_id, d.delivery, int(d.wakes), d.reply_to,
+         d.created_at),
+    )
+    assert cursor.lastrowid is not None
+    return replace(d, id=cursor.lastrowid)
+
+
+def _consume_inbox(conn: sqlite3.Connection, ids: Sequence[int], turn_id: str) -> None:
+    """Mark inbox entries taken by a turn; refuses (rolls back) if one already was."""
+    for inbox_id in ids:
+        taken = conn.execute(
+            "UPDATE inbox SET consumed_by_turn=? WHERE id=? AND consumed_by_turn IS NULL",
+            (turn_id, inbox_id),
+        ).rowcount
+        if taken != 1:
+            raise StoreError(f"inbox entry {inbox_id} was already consumed or does not exist")
 
 
 def _session(row: tuple[Any, ...]) -> SessionRecord:
@@ -176,14 +214,24 @@ class Store:
 
     # -- messages -------------------------------------------------------------------------
 
-    async def append_message(self, session_id: str, m: MessageRecord) -> None:
-        await self._call(
-            self._conn.execute,
-            "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
-            "created_at) VALUES (?,?,?,?,?,?)",
-            (session_id, m.role, m.content,
-             json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id, m.created_at),
-        )
+    async def append_message(
+        self, session_id: str, m: MessageRecord, turn_id: str | None = None
+    ) -> None:
+        """Store a message; with `inbox_ids`, consume those entries in the same transaction."""
+
+        def _append(conn: sqlite3.Connection) -> None:
+            if m.inbox_ids:
+                assert turn_id is not None
+                _consume_inbox(conn, m.inbox_ids, turn_id)
+            conn.execute(
+                "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
+                "created_at) VALUES (?,?,?,?,?,?)",
+                (session_id, m.role, m.content,
+                 json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id,
+                 m.created_at),
+            )
+
+        await self._call(self._tx, _append)
 
     async def messages(self, session_id: str) -> list[MessageRecord]:
         def _messages() -> list[MessageRecord]:
@@ -205,8 +253,9 @@ class Store:
 
         def _start(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "INSERT INTO turns(id, session_id, trigger, started_at) VALUES (?,?,?,?)",
-                (t.id, t.session_id, t.trigger, t.started_at),
+                "INSERT INTO turns(id, session_id, trigger, started_at, reply_to) "
+                "VALUES (?,?,?,?,?)",
+                (t.id, t.session_id, t.trigger, t.started_at, t.reply_to),
             )
             conn.execute(
                 "UPDATE sessions SET status=?, updated_at=? WHERE id=?",
@@ -216,12 +265,14 @@ class Store:
         await self._call(self._tx, _start)
 
     async def end_turn(
-        self, turn_id: str, code: str, ended_at: int, session: SessionRecord
-    ) -> None:
-        """Close the turn and save its session (status, usage), in one transaction."""
+        self, turn_id: str, code: str, ended_at: int, session: SessionRecord,
+        deliveries: Sequence[InboxRecord] = (),
+    ) -> list[InboxRecord]:
+        """Close the turn, save its session (status, usage) and record what it delivers
+        to other inboxes, in one transaction; returns the deliveries with their ids."""
         u = session.token_usage
 
-        def _end(conn: sqlite3.Connection) -> None:
+        def _end(conn: sqlite3.Connection) -> list[InboxRecord]:
             conn.execute(
                 "UPDATE turns SET ended_at=?, terminal_code=? WHERE id=?",
                 (ended_at, code, turn_id),
@@ -232,13 +283,14 @@ class Store:
                 (session.status, session.updated_at, session.model, u.input, u.output,
                  u.cache, u.cost, session.id),
             )
+            return [_insert_inbox(conn, d) for d in deliveries]
 
-        await self._call(self._tx, _end)
+        return await self._call(self._tx, _end)
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         def _unfinished() -> list[TurnRecord]:
             rows = self._conn.execute(
-                "SELECT id, session_id, trigger, started_at FROM turns "
+                "SELECT id, session_id, trigger, started_at, reply_to FROM turns "
                 "WHERE ended_at IS NULL ORDER BY started_at"
             )
             return [TurnRecord(*r) for r in rows]
@@ -251,3 +303,39 @@ class Store:
             return [r[0] for r in rows]
 
         return await self._call(_running)
+
+    # -- inbox ----------------------------------------------------------------------------
+
+    async def deliver(self, d: InboxRecord) -> InboxRecord:
+        """Persist a delivery; returns it with its id."""
+        return await self._call(self._tx, lambda conn: _insert_inbox(conn, d))
+
+    async def pending_inbox(self, session_id: str) -> list[InboxRecord]:
+        def _pending() -> list[InboxRecord]:
+            rows = self._conn.execute(
+                f"SELECT {_INBOX_COLUMNS} FROM inbox "
+                "WHERE session_id=? AND consumed_by_turn IS NULL ORDER BY id", (session_id,),
+            )
+            return [_inbox(r) for r in rows]
+
+        return await self._call(_pending)
+
+    async def sessions_to_wake(self) -> list[str]:
+        """Sessions holding a waking delivery that no turn has taken yet."""
+
+        def _waking() -> list[str]:
+            rows = self._conn.execute(
+                "SELECT session_id FROM inbox WHERE consumed_by_turn IS NULL AND wakes=1 "
+                "GROUP BY session_id ORDER BY MIN(id)"
+            )
+            return [r[0] for r in rows]
+
+        return await self._call(_waking)
+
+    async def quiet_inbox(self, ids: Sequence[int]) -> None:
+        """Stop these entries from waking their session (they wait for its next turn)."""
+
+        def _quiet(conn: sqlite3.Connection) -> None:
+            conn.executemany("UPDATE inbox SET wakes=0 WHERE id=?", [(i,) for i in ids])
+
+        await self._call(self._tx, _quiet)

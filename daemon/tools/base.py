@@ -30,6 +30,18 @@ class ToolOutcome:
     is_error: bool = False
 
 
+class SubAgents(Protocol):
+    """agent_spawn and agent_message as one tool call of one turn sees them.
+
+    Failures the model should hear about raise ToolError."""
+
+    async def spawn(self, agent: str, message: str, *, wait: bool) -> dict[str, Any]: ...
+
+    async def message(
+        self, session_id: str, message: str, *, async_inform: bool, delivery: str
+    ) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ToolContext:
     session_id: str
@@ -38,6 +50,7 @@ class ToolContext:
     emit_chunk: ChunkEmitter
     default_timeout_s: float
     max_output_bytes: int
+    agents: SubAgents | None = None  # None where sub-agents are not available
 
 
 class Tool(Protocol):

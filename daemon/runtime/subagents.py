@@ -1,0 +1,95 @@
+"""agent_spawn and agent_message, as one tool call of one turn sees them (CONTRACT §6).
+
+A waiting call runs the target's turn in the calling turn's nursery (`inside=`): the
+caller's cancel reaches it through Trio, and its `error(parent_cancelled)` comes first.
+A call that returns at once (no-wait spawn, async inform) runs the turn in the manager's
+nursery with `reply_to` set: the result comes back through the caller's inbox.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from daemon.errors import ApiError
+from daemon.runtime import inbox
+from daemon.runtime.turn import Turn
+from daemon.tools.base import ToolError
+
+if TYPE_CHECKING:
+    from daemon.runtime.sessions import SessionManager
+
+
+class TurnAgents:
+    def __init__(self, manager: SessionManager, turn: Turn, tool_call_id: str) -> None:
+        self._manager = manager
+        self._turn = turn
+        self._call_id = tool_call_id
+
+    async def spawn(self, agent: str, message: str, *, wait: bool) -> dict[str, Any]:
+        manager, caller = self._manager, self._turn.session
+        config = manager.config.agents.get(agent)
+        if config is None:
+            known = ", ".join(sorted(manager.config.agents)) or "none"
+            raise ToolError(f"no agent named {agent!r} (known: {known})")
+        max_depth = manager.config.server.max_depth
+        if caller.record.depth + 1 > max_depth:
+            raise ToolError(
+                f"cannot spawn: a child of this session would be at depth "
+                f"{caller.record.depth + 1}, over max_depth {max_depth}"
+            )
+        try:
+            child = await manager.create_session(config, caller, self._call_id)
+            if not wait:
+                await manager.start_turn(child, message, "agent_spawn",
+                                         from_session_id=caller.id, reply_to=caller.id)
+                return {"sessionId": child.id, "status": "started"}
+            turn = await manager.start_turn(child, message, "agent_spawn",
+                                            from_session_id=caller.id, inside=self._turn)
+        except ApiError as exc:
+            raise ToolError(f"cannot spawn {agent!r}: {exc.message}") from exc
+        return {"sessionId": child.id, "content": await _content_of(turn)}
+
+    async def message(
+        self, session_id: str, message: str, *, async_inform: bool, delivery: str
+    ) -> dict[str, Any]:
+        manager, caller = self._manager, self._turn.session
+        if session_id == caller.id:
+            raise ToolError("agent_message cannot address the calling session itself")
+        try:
+            target = await manager.load(session_id)
+            if async_inform:
+                if target.running is None:
+                    await manager.start_turn(target, message, "async_inform",
+                                             from_session_id=caller.id, reply_to=caller.id)
+                else:  # busy: it reads the message when its inbox is drained, then answers
+                    await manager.deliver(
+                        session_id,
+                        inbox.from_session(caller.id, caller.record.agent_name,
+                                           inbox.MESSAGE, message),
+                        from_session_id=caller.id, delivery=delivery, reply_to=caller.id,
+                    )
+                return {"queued": True}
+            if target.running is not None:
+                raise ToolError(
+                    f"session {session_id} is running a turn; use asyncInform to queue "
+                    "the message and get the answer in your inbox"
+                )
+            turn = await manager.start_turn(target, message, "agent_message",
+                                            from_session_id=caller.id, inside=self._turn)
+        except ApiError as exc:
+            raise ToolError(f"cannot message session {session_id}: {exc.message}") from exc
+        return {"sessionId": session_id, "content": await _content_of(turn)}
+
+
+async def _content_of(turn: Turn) -> str:
+    """Wait for a turn the caller waits on; its error becomes the caller's tool error."""
+    await turn.finished.wait()
+    outcome = turn.outcome
+    assert outcome is not None
+    if outcome.code is not None:
+        reason = f" ({outcome.cancel_reason})" if outcome.cancelled else ""
+        raise ToolError(
+            f"session {outcome.session.id} ended in error {outcome.code}{reason}: "
+            f"{outcome.message}"
+        )
+    return outcome.content
