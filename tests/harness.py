@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ AGENTS_TOML = """
 engine = "openai"
 provider = "mock"
 model = "test-model"
-tools = ["bash"]
+tools = ["bash", "agent_spawn", "agent_message"]
 max_iterations = 6
 
 [agents.plain]
@@ -46,6 +47,29 @@ max_iterations = 3
 def mock(**spec: Any) -> str:
     """A user message that scripts the mock provider."""
     return "scripted\n#mock " + json.dumps(spec)
+
+
+def spawn(agent: str, message: str, wait: bool = True) -> dict[str, Any]:
+    """A scripted agent_spawn tool call."""
+    return {"name": "agent_spawn",
+            "arguments": {"agent": agent, "message": message, "wait": wait}}
+
+
+def message_tool(session_id: str, message: str, async_inform: bool = False,
+                 **more: Any) -> dict[str, Any]:
+    """A scripted agent_message tool call."""
+    return {"name": "agent_message", "arguments": {
+        "sessionId": session_id, "message": message, "asyncInform": async_inform, **more}}
+
+
+def inbox_rows(tmp: Path) -> list[dict[str, Any]]:
+    """Every inbox row, read straight from the daemon's database (WAL: readers welcome)."""
+    conn = sqlite3.connect(f"file:{tmp / 'data' / 'veild.db'}?mode=ro", uri=True)
+    try:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute("SELECT * FROM inbox ORDER BY id")]
+    finally:
+        conn.close()
 
 
 def write_config(tmp: Path, provider_url: str, *, server: str = "", extra: str = "") -> Path:
@@ -161,6 +185,15 @@ class Recorder:
             return None
         result: dict[str, Any] = await self.wait_for(find)
         return result
+
+    def turn_ids(self, session_id: str | None = None) -> list[str]:
+        """Every turn started so far (in `session_id`, if given), in start order."""
+        return [e["turnId"] for e in self.stream(session_id=session_id)
+                if e["eventType"] == "turn.start"]
+
+    def terminals(self) -> dict[str, dict[str, Any]]:
+        """turnId -> its terminal event, for every turn that has ended."""
+        return {e["turnId"]: e for e in self.stream() if e["eventType"] in TERMINALS}
 
     async def turn_of(self, session_id: str | None = None) -> str:
         """The id of the first turn that starts (in `session_id`, if given)."""

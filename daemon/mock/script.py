@@ -22,7 +22,9 @@ A call spec:
     usage            false to send no usage chunk
 
 Without a script the demo behaviour applies: think a little, say what it will do, run
-one bash command, then sum up its output.
+one bash command, then sum up its output; a message delivered by veild (a sub-agent's
+result, an async reply: its first line starts with "[veild delivery") is acknowledged
+in one sentence instead.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MARKER = "#mock "
+DELIVERY = "[veild delivery"
 
 DEMO_CALLS: list[dict[str, Any]] = [
     {
@@ -89,10 +92,7 @@ def _find_script(messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any] | 
         m = messages[i]
         if m.get("role") != "user":
             continue
-        content = m.get("content") or ""
-        if isinstance(content, list):  # content parts
-            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-        for line in str(content).splitlines():
+        for line in _text(m).splitlines():
             if line.startswith(MARKER):
                 try:
                     script = json.loads(line[len(MARKER):])
@@ -101,6 +101,13 @@ def _find_script(messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any] | 
                 return i, script if isinstance(script, dict) else {}
         return i, None
     return -1, None
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):  # content parts
+        content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
 
 
 def _summary(messages: list[dict[str, Any]]) -> str:
@@ -116,7 +123,10 @@ def plan(messages: list[dict[str, Any]]) -> CallSpec:
     """The spec for the call that answers `messages`."""
     user_index, script = _find_script(messages)
     calls_made = sum(1 for m in messages[user_index + 1:] if m.get("role") == "assistant")
-    if script is None:
+    if script is None and user_index >= 0 and _text(messages[user_index]).startswith(DELIVERY):
+        first = _text(messages[user_index]).splitlines()[0]
+        calls, loop = [{"say": f"Noted: {first[1:].split(']')[0]}."}], False
+    elif script is None:
         calls, loop = DEMO_CALLS, False
     elif "calls" in script:
         calls, loop = list(script["calls"]), bool(script.get("loop"))
