@@ -1,7 +1,7 @@
 """CONTRACT §5.1 — parity: a turn publishes the same session.stream sequence whatever
-triggered it. Covered here: SSE chat, JSON chat and a wake turn (a message injected
-after a turn's last LLM call); the sub-agent triggers come with agent_spawn/agent_message.
-"""
+triggered it: SSE chat, JSON chat, agent_spawn (wait and not), agent_message (sync and
+async inform), and wake drains (a message injected after a turn's last LLM call, and
+POST /sessions/{id}/messages)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,27 @@ from itertools import groupby
 
 import trio
 
-from tests.harness import Running, assert_one_terminal_last, mock, open_recorder
+from tests.harness import (
+    Recorder,
+    Running,
+    assert_one_terminal_last,
+    message_tool,
+    mock,
+    open_recorder,
+    spawn,
+)
 
 SCRIPT = mock(calls=[
     {"think": 4, "say": 5, "tools": [{"name": "bash", "arguments": {"command": "echo out"}}]},
     {"say": 3},
 ])
+
+
+EXPECTED = [
+    "turn.start", "message", "thinking.chunk", "inference.chunk", "usage", "message",
+    "inference.tool", "tool.chunk", "tool.result", "message", "inference.chunk",
+    "usage", "message", "done",
+]
 
 
 def shape(stream: list[dict]) -> list[str]:
@@ -51,8 +66,46 @@ async def test_same_stream_for_sse_json_and_wake(daemon: Running) -> None:
             assert assert_one_terminal_last(stream)["eventType"] == "done"
             shapes[trigger] = shape(stream)
         assert shapes["http"] == shapes["sse"] == shapes["wake"], shapes
-        assert shapes["http"] == [
-            "turn.start", "message", "thinking.chunk", "inference.chunk", "usage", "message",
-            "inference.tool", "tool.chunk", "tool.result", "message", "inference.chunk",
-            "usage", "message", "done",
-        ]
+        assert shapes["http"] == EXPECTED
+
+
+async def started(rec: Recorder, trigger: str, session_id: str | None = None,
+                  not_: str | None = None) -> str:
+    """The turn id of the first turn with this trigger (in that session, not `not_`),
+    once it has ended."""
+    def find(events: list[dict]) -> str | None:
+        found = [e["turnId"] for e in events if e.get("eventType") == "turn.start"
+                 and e["data"]["trigger"] == trigger and e["turnId"] != not_
+                 and (session_id is None or e["sessionId"] == session_id)]
+        return found[0] if found else None
+    turn_id: str = await rec.wait_for(find)
+    await rec.terminal(turn_id)
+    return turn_id
+
+
+async def test_same_stream_for_sub_agent_and_inbox_triggers(daemon: Running) -> None:
+    async with open_recorder(daemon.ws_url) as rec:
+        turns = {}
+        await daemon.chat(mock(tools=[spawn("assistant", SCRIPT)]))
+        turns["agent_spawn wait"] = await started(rec, "agent_spawn")
+        await daemon.chat(mock(calls=[{"tools": [spawn("assistant", SCRIPT, wait=False)]},
+                                      {"say": "spawned"}]))
+        turns["agent_spawn no wait"] = await started(rec, "agent_spawn",
+                                                     not_=turns["agent_spawn wait"])
+
+        target = (await daemon.chat(mock(say="ready"))).json()["sessionId"]
+        await daemon.chat(mock(tools=[message_tool(target, SCRIPT)]))
+        turns["agent_message"] = await started(rec, "agent_message", target)
+        await daemon.chat(mock(calls=[{"tools": [message_tool(target, SCRIPT, True)]},
+                                      {"say": "asked"}]))
+        turns["async_inform"] = await started(rec, "async_inform", target)
+        r = await daemon.http.post(f"/sessions/{target}/messages", json={"message": SCRIPT})
+        assert r.status_code == 202
+        turns["wake (POST messages)"] = await started(rec, "wake", target)
+
+    shapes = {}
+    for name, turn_id in turns.items():
+        stream = rec.stream(turn_id)
+        assert assert_one_terminal_last(stream)["eventType"] == "done"
+        shapes[name] = shape(stream)
+    assert all(s == EXPECTED for s in shapes.values()), shapes
