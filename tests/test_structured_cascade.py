@@ -1,0 +1,128 @@
+"""CONTRACT §5.6 — structured cascade: a tree cancel stops every turn in its scope (the
+waiting child always, the background child too); each stopped child publishes its own
+`error` (parent_cancelled) before the terminal of the turn it descends from; no chunk of
+any of them follows the cancel's answer; no process is left behind; nothing is re-woken.
+
+Hypothesis picks the moment: while the parent thinks, while either child thinks/talks,
+or while either child's bash prints, after k such events."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.harness import (
+    CHUNKS,
+    Recorder,
+    Running,
+    assert_one_terminal_last,
+    inbox_rows,
+    mock,
+    open_daemon,
+    open_provider,
+    open_recorder,
+    process_group_alive,
+    spawn,
+)
+
+TICKS = "echo $$ > pgid; for i in $(seq 1 400); do echo tick $i; sleep 0.005; done"
+
+
+def child_script(name: str) -> str:
+    return mock(calls=[
+        {"think": 20, "say": f"{name} " * 10, "delay_ms": 1,
+         "tools": [{"name": "bash", "arguments": {"command": TICKS}}]},
+        {"say": 40, "delay_ms": 1},
+    ])
+
+
+PARENT = mock(calls=[
+    {"think": 20, "delay_ms": 1, "tools": [
+        spawn("assistant", child_script("background"), wait=False),
+        spawn("assistant", child_script("waiting"), wait=True),
+    ]},
+    {"say": 20, "delay_ms": 1},
+])
+MOMENTS = ["parent thinking", "background stream", "waiting stream",
+           "background tool", "waiting tool"]
+
+
+def turn_named(rec: Recorder, who: str) -> str | None:
+    """parent: the chat turn; background / waiting: the first / second spawned child."""
+    starts = [e for e in rec.stream() if e["eventType"] == "turn.start"]
+    if who == "parent":
+        found = [e for e in starts if e["depth"] == 0]
+    else:
+        found = [e for e in starts if e["depth"] == 1][(0 if who == "background" else 1):]
+    return found[0]["turnId"] if found else None
+
+
+KINDS = {"thinking": {"thinking.chunk"}, "stream": {"thinking.chunk", "inference.chunk"},
+         "tool": {"tool.chunk"}}
+
+
+def moment_reached(rec: Recorder, moment: str, k: int) -> bool:
+    who, what = moment.split()
+    turn_id = turn_named(rec, who)
+    return turn_id is not None and len(
+        [e for e in rec.stream(turn_id) if e["eventType"] in KINDS[what]]) > k
+
+
+async def cancel_tree_at(daemon: Running, tmp: Path, moment: str, k: int) -> None:
+    answers: list[dict] = []
+
+    async def chat() -> None:
+        answers.append((await daemon.chat(PARENT)).json())
+
+    async with open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
+        nursery.start_soon(chat)
+        await rec.wait_for(lambda _: moment_reached(rec, moment, k))
+        parent_turn = turn_named(rec, "parent")
+        assert parent_turn is not None
+        parent = rec.stream(parent_turn)[0]["sessionId"]
+        receipt = await daemon.cancel(parent)  # scope defaults to tree
+        for stopped in receipt["cancelled"]:
+            await rec.terminal(stopped["turnId"])
+        tree = [t for t in rec.turn_ids() if rec.stream(t)[0]["rootSessionId"] == parent]
+
+    assert answers[0]["cancelled"] and answers[0]["cancelReason"] == "user_cancel"
+    stopped = {c["turnId"]: c["sessionId"] for c in receipt["cancelled"]}
+    assert parent_turn in stopped, "the parent was running: the receipt names it"
+    assert set(stopped) == set(tree), "every turn of the tree was running: all stopped"
+    terminals = rec.terminals()
+    for turn_id in tree:
+        stream = rec.stream(turn_id)
+        terminal = assert_one_terminal_last(stream)
+        assert terminal["data"]["code"] == "CANCELLED"
+        reason = "user_cancel" if turn_id == parent_turn else "parent_cancelled"
+        assert terminal["data"]["details"]["reason"] == reason
+        late = [e for e in stream if e["eventType"] in CHUNKS and e["seq"] > receipt["seq"]]
+        assert not late, f"chunks after the cancel answered: {late[:2]}"
+        if turn_id != parent_turn:
+            assert terminal["seq"] < terminals[parent_turn]["seq"], "child ended after parent"
+        pgid_file = tmp / "data" / "workspaces" / stopped[turn_id] / "pgid"
+        if pgid_file.exists() and pgid_file.read_text().strip():
+            assert not process_group_alive(int(pgid_file.read_text()))
+    # The background child's reply is recorded for the parent but can wake nothing.
+    assert all(not row["wakes"] for row in inbox_rows(tmp) if row["consumed_by_turn"] is None)
+
+
+@settings(max_examples=int(__import__("os").environ.get("CASCADE_EXAMPLES", 200)))
+@given(moment=st.sampled_from(MOMENTS), k=st.integers(min_value=0, max_value=15))
+async def test_tree_cancel_cascades(tmp_path_factory, moment: str, k: int) -> None:
+    tmp = tmp_path_factory.mktemp("cascade")
+    with trio.fail_after(30):  # a hang is a failure with this example, not a stuck run
+        async with open_provider() as provider, open_daemon(tmp, provider) as daemon:
+            await cancel_tree_at(daemon, tmp, moment, k)
+    # After the daemon is gone: no wake turn ever started in this run.
+    conn = sqlite3.connect(tmp / "data" / "veild.db")
+    try:
+        wakes = conn.execute("SELECT count(*) FROM turns WHERE trigger='wake'").fetchone()[0]
+        unfinished = conn.execute("SELECT count(*) FROM turns WHERE ended_at IS NULL").fetchone()
+    finally:
+        conn.close()
+    assert wakes == 0 and unfinished[0] == 0
