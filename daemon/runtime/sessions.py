@@ -38,9 +38,6 @@ from daemon.store.sqlite import Store
 
 log = logging.getLogger(__name__)
 
-# Cancel reasons after which a session's waiting deliveries no longer wake it.
-_STOPS = frozenset({"user_cancel", "parent_cancelled", "budget_exceeded"})
-
 
 @dataclass(frozen=True)
 class CancelReceipt:
@@ -250,8 +247,7 @@ class SessionManager:
         try:
             await turn.run(task_status=task_status)
         finally:
-            with trio.move_on_after(self.services.grace_s, shield=True):
-                await self._settle(turn)
+            self._settle(turn)
         # Not reached when an enclosing scope (a stopped caller, shutdown) was cancelled:
         # then nothing starts by itself.
         for item in turn.delivered:
@@ -259,8 +255,8 @@ class SessionManager:
                 await self._accept(item)
         await self._dispatch(turn.session)
 
-    async def _settle(self, turn: Turn) -> None:
-        """A turn ended: give back what it held; after a stop, quiet what waits."""
+    def _settle(self, turn: Turn) -> None:
+        """A turn ended: give back what it held (quiet already, after a stop)."""
         state = turn.session
         if state.running is turn:
             state.running = None
@@ -270,12 +266,6 @@ class SessionManager:
             target = self._sessions.get(item.session_id)
             if target is not None:
                 target.add(item)
-        outcome = turn.outcome
-        if outcome is not None and outcome.cancel_reason in _STOPS and state.wants_wake:
-            # Stop means stop: what was waiting goes into the next turn, wakes nothing.
-            loud = [i.id for i in state.inbox if i.wakes]
-            state.inbox = [replace(i, wakes=False) for i in state.inbox]
-            await self.store.quiet_inbox(loud)
         self._forget_if_idle(state)
 
     # -- inbox ----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ import trio
 from daemon.clock import now_ms
 from daemon.config import AgentConfig
 from daemon.engines import base as eng
-from daemon.errors import MaxIterationsError, ProviderError
+from daemon.errors import MaxIterationsError, ProviderError, StoreError
 from daemon.runtime import events as ev
 from daemon.runtime import inbox
 from daemon.runtime.bus import Bus
@@ -49,6 +49,10 @@ from daemon.store.sqlite import Store
 from daemon.tools.base import SubAgents, Tool, ToolContext, ToolError, ToolOutcome
 
 log = logging.getLogger(__name__)
+
+# Cancel reasons after which the session's waiting deliveries no longer wake it: Stop
+# means stop (CONTRACT §6). A shutdown is not a stop: what waits is drained at restart.
+STOP_REASONS = frozenset({"user_cancel", "parent_cancelled", "budget_exceeded"})
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,17 @@ class Turn:
         self.handed.clear()
         return left
 
+    def _quiet(self, code: str | None, details: dict[str, Any] | None) -> list[int]:
+        """After a stop, what this turn held and what waits in its session's inbox stops
+        waking anything (it goes into the session's next turn); returns the ids."""
+        if code != "CANCELLED" or (details or {}).get("reason") not in STOP_REASONS:
+            return []
+        state = self.session
+        loud = [i for i in (*self.unconsumed.values(), *state.inbox) if i.wakes]
+        self.unconsumed = {k: replace(i, wakes=False) for k, i in self.unconsumed.items()}
+        state.inbox = [replace(i, wakes=False) for i in state.inbox]
+        return [i.id for i in loud]
+
     # -- publishing -----------------------------------------------------------------------
 
     def _stream(self, event_type: str, data: dict[str, Any]) -> None:
@@ -234,14 +249,17 @@ class Turn:
             "turnId": self.id, "trigger": self.trigger, "model": self.agent.model or None,
             "fromSessionId": self.from_session_id,
         })
-        store = self.services.store
-        await store.start_turn(
-            TurnRecord(self.id, self.session.record.id, self.trigger, now_ms(), self.reply_to),
-            record,
-        )
-        await self._append(MessageRecord(
-            "user", self.message, None, None, now_ms(), tuple(i.id for i in self.drained)
-        ), 0)
+        # Shielded: a turn stopped at once still keeps what it was asked in the history
+        # (and a drain consumes what it took), so a stop never loses a message.
+        with trio.move_on_after(self.services.grace_s, shield=True) as persisting:
+            await self.services.store.start_turn(TurnRecord(
+                self.id, self.session.record.id, self.trigger, now_ms(), self.reply_to,
+            ), record)
+            await self._append(MessageRecord(
+                "user", self.message, None, None, now_ms(), tuple(i.id for i in self.drained)
+            ), 0)
+        if persisting.cancelled_caught:
+            raise StoreError(f"could not store the start of turn {self.id} in time")
 
     async def _append(self, message: MessageRecord, iteration: int) -> None:
         await self.services.store.append_message(self.session.record.id, message, self.id)
@@ -397,7 +415,8 @@ class Turn:
         with trio.move_on_after(self.services.grace_s, shield=True):
             try:
                 self.delivered = await self.services.store.end_turn(
-                    self.id, code or "done", now_ms(), record, self._replies(code, message)
+                    self.id, code or "done", now_ms(), record, self._replies(code, message),
+                    self._quiet(code, details),
                 )
             except Exception:
                 log.exception("could not persist the end of turn %s", self.id)

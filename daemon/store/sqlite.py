@@ -266,10 +266,11 @@ class Store:
 
     async def end_turn(
         self, turn_id: str, code: str, ended_at: int, session: SessionRecord,
-        deliveries: Sequence[InboxRecord] = (),
+        deliveries: Sequence[InboxRecord] = (), quiet: Sequence[int] = (),
     ) -> list[InboxRecord]:
-        """Close the turn, save its session (status, usage) and record what it delivers
-        to other inboxes, in one transaction; returns the deliveries with their ids."""
+        """Close the turn, save its session (status, usage), record what it delivers to
+        other inboxes and stop the `quiet` entries from waking anything, in one
+        transaction; returns the deliveries with their ids."""
         u = session.token_usage
 
         def _end(conn: sqlite3.Connection) -> list[InboxRecord]:
@@ -283,6 +284,7 @@ class Store:
                 (session.status, session.updated_at, session.model, u.input, u.output,
                  u.cache, u.cost, session.id),
             )
+            conn.executemany("UPDATE inbox SET wakes=0 WHERE id=?", [(i,) for i in quiet])
             return [_insert_inbox(conn, d) for d in deliveries]
 
         return await self._call(self._tx, _end)
@@ -331,11 +333,3 @@ class Store:
             return [r[0] for r in rows]
 
         return await self._call(_waking)
-
-    async def quiet_inbox(self, ids: Sequence[int]) -> None:
-        """Stop these entries from waking their session (they wait for its next turn)."""
-
-        def _quiet(conn: sqlite3.Connection) -> None:
-            conn.executemany("UPDATE inbox SET wakes=0 WHERE id=?", [(i,) for i in ids])
-
-        await self._call(self._tx, _quiet)
