@@ -46,7 +46,11 @@ def settled(rec: Recorder, tmp: Path, session_id: str) -> bool:
     ended = {e["turnId"] for e in stream if e["eventType"] in TERMINALS}
     if started != ended:
         return False
-    return not any(r["wakes"] and r["consumed_by_turn"] is None for r in inbox_rows(tmp))
+    # The store may be ahead of this client: a row consumed by a turn whose events have
+    # not arrived yet means "not settled".
+    rows = inbox_rows(tmp)
+    return all(r["consumed_by_turn"] in ended for r in rows if r["consumed_by_turn"]) and not any(
+        r["wakes"] and r["consumed_by_turn"] is None for r in rows)
 
 
 async def run_ops(daemon: Running, tmp: Path, ops: list[tuple[Any, ...]]) -> None:

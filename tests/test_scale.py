@@ -1,0 +1,75 @@
+"""Scale: one parent spawns 50 children at once (no wait). All 50 stream at the same
+time, each ends with one terminal, and every child's reply reaches the parent's inbox
+and is consumed exactly once by the parent's turns (injected or drained by wakes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.harness import (
+    TERMINALS,
+    Recorder,
+    Running,
+    assert_one_terminal_last,
+    inbox_rows,
+    mock,
+    open_recorder,
+    spawn,
+)
+
+CHILDREN = 50
+
+
+def all_replies_consumed(rec: Recorder, tmp: Path, parent: str) -> bool:
+    stream = rec.stream(session_id=parent)
+    started = {e["turnId"] for e in stream if e["eventType"] == "turn.start"}
+    ended = {e["turnId"] for e in stream if e["eventType"] in TERMINALS}
+    rows = inbox_rows(tmp)
+    return started == ended and len(rows) == CHILDREN and all(
+        r["consumed_by_turn"] in ended for r in rows)
+
+
+async def test_fifty_children_stream_at_once(daemon: Running, tmp_path: Path) -> None:
+    # Each child says it is ready, waits for a common go, then streams its answer: so
+    # all 50 are alive together whatever the machine's speed, then stream together.
+    go = tmp_path / "go"
+    child = mock(calls=[
+        {"think": 3, "tools": [{"name": "bash", "arguments": {
+            "command": f"echo ready; while [ ! -e {go} ]; do sleep 0.1; done"}}]},
+        {"say": 120, "delay_ms": 5},
+    ])
+    async with open_recorder(daemon.ws_url, "batch=1") as rec:
+        body = (await daemon.chat(mock(calls=[
+            {"tools": [spawn("assistant", child, wait=False) for _ in range(CHILDREN)]},
+            {"say": "spawned them all"},
+        ]))).json()
+        parent = body["sessionId"]
+        await rec.wait_for(lambda evs: len(
+            [e for e in evs if e.get("eventType") == "tool.chunk"]) == CHILDREN)
+        go.touch()
+        await rec.wait_for(lambda _: all_replies_consumed(rec, tmp_path, parent))
+
+    child_turns = [e for e in rec.stream() if e["eventType"] == "turn.start"
+                   and e["parentSessionId"] == parent]
+    assert len(child_turns) == CHILDREN
+    first_answer_chunk, terminals = [], []
+    for start in child_turns:
+        assert start["data"]["trigger"] == "agent_spawn"
+        stream = rec.stream(start["turnId"])
+        terminal = assert_one_terminal_last(stream)
+        assert terminal["eventType"] == "done"
+        answer = [e["seq"] for e in stream if e["eventType"] == "inference.chunk"]
+        assert len(answer) == 120
+        first_answer_chunk.append(answer[0])
+        terminals.append(terminal["seq"])
+    # At once: every child was streaming its answer before the first of them ended.
+    assert max(first_answer_chunk) < min(terminals)
+    # Every reply consumed once, by a turn of the parent, and in its history once.
+    parent_turns = set(rec.turn_ids(parent))
+    for turn_id in parent_turns:
+        assert_one_terminal_last(rec.stream(turn_id))
+    assert {r["consumed_by_turn"] for r in inbox_rows(tmp_path)} <= parent_turns
+    history = (await daemon.http.get(f"/sessions/{parent}/messages")).json()["messages"]
+    delivered = "\n".join(m["content"] for m in history if m["role"] == "user")
+    for start in child_turns:
+        assert delivered.count(f"from session {start['sessionId']} ") == 1
