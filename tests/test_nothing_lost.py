@@ -1,7 +1,7 @@
 """CONTRACT §5.7 — nothing lost: every `message` published is in the store; after a
 restart GET /sessions/{id}/messages returns it; a turn cut short by SIGKILL is reported
 at the next start with a terminal `error` INTERRUPTED and its session is idle again;
-seqs are never reused across restarts."""
+seqs are never reused across restarts; an inbox message is never dropped."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ from tests.harness import (
     Provider,
     Recorder,
     assert_one_terminal_last,
+    inbox_rows,
     mock,
     open_daemon,
     open_recorder,
+    spawn,
     write_config,
 )
 from tests.process import DaemonProcess, spawn_daemon
@@ -111,3 +113,60 @@ async def test_sigterm_stops_gracefully(tmp_path: Path, provider: Provider) -> N
         answer = answers[0]
         assert answer is not None
         assert answer.json()["cancelled"] and answer.json()["cancelReason"] == "shutdown"
+
+
+async def test_inbox_survives_sigkill_and_is_drained_at_start(
+    tmp_path: Path, provider: Provider
+) -> None:
+    """A delivery waiting for a turn, and a background child's owed reply, both outlive
+    a SIGKILL: at the next start the child's turn is INTERRUPTED and answers its parent,
+    and one wake drain takes everything the parent's inbox holds, exactly once."""
+    config = write_config(tmp_path, provider.url)
+    hang = mock(say=10, hang_after=3)
+    async with spawn_daemon(config) as proc:
+        async with httpx.AsyncClient(base_url=proc.url, timeout=30) as http, \
+                open_recorder(proc.ws_url) as rec:
+            r = await http.post("/agents/assistant/chat", json={"message": mock(calls=[
+                {"tools": [spawn("plain", hang, wait=False)]}, {"say": "spawned"}])})
+            parent = r.json()["sessionId"]
+            child_chunk = await rec.wait_for(lambda evs: next((
+                e for e in evs if e.get("eventType") == "inference.chunk"
+                and e["sessionId"] != parent), None))
+            r = await http.post(f"/sessions/{parent}/messages",
+                                json={"message": "queued before the crash", "delivery": "queue"})
+            assert r.status_code == 202
+            # The parent is idle, so that delivery woke it; hold the wake turn open by
+            # making it hang too, then kill the daemon under both.
+            wake = await rec.wait_for(lambda evs: next((
+                e for e in evs if e.get("eventType") == "turn.start"
+                and e["data"]["trigger"] == "wake"), None))
+            await rec.terminal(wake["turnId"])
+            r = await http.post(f"/sessions/{parent}/messages",
+                                json={"message": mock(say=10, hang_after=2)})
+            second_wake = await rec.wait_for(lambda evs: next((
+                e for e in evs if e.get("eventType") == "turn.start"
+                and e["data"]["trigger"] == "wake" and e["turnId"] != wake["turnId"]), None))
+            await rec.wait_for(lambda evs: any(
+                e.get("turnId") == second_wake["turnId"] and e["eventType"] == "inference.chunk"
+                for e in evs))
+            r = await http.post(f"/sessions/{parent}/messages",
+                                json={"message": "sent while it hung", "delivery": "queue"})
+            assert r.status_code == 202
+            proc.process.send_signal(signal.SIGKILL)
+            await proc.process.wait()
+    async with spawn_daemon(config) as proc:
+        async with open_recorder(proc.ws_url, "since=0") as rec:
+            drain = await rec.wait_for(lambda evs: next((
+                e for e in evs if e.get("eventType") == "turn.start"
+                and e["sessionId"] == parent and e["data"]["trigger"] == "wake"), None))
+            await rec.terminal(drain["turnId"])
+            assert (await rec.terminal(child_chunk["turnId"]))["data"]["code"] == "INTERRUPTED"
+            assert (await rec.terminal(second_wake["turnId"]))["data"]["code"] == "INTERRUPTED"
+        drained = next(e["data"]["content"] for e in rec.stream(drain["turnId"])
+                       if e["eventType"] == "message" and e["data"]["role"] == "user")
+    assert "sent while it hung" in drained
+    assert f"from session {child_chunk['sessionId']}" in drained
+    assert "ended in error INTERRUPTED" in drained
+    rows = inbox_rows(tmp_path)
+    assert all(r["consumed_by_turn"] for r in rows), rows
+    assert [r["consumed_by_turn"] for r in rows][-2:] == [drain["turnId"]] * 2
