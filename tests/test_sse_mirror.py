@@ -74,3 +74,26 @@ async def test_session_stream_replays_after_last_event_id(daemon: Running) -> No
     middle = seen[len(seen) // 2]["seq"]
     again = await stream_until_done(daemon, f"/sessions/{session_id}/stream?after={middle}")
     assert again == [e for e in seen if e["seq"] > middle]
+
+
+async def test_sse_of_a_parent_holds_its_own_turn_and_one_done(daemon: Running) -> None:
+    """A parent's SSE chat carries its own turn only (the child streams on the bus under
+    its own session and turn), with exactly one `done`, even though a child ended inside."""
+    from tests.harness import open_recorder, spawn
+
+    async with open_recorder(daemon.ws_url) as rec:
+        async with daemon.http.stream("POST", "/agents/assistant/chat", json={
+            "message": mock(calls=[{"tools": [spawn("plain", mock(say=12))]}, {"say": 4}]),
+            "sse": True,
+        }) as r:
+            sse_events = [json.loads(f["data"]) for f in await read_sse(r)]
+        turn_id = sse_events[0]["turnId"]
+        await rec.terminal(turn_id)
+    assert sse_events == rec.stream(turn_id)
+    assert [e["eventType"] for e in sse_events].count("done") == 1
+    assert_one_terminal_last(sse_events)
+    children = {e["turnId"] for e in rec.stream() if e["depth"] == 1}
+    assert len(children) == 1
+    [child] = children
+    assert assert_one_terminal_last(rec.stream(child))["eventType"] == "done"
+    assert_seqs_unique_increasing(rec.events)

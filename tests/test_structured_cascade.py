@@ -126,3 +126,28 @@ async def test_tree_cancel_cascades(tmp_path_factory, moment: str, k: int) -> No
     finally:
         conn.close()
     assert wakes == 0 and unfinished[0] == 0
+
+
+async def test_turn_scope_stops_the_waiting_child_not_the_background_one(
+    daemon: Running, tmp_path: Path
+) -> None:
+    async with open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
+        nursery.start_soon(daemon.chat, PARENT)
+        await rec.wait_for(lambda _: moment_reached(rec, "waiting tool", 0))
+        parent_turn, waiting, background = (
+            turn_named(rec, "parent"), turn_named(rec, "waiting"), turn_named(rec, "background"))
+        parent = rec.stream(parent_turn)[0]["sessionId"]
+        receipt = await daemon.cancel(parent, "turn")
+        await rec.terminal(parent_turn)
+        assert {c["turnId"] for c in receipt["cancelled"]} == {parent_turn, waiting}
+        # The background child was not in scope: it runs to its end and its reply wakes
+        # the parent as usual.
+        assert (await rec.terminal(background))["eventType"] == "done"
+        wake = await rec.wait_for(lambda evs: next((
+            e for e in evs if e.get("eventType") == "turn.start"
+            and e["sessionId"] == parent and e["data"]["trigger"] == "wake"), None))
+        await rec.terminal(wake["turnId"])
+    terminals = rec.terminals()
+    assert terminals[waiting]["data"]["details"]["reason"] == "parent_cancelled"
+    assert terminals[waiting]["seq"] < terminals[parent_turn]["seq"]
+    assert terminals[parent_turn]["data"]["details"]["reason"] == "user_cancel"
