@@ -7,6 +7,11 @@ process is the client. Printed figures:
      the same 20 000 tokens through the daemon
   3. cancel latency: from the cancel POST's answer to the terminal `error` on /ws
      (median and worst of 50)
+  4. events/s reaching a /ws subscriber while one parent's 50 no-wait sub-agents stream
+     at once (each 400 tokens), from the first child chunk to the last child terminal
+  5. tree cancel: a parent with 10 background children and 1 waiting child, all
+     streaming; from the tree cancel's answer to the last terminal of the tree on /ws
+     (median and worst of 20)
 """
 
 from __future__ import annotations
@@ -88,6 +93,68 @@ async def cancel_latency(url: str, runs: int) -> list[float]:
     return out
 
 
+def _spawns(n: int, words: int, delay_ms: int, wait: bool = False) -> list[dict[str, object]]:
+    child = "child\n#mock " + json.dumps({"say": words, "delay_ms": delay_ms})
+    return [{"name": "agent_spawn", "arguments": {"agent": "bench", "message": child,
+                                                  "wait": wait}} for _ in range(n)]
+
+
+async def fifty_children(url: str) -> tuple[float, int]:
+    parent = "boss\n#mock " + json.dumps({"calls": [
+        {"tools": _spawns(50, 400, 0)}, {"say": "spawned"}]})
+    ws_url = url.replace("http://", "ws://") + "/ws?batch=1&types=inference.chunk,done,error"
+    async with open_websocket_url(ws_url, max_message_size=64 * 1024 * 1024) as ws, \
+            httpx.AsyncClient(base_url=url, timeout=120) as http, trio.open_nursery() as n:
+        await ws.get_message()
+        n.start_soon(partial(http.post, "/agents/boss/chat", json={"message": parent}))
+        first, count, ended = None, 0, 0
+        while ended < 50:
+            frame = json.loads(await ws.get_message())
+            for event in frame if isinstance(frame, list) else [frame]:
+                if event["depth"] != 1:
+                    continue
+                if event["eventType"] in ("done", "error"):
+                    ended += 1
+                else:
+                    first = first or time.perf_counter()
+                    count += 1
+        assert first is not None
+        return count / (time.perf_counter() - first), count
+
+
+async def tree_cancel(url: str, runs: int) -> list[float]:
+    parent = "boss\n#mock " + json.dumps({"calls": [
+        {"tools": _spawns(10, 100_000, 1) + _spawns(1, 100_000, 1, wait=True)},
+        {"say": "never"}]})
+    ws_url = url.replace("http://", "ws://") + "/ws?batch=1&types=inference.chunk,done,error"
+    out = []
+    async with open_websocket_url(ws_url, max_message_size=64 * 1024 * 1024) as ws, \
+            httpx.AsyncClient(base_url=url, timeout=60) as http:
+        await ws.get_message()
+        for _ in range(runs):
+            async with trio.open_nursery() as n:
+                n.start_soon(partial(http.post, "/agents/boss/chat", json={"message": parent}))
+                streaming: set[str] = set()
+                root = None
+                while len(streaming) < 11:
+                    frame = json.loads(await ws.get_message())
+                    for e in frame if isinstance(frame, list) else [frame]:
+                        if e["depth"] == 1 and e["eventType"] == "inference.chunk":
+                            streaming.add(e["turnId"])
+                            root = e["rootSessionId"]
+                r = await http.post(f"/sessions/{root}/cancel")
+                answered = time.perf_counter()
+                pending = {c["turnId"] for c in r.json()["cancelled"]}
+                assert len(pending) == 12, r.text
+                while pending:
+                    frame = json.loads(await ws.get_message())
+                    for e in frame if isinstance(frame, list) else [frame]:
+                        if e["eventType"] in ("done", "error"):
+                            pending.discard(e["turnId"])
+                out.append((time.perf_counter() - answered) * 1000)
+    return out
+
+
 async def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="veild-bench-"))
     async with trio.open_nursery() as nursery:
@@ -99,6 +166,7 @@ async def main() -> None:
             f'[server]\nport = 0\ndata_dir = "{tmp}/data"\n'
             f'[providers.mock]\ntype = "openai"\nbase_url = "{provider_url}"\n'
             '[agents.bench]\nprovider = "mock"\nmodel = "bench"\n'
+            '[agents.boss]\nprovider = "mock"\nmodel = "boss"\ntools = ["agent_spawn"]\n'
         )
         daemon = await trio.lowlevel.open_process(
             [sys.executable, "-m", "daemon", "serve", "--config", str(config)], stdout=-1,
@@ -108,6 +176,8 @@ async def main() -> None:
             plain = await plain_httpx(provider_url)
             rate, count = await ws_rate(url)
             latencies = await cancel_latency(url, 50)
+            tree_rate, tree_count = await fifty_children(url)
+            tree_latencies = await tree_cancel(url, 20)
         finally:
             daemon.terminate()
             provider.terminate()
@@ -119,6 +189,11 @@ async def main() -> None:
           f"({count} events; {rate / plain:.2f}x of plain httpx)")
     print(f"cancel answer -> terminal on /ws:   median {statistics.median(latencies):.2f} ms, "
           f"worst {max(latencies):.2f} ms (n={len(latencies)})")
+    print(f"/ws while 50 sub-agents stream:     {tree_rate:,.0f} inference.chunk/s "
+          f"({tree_count} events)")
+    print(f"tree cancel answer -> last terminal: median "
+          f"{statistics.median(tree_latencies):.2f} ms, worst {max(tree_latencies):.2f} ms "
+          f"(12 turns, n={len(tree_latencies)})")
 
 
 if __name__ == "__main__":
