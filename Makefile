@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check daemon tests bench
+	$(VENV)/bin/ruff check daemon tests bench docs/examples
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)
