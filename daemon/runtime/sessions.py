@@ -86,7 +86,9 @@ class SessionManager:
                     inbox.turn_result("INTERRUPTED", message, ""),
                 ), record.id, "steer", True, None, now_ms(),
             )] if turn.reply_to else []
-            await self.store.end_turn(turn.id, "INTERRUPTED", now_ms(), record, replies)
+            self._offer(await self.store.end_turn(
+                turn.id, "INTERRUPTED", now_ms(), record, replies
+            ))
             # The turn's own exit path died with the process: this is its terminal.
             stats = ev.TurnStats(record.agent_name, record.model, 0, 0, TokenUsage(), ())
             self.bus.publish_stream(state.ref, turn.id, ev.ERROR, ev.error_data(
@@ -262,11 +264,16 @@ class SessionManager:
             state.running = None
         for item in turn.leftovers():
             state.add(item)
-        for item in turn.delivered:  # recorded; offered to a target already in memory
+        self._offer(turn.delivered)
+        self._forget_if_idle(state)
+
+    def _offer(self, items: list[InboxRecord]) -> None:
+        """Stored deliveries join the inbox of their session if it is in memory (one
+        read from the store later would find them anyway)."""
+        for item in items:
             target = self._sessions.get(item.session_id)
             if target is not None:
                 target.add(item)
-        self._forget_if_idle(state)
 
     # -- inbox ----------------------------------------------------------------------------
 
