@@ -69,14 +69,14 @@ class SessionManager:
             self._nursery = nursery
             await self._recover_interrupted()
             for session_id in await self.store.sessions_to_wake():  # CONTRACT §1
-                await self._dispatch(await self._load(session_id))
+                await self._dispatch(await self.load(session_id))
             task_status.started(self)
             await trio.sleep_forever()
 
     async def _recover_interrupted(self) -> None:
         """Close, with a terminal INTERRUPTED, every turn the last process left open."""
         for turn in await self.store.unfinished_turns():
-            state = await self._load(turn.session_id)
+            state = await self.load(turn.session_id)
             record = state.mark("idle")
             message = "the daemon stopped while this turn ran"
             # A turn that owed its caller a result still answers (and wakes it).
@@ -97,7 +97,7 @@ class SessionManager:
             self.bus.publish("session.updated", state.ref, {"session": ev.session_wire(record)})
             self._forget_if_idle(state)
         for session_id in await self.store.running_sessions():  # no turn row: just idle it
-            state = await self._load(session_id)
+            state = await self.load(session_id)
             await self.store.save_session(state.mark("idle"))
             self._forget_if_idle(state)
 
@@ -140,10 +140,8 @@ class SessionManager:
         return state
 
     async def load(self, session_id: str) -> SessionState:
-        """The session's live state (NotFound if there is none)."""
-        return await self._load(session_id)
-
-    async def _load(self, session_id: str) -> SessionState:
+        """The session's live state, read from the store if it is not in memory (with
+        its pending inbox); NotFound if there is no such session."""
         state = self._sessions.get(session_id)
         if state is not None:
             return state
@@ -190,7 +188,7 @@ class SessionManager:
     async def session_for_chat(self, agent: AgentConfig, session_id: str | None) -> SessionState:
         if session_id is None:
             return await self.create_session(agent)
-        state = await self._load(session_id)
+        state = await self.load(session_id)
         if state.record.agent_name != agent.name:
             raise Conflict(
                 f"session {session_id!r} belongs to agent {state.record.agent_name!r}",
@@ -290,7 +288,7 @@ class SessionManager:
         return item
 
     async def _accept(self, item: InboxRecord) -> None:
-        state = await self._load(item.session_id)
+        state = await self.load(item.session_id)
         state.add(item)
         await self._dispatch(state)
 
