@@ -177,3 +177,27 @@ async def test_spawn_deeper_than_max_depth_is_an_error_result(
         tool = next(m for m in messages if m["role"] == "tool")
         assert "over max_depth 1" in tool["content"]
         assert (await daemon.http.get(f"/sessions/{child['sessionId']}")).json()["children"] == []
+
+
+async def test_a_child_over_budget_stops_alone(tmp_path: Path, provider: Provider) -> None:
+    """A child's budget cancel is its own: the child ends CANCELLED budget_exceeded with no
+    chunk after its `usage`, the caller gets an error result and goes on."""
+    extra = ('[agents.frugal]\nengine = "openai"\nprovider = "mock"\nmodel = "f"\n'
+             "tools = []\nbudget_tokens = 5\n")
+    async with open_daemon(tmp_path, provider, extra=extra) as daemon:
+        async with open_recorder(daemon.ws_url) as rec:
+            body = (await daemon.chat(mock(calls=[
+                {"tools": [spawn("frugal", mock(calls=[{"say": 20}, {"say": 20}]))]},
+                {"say": "went on"},
+            ]))).json()
+            child_turn = next(e["turnId"] for e in rec.stream()
+                              if e["eventType"] == "turn.start" and e["depth"] == 1)
+            await rec.terminal(child_turn)
+        assert body["content"] == "went on" and body["toolCalls"][0]["isError"]
+        child = rec.stream(child_turn)
+        terminal = assert_one_terminal_last(child)
+        assert terminal["data"]["details"]["reason"] == "budget_exceeded"
+        usage_seq = next(e["seq"] for e in child if e["eventType"] == "usage")
+        assert not [e for e in child if e["eventType"] in CHUNKS and e["seq"] > usage_seq]
+        result = tool_results(rec.stream(body["turnId"]))[0]["content"]
+        assert "ended in error CANCELLED (budget_exceeded)" in result
