@@ -26,7 +26,7 @@ import trio
 
 from daemon.clock import new_id, now_ms
 from daemon.config import AgentConfig, Config
-from daemon.errors import Conflict, NotFound, Unavailable
+from daemon.errors import Conflict, NotFound, StoreError, Unavailable
 from daemon.runtime import events as ev
 from daemon.runtime import inbox
 from daemon.runtime.bus import Bus
@@ -250,10 +250,15 @@ class SessionManager:
             self._settle(turn)
         # Not reached when an enclosing scope (a stopped caller, shutdown) was cancelled:
         # then nothing starts by itself.
-        for item in turn.delivered:
-            if item.wakes:
-                await self._accept(item)
-        await self._dispatch(turn.session)
+        try:
+            for item in turn.delivered:
+                if item.wakes:
+                    await self._accept(item)
+            await self._dispatch(turn.session)
+        except StoreError:
+            # Not this task's to crash the daemon over: every entry is stored, and the
+            # next start drains what no turn took.
+            log.exception("after turn %s: could not hand over its deliveries", turn.id)
 
     def _settle(self, turn: Turn) -> None:
         """A turn ended: give back what it held (quiet already, after a stop)."""
