@@ -62,14 +62,19 @@ def message_tool(session_id: str, message: str, async_inform: bool = False,
         "sessionId": session_id, "message": message, "asyncInform": async_inform, **more}}
 
 
-def inbox_rows(tmp: Path) -> list[dict[str, Any]]:
-    """Every inbox row, read straight from the daemon's database (WAL: readers welcome)."""
+def db_rows(tmp: Path, sql: str) -> list[dict[str, Any]]:
+    """Rows read straight from the daemon's database (read-only; WAL: readers welcome)."""
     conn = sqlite3.connect(f"file:{tmp / 'data' / 'veild.db'}?mode=ro", uri=True)
     try:
         conn.row_factory = sqlite3.Row
-        return [dict(r) for r in conn.execute("SELECT * FROM inbox ORDER BY id")]
+        return [dict(r) for r in conn.execute(sql)]
     finally:
         conn.close()
+
+
+def inbox_rows(tmp: Path) -> list[dict[str, Any]]:
+    """Every inbox row, in delivery order."""
+    return db_rows(tmp, "SELECT * FROM inbox ORDER BY id")
 
 
 def write_config(tmp: Path, provider_url: str, *, server: str = "", extra: str = "") -> Path:

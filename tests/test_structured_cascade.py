@@ -8,7 +8,6 @@ or while either child's bash prints, after k such events."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import trio
@@ -20,7 +19,9 @@ from tests.harness import (
     Recorder,
     Running,
     assert_one_terminal_last,
+    db_rows,
     inbox_rows,
+    message_tool,
     mock,
     open_daemon,
     open_provider,
@@ -111,21 +112,17 @@ async def cancel_tree_at(daemon: Running, tmp: Path, moment: str, k: int) -> Non
     assert all(not row["wakes"] for row in inbox_rows(tmp) if row["consumed_by_turn"] is None)
 
 
-@settings(max_examples=int(__import__("os").environ.get("CASCADE_EXAMPLES", 200)))
+@settings(max_examples=200)
 @given(moment=st.sampled_from(MOMENTS), k=st.integers(min_value=0, max_value=15))
 async def test_tree_cancel_cascades(tmp_path_factory, moment: str, k: int) -> None:
     tmp = tmp_path_factory.mktemp("cascade")
     with trio.fail_after(30):  # a hang is a failure with this example, not a stuck run
         async with open_provider() as provider, open_daemon(tmp, provider) as daemon:
             await cancel_tree_at(daemon, tmp, moment, k)
-    # After the daemon is gone: no wake turn ever started in this run.
-    conn = sqlite3.connect(tmp / "data" / "veild.db")
-    try:
-        wakes = conn.execute("SELECT count(*) FROM turns WHERE trigger='wake'").fetchone()[0]
-        unfinished = conn.execute("SELECT count(*) FROM turns WHERE ended_at IS NULL").fetchone()
-    finally:
-        conn.close()
-    assert wakes == 0 and unfinished[0] == 0
+    # After the daemon is gone: no wake turn ever started in this run, and every turn
+    # it recorded was closed.
+    turns = db_rows(tmp, "SELECT trigger, ended_at FROM turns")
+    assert not [t for t in turns if t["trigger"] == "wake" or t["ended_at"] is None], turns
 
 
 async def test_turn_scope_stops_the_waiting_child_not_the_background_one(
@@ -151,3 +148,31 @@ async def test_turn_scope_stops_the_waiting_child_not_the_background_one(
     assert terminals[waiting]["data"]["details"]["reason"] == "parent_cancelled"
     assert terminals[waiting]["seq"] < terminals[parent_turn]["seq"]
     assert terminals[parent_turn]["data"]["details"]["reason"] == "user_cancel"
+
+
+async def test_turn_scope_reaches_a_sync_message_target(daemon: Running) -> None:
+    """A sync agent_message target is not a descendant session, but its turn runs inside
+    the caller's: a `turn` cancel of the caller stops it (in the receipt, its terminal
+    first, parent_cancelled, no chunk after the answer)."""
+    target = (await daemon.chat(mock(say="ready"), agent="plain")).json()["sessionId"]
+    async with open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
+        nursery.start_soon(daemon.chat, mock(tools=[
+            message_tool(target, mock(say=2000, delay_ms=2))]))
+        chunk = await rec.wait_for(lambda evs: next((
+            e for e in evs if e.get("eventType") == "inference.chunk"
+            and e["sessionId"] == target), None))
+        caller_turn = next(t for t in rec.turn_ids() if t != chunk["turnId"])
+        caller = rec.stream(caller_turn)[0]["sessionId"]
+        receipt = await daemon.cancel(caller, "turn")
+        await rec.terminal(caller_turn)
+    assert receipt["cancelled"] == [
+        {"sessionId": caller, "turnId": caller_turn},
+        {"sessionId": target, "turnId": chunk["turnId"]},
+    ]
+    terminals = rec.terminals()
+    inner = terminals[chunk["turnId"]]
+    assert inner["data"]["details"]["reason"] == "parent_cancelled"
+    assert inner["seq"] < terminals[caller_turn]["seq"]
+    assert_one_terminal_last(rec.stream(chunk["turnId"]))
+    assert not [e for e in rec.stream(chunk["turnId"])
+                if e["eventType"] in CHUNKS and e["seq"] > receipt["seq"]]

@@ -201,3 +201,16 @@ async def test_a_child_over_budget_stops_alone(tmp_path: Path, provider: Provide
         assert not [e for e in child if e["eventType"] in CHUNKS and e["seq"] > usage_seq]
         result = tool_results(rec.stream(body["turnId"]))[0]["content"]
         assert "ended in error CANCELLED (budget_exceeded)" in result
+
+
+async def test_a_session_cannot_message_itself(daemon: Running) -> None:
+    sid = (await daemon.chat(mock(say="first"))).json()["sessionId"]
+    body = (await daemon.chat(mock(calls=[
+        {"tools": [message_tool(sid, "hello me")]}, {"say": "went on"},
+    ]), sessionId=sid)).json()
+    assert body["content"] == "went on"
+    [call] = body["toolCalls"]
+    assert call["isError"]
+    messages = (await daemon.http.get(f"/sessions/{sid}/messages")).json()["messages"]
+    tool = [m for m in messages if m["role"] == "tool"][-1]
+    assert "cannot address the calling session itself" in tool["content"]

@@ -27,10 +27,11 @@ class TurnAgents:
 
     async def spawn(self, agent: str, message: str, *, wait: bool) -> dict[str, Any]:
         manager, caller = self._manager, self._turn.session
-        config = manager.config.agents.get(agent)
-        if config is None:
-            known = ", ".join(sorted(manager.config.agents)) or "none"
-            raise ToolError(f"no agent named {agent!r} (known: {known})")
+        try:
+            config = manager.agent(agent)
+        except ApiError as exc:
+            known = ", ".join(sorted(manager.config.agents))
+            raise ToolError(f"{exc.message} (known: {known})") from exc
         max_depth = manager.config.server.max_depth
         if caller.record.depth + 1 > max_depth:
             raise ToolError(
