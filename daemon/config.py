@@ -16,9 +16,10 @@ from typing import Any
 from daemon.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("config/daemon.toml")
-ENGINES = ("openai", "claude-cli")  # the names CONTRACT §2 reserves
-AVAILABLE_ENGINES = ("openai",)
-PROVIDER_TYPES = ("openai", "mock")
+ENGINES = ("openai", "claude-cli", "anthropic")  # the names CONTRACT §2 reserves
+PROVIDER_TYPES = ("openai", "anthropic", "mock")
+# Which provider types each engine can talk to (the mock speaks both APIs).
+ENGINE_PROVIDERS = {"openai": ("openai", "mock"), "anthropic": ("anthropic", "mock")}
 TOOL_NAMES = ("bash", "agent_spawn", "agent_message")
 
 
@@ -70,10 +71,20 @@ class AgentConfig:
     tools: tuple[str, ...] = ()
     max_iterations: int = 20
     budget_tokens: int = 0
-    command: str = "claude"
     # bash tool limits: default timeout and how much output a result keeps.
     bash_timeout_s: float = 120.0
     bash_max_output_bytes: int = 256 * 1024
+    # anthropic engine: the answer's token limit, and extended thinking (0 = off).
+    max_tokens: int = 8192
+    thinking_budget: int = 0
+    # claude-cli engine: the executable, extra arguments, extra environment, its HOME
+    # (default DATA_DIR/claude-home), and how long it may print nothing before the
+    # turn ends in PROVIDER_ERROR.
+    command: str = "claude"
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    home: Path | None = None
+    stall_timeout_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -185,9 +196,11 @@ def _provider(file: str, name: str, table: Any) -> ProviderConfig:
         raise r.fail("type", "is required")
     if kind not in PROVIDER_TYPES:
         raise r.fail("type", f"must be one of {', '.join(PROVIDER_TYPES)}, got {kind!r}")
-    base_url = r.get("base_url", str, "")
+    base_url = r.get("base_url", str, "https://api.anthropic.com" if kind == "anthropic" else "")
     if kind == "openai" and not base_url.startswith(("http://", "https://")):
         raise r.fail("base_url", "is required: an http(s) URL ending before /chat/completions")
+    if kind == "anthropic" and not base_url.startswith(("http://", "https://")):
+        raise r.fail("base_url", "must be an http(s) URL ending before /v1/messages")
     cfg = ProviderConfig(
         name=name, type=kind, base_url=base_url.rstrip("/"),
         api_key_env=r.get("api_key_env", str, None),
@@ -205,22 +218,31 @@ def _agent(
     engine = r.get("engine", str, "openai")
     if engine not in ENGINES:
         raise r.fail("engine", f"must be one of {', '.join(ENGINES)}, got {engine!r}")
-    if engine not in AVAILABLE_ENGINES:
-        # Refused here rather than failing every turn of the agent later.
-        raise r.fail("engine", f"the {engine} engine is not available in this version")
     provider = r.get("provider", str, None)
-    if engine == "openai":
+    if engine in ENGINE_PROVIDERS:
         if provider is None:
-            raise r.fail("provider", "is required for the openai engine")
+            raise r.fail("provider", f"is required for the {engine} engine")
         if provider not in providers:
             raise r.fail("provider", f"no [providers.{provider}] is configured")
+        kinds = ENGINE_PROVIDERS[engine]
+        if providers[provider].type not in kinds:
+            raise r.fail("provider", f"the {engine} engine needs a provider of type "
+                                     f"{' or '.join(kinds)}, [providers.{provider}] is "
+                                     f"{providers[provider].type}")
     tools = r.get("tools", list, [])
     for tool in tools:
         if tool not in TOOL_NAMES:
             raise r.fail("tools", f"unknown tool {tool!r} (known: {', '.join(TOOL_NAMES)})")
     model = r.get("model", str, "")
-    if engine == "openai" and not model:
+    if engine in ENGINE_PROVIDERS and not model:
         raise r.fail("model", "is required")
+    args = r.get("args", list, [])
+    if not all(isinstance(a, str) for a in args):
+        raise r.fail("args", "must be a list of strings")
+    env = r.get("env", dict, {})
+    if not all(isinstance(v, str) for v in env.values()):
+        raise r.fail("env", "values must be strings")
+    home = r.get("home", str, None)
     cfg = AgentConfig(
         name=name,
         engine=engine,
@@ -230,9 +252,15 @@ def _agent(
         tools=tuple(tools),
         max_iterations=r.positive_int("max_iterations", 20),
         budget_tokens=r.positive_int("budget_tokens", 0, minimum=0),
-        command=r.get("command", str, "claude"),
         bash_timeout_s=float(r.get("bash_timeout_s", (int, float), 120.0)),
         bash_max_output_bytes=r.positive_int("bash_max_output_bytes", 256 * 1024),
+        max_tokens=r.positive_int("max_tokens", 8192),
+        thinking_budget=r.positive_int("thinking_budget", 0, minimum=0),
+        command=r.get("command", str, "claude"),
+        args=tuple(args),
+        env=dict(env),
+        home=Path(home) if home else None,
+        stall_timeout_s=float(r.get("stall_timeout_s", (int, float), 300.0)),
     )
     r.check_unknown()
     return cfg

@@ -20,6 +20,7 @@ import trio
 from daemon.api.app import build_app
 from daemon.config import AgentConfig, Config
 from daemon.engines.base import Engine
+from daemon.engines.claude_cli import ClaudeCliEngine
 from daemon.engines.openai import OpenAIEngine
 from daemon.httpserver import Connections, HttpServer, bind_socket
 from daemon.llm.openai_client import OpenAIClient, default_timeout
@@ -65,7 +66,9 @@ def _engine_factory(
         clients[name] = OpenAIClient(http, provider_urls[name], provider.api_key)
 
     def engine_for(agent: AgentConfig) -> Engine:
-        # Config validation admits only available engines; openai needs a provider.
+        if agent.engine == "claude-cli":
+            return ClaudeCliEngine(agent, config.server.data_dir / "claude-home")
+        # Config validation gives the other engines a provider of a type they speak.
         assert agent.engine == "openai" and agent.provider is not None
         return OpenAIEngine(agent, clients[agent.provider])
 

@@ -20,7 +20,11 @@ def test_default_config_loads() -> None:
 @pytest.mark.parametrize(("text", "key"), [
     ("[server]\nport = \"x\"\n", "server.port"),
     ("[server]\nprot = 1\n", "server.prot"),
-    ("[agents.c]\nengine = \"claude-cli\"\n", "agents.c.engine"),
+    ("[agents.c]\nengine = \"claude-cli\"\nargs = \"--verbose\"\n", "agents.c.args"),
+    ("[agents.c]\nengine = \"claude-cli\"\nenv = {A = 1}\n", "agents.c.env"),
+    ("[agents.c]\nengine = \"gemini\"\n", "agents.c.engine"),
+    ("[providers.p]\ntype = \"openai\"\nbase_url = \"http://x/v1\"\n[agents.a]\n"
+     "engine = \"anthropic\"\nprovider = \"p\"\nmodel = \"m\"\n", "agents.a.provider"),
     ("[providers.p]\ntype = \"nope\"\n", "providers.p.type"),
     ("[agents.a]\nengine = \"openai\"\nprovider = \"missing\"\nmodel = \"m\"\n",
      "agents.a.provider"),

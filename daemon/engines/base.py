@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from daemon.config import AgentConfig
@@ -57,6 +58,22 @@ class ToolFinished:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """Output of a tool the engine ran itself (an agent CLI with its own tools)."""
+
+    call_id: str
+    name: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSessionNamed:
+    """The engine's own conversation id (a CLI's session), kept for the next turn."""
+
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class MessageAppended:
     message: MessageRecord
     iteration: int
@@ -66,11 +83,12 @@ class MessageAppended:
 class Finished:
     content: str
     iterations: int
+    cost: float = 0.0  # a cost the engine learned only at the end (added to the usage)
 
 
 EngineEvent = (
     ThinkingDelta | ContentDelta | ModelNamed | UsageReport | ToolStarted | ToolFinished
-    | MessageAppended | Finished
+    | ToolOutput | EngineSessionNamed | MessageAppended | Finished
 )
 
 
@@ -80,6 +98,8 @@ class EngineContext(Protocol):
     agent: AgentConfig
     history: Sequence[MessageRecord]  # the session so far, this turn's user message last
     tools: Sequence[Tool]
+    workspace: Path  # the session's working directory
+    engine_session_id: str | None  # what the engine named last turn (EngineSessionNamed)
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         """Run one tool call; returns its outcome and duration in ms."""

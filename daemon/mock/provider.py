@@ -3,7 +3,8 @@
 It streams like the real thing (role chunk, reasoning and content deltas one word each,
 tool calls whose arguments arrive in pieces, a finish chunk, a usage chunk, `[DONE]`)
 and can misbehave on request: an HTTP error status, a dropped connection mid-stream,
-a malformed chunk, or silence. What it says is decided by daemon.mock.script.
+a malformed chunk, or silence. What it says is decided by daemon.mock.script. The same
+scripts drive its Anthropic Messages API face (`POST /v1/messages`, daemon.mock.anthropic).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import h11
 import trio
 
+from daemon.mock import anthropic
 from daemon.mock.script import CallSpec, plan
 
 log = logging.getLogger(__name__)
@@ -163,13 +165,12 @@ class _Conn:
         await self.send(h11.EndOfMessage())
 
 
-async def _stream(conn: _Conn, spec: CallSpec, model: str, messages: list[dict[str, Any]],
-                  include_usage: bool) -> None:
+async def _stream(conn: _Conn, spec: CallSpec, events: Iterator[bytes]) -> None:
     await conn.send(h11.Response(status_code=200, headers=[
         ("content-type", "text/event-stream"), ("cache-control", "no-cache"),
     ]))
     pending: list[bytes] = []
-    for n, event in enumerate(_events(spec, model, messages, include_usage)):
+    for n, event in enumerate(events):
         if spec.drop_after is not None and n >= spec.drop_after:
             if pending:
                 await conn.send(h11.Data(data=b"".join(pending)))
@@ -202,8 +203,39 @@ class Served:
     status: int
 
 
+async def _answer_messages(conn: _Conn, target: str, raw: bytes,
+                           log: list[Served] | None) -> None:
+    """The Anthropic Messages API face (daemon.mock.anthropic)."""
+    try:
+        body = json.loads(raw)
+        messages = anthropic.as_chat(body)
+    except (ValueError, TypeError, AttributeError):
+        await conn.json_response(400, anthropic.error_body(400))
+        return
+    if target.endswith("/count_tokens"):
+        await conn.json_response(200, {"input_tokens": anthropic.usage(messages, 0)[
+            "input_tokens"]})
+        return
+    spec = plan(messages)
+    model = spec.model or str(body.get("model") or "mock-1")
+    if log is not None:
+        u = anthropic.usage(messages, anthropic.completion_tokens(spec))
+        log.append(Served(model, {"prompt_tokens": u["input_tokens"],
+                                  "completion_tokens": u["output_tokens"]}, spec.status or 200))
+    if spec.status:
+        await conn.json_response(spec.status, anthropic.error_body(spec.status))
+    elif body.get("stream"):
+        await _stream(conn, spec, anthropic.events(spec, model, messages))
+    else:
+        await conn.json_response(200, anthropic.whole(spec, model, messages))
+
+
 async def _answer(conn: _Conn, request: h11.Request, raw: bytes, log: list[Served] | None) -> None:
-    target = request.target.decode()
+    target = request.target.decode().split("?")[0].rstrip("/")
+    if request.method == b"POST" and (target.endswith("/messages")
+                                      or target.endswith("/messages/count_tokens")):
+        await _answer_messages(conn, target, raw, log)
+        return
     if request.method == b"GET" and target.rstrip("/").endswith("/models"):
         await conn.json_response(200, {"object": "list", "data": [
             {"id": "mock-1", "object": "model", "owned_by": "veild"}]})
@@ -228,7 +260,7 @@ async def _answer(conn: _Conn, request: h11.Request, raw: bytes, log: list[Serve
             "message": f"scripted failure {spec.status}", "type": "server_error"}})
         return
     if body.get("stream"):
-        await _stream(conn, spec, model, messages, include_usage)
+        await _stream(conn, spec, _events(spec, model, messages, include_usage))
     else:
         await conn.json_response(200, _whole(spec, model, messages))
 

@@ -139,6 +139,8 @@ class Turn:
     before_end: list[Turn] = field(default_factory=list)
     # What this turn delivered to other inboxes when it ended (with their ids).
     delivered: list[InboxRecord] = field(default_factory=list)
+    # Bytes of output so far per tool call an engine ran itself (tool.chunk offsets).
+    _tool_offsets: dict[str, int] = field(default_factory=dict)
 
     # -- the gate -------------------------------------------------------------------------
 
@@ -317,12 +319,28 @@ class Turn:
                 "isError": event.outcome.is_error, "content": event.outcome.content,
                 "durationMs": event.duration_ms,
             })
+        elif isinstance(event, eng.ToolOutput):
+            offset = self._tool_offsets.get(event.call_id, 0)
+            self._tool_offsets[event.call_id] = offset + len(event.text.encode())
+            self._emit_tool_chunk(event.call_id, event.name, event.text, "stdout", offset)
+        elif isinstance(event, eng.EngineSessionNamed):
+            record = self.session.record
+            if record.engine_session_id != event.session_id:
+                await self.services.store.set_engine_session(record.id, event.session_id)
+                self.session.record = replace(
+                    self.session.record, engine_session_id=event.session_id)
         elif isinstance(event, eng.MessageAppended):
             self.iterations = max(self.iterations, event.iteration)
             await self._append(event.message, event.iteration)
         elif isinstance(event, eng.Finished):
             self.content = event.content
             self.iterations = max(self.iterations, event.iterations)
+            if event.cost:
+                self.usage = self.usage + TokenUsage(cost=event.cost)
+
+    @property
+    def workspace(self) -> Path:
+        return self.services.workspaces / self.session.record.id
 
     @property
     def tools(self) -> dict[str, Tool]:
@@ -342,7 +360,7 @@ class Turn:
             ctx = ToolContext(
                 session_id=self.session.record.id,
                 tool_call_id=call_id,
-                workspace=self.services.workspaces / self.session.record.id,
+                workspace=self.workspace,
                 emit_chunk=self._emit_tool_chunk,
                 default_timeout_s=self.agent.bash_timeout_s,
                 max_output_bytes=self.agent.bash_max_output_bytes,
@@ -444,6 +462,8 @@ class _EngineContext:
         self.agent = turn.agent
         self.history: Sequence[MessageRecord] = history
         self.tools: Sequence[Tool] = list(turn.tools.values())
+        self.workspace = turn.workspace
+        self.engine_session_id = turn.session.record.engine_session_id
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         return await self._turn.run_tool(call_id, name, args)

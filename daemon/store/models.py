@@ -39,6 +39,7 @@ class SessionRecord:
     updated_at: int
     model: str | None = None
     token_usage: TokenUsage = field(default_factory=TokenUsage)
+    engine_session_id: str | None = None  # an engine's own conversation id (claude-cli)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,8 @@ T = TypeVar("T")
 
 _SESSION_COLUMNS = (
     "id, agent_name, parent_session_id, root_session_id, depth, spawn_tool_call_id, "
-    "status, created_at, updated_at, model, input_tokens, output_tokens, cache_tokens, cost"
+    "status, created_at, updated_at, model, input_tokens, output_tokens, cache_tokens, cost, "
+    "engine_session_id"
 )
 
 
@@ -81,7 +82,7 @@ def _session(row: tuple[Any, ...]) -> SessionRecord:
         id=row[0], agent_name=row[1], parent_session_id=row[2], root_session_id=row[3],
         depth=row[4], spawn_tool_call_id=row[5], status=row[6], created_at=row[7],
         updated_at=row[8], model=row[9],
-        token_usage=TokenUsage(row[10], row[11], row[12], row[13]),
+        token_usage=TokenUsage(row[10], row[11], row[12], row[13]), engine_session_id=row[14],
     )
 
 
@@ -172,6 +173,12 @@ class Store:
             "UPDATE sessions SET status=?, updated_at=?, model=?, input_tokens=?, "
             "output_tokens=?, cache_tokens=?, cost=? WHERE id=?",
             (s.status, s.updated_at, s.model, u.input, u.output, u.cache, u.cost, s.id),
+        )
+
+    async def set_engine_session(self, session_id: str, engine_session_id: str) -> None:
+        await self._call(
+            self._conn.execute, "UPDATE sessions SET engine_session_id=? WHERE id=?",
+            (engine_session_id, session_id),
         )
 
     async def get_session(self, session_id: str) -> SessionRecord | None:

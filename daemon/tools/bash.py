@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import codecs
 import math
-import os
-import signal
 import subprocess
 from typing import Any
 
 import trio
 
+from daemon.procgroup import stop_group
 from daemon.tools.base import ToolContext, ToolError, ToolOutcome
 
 READ_SIZE = 16 * 1024
@@ -49,13 +48,6 @@ class _Capture:
         if self.dropped:
             out += f"\n[output truncated: {self.dropped} more bytes not kept]"
         return out
-
-
-def _kill_group(process: trio.Process) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class BashTool:
@@ -108,13 +100,7 @@ class BashTool:
             timed_out = deadline.cancelled_caught
         finally:
             # Cancel, timeout or a normal end: nothing the command started outlives it.
-            _kill_group(process)
-            with trio.move_on_after(KILL_GRACE_S, shield=True):
-                await process.wait()
-            for pipe in (process.stdout, process.stderr):
-                if pipe is not None:
-                    with trio.move_on_after(KILL_GRACE_S, shield=True):
-                        await pipe.aclose()
+            await stop_group(process, KILL_GRACE_S)
         output = capture.text()
         if timed_out:
             return ToolOutcome(f"{output}\n[timed out after {timeout:g}s; process group killed]",

@@ -1,0 +1,322 @@
+"""The claude-cli engine: a Claude Code subprocess speaking stream-json.
+
+    COMMAND -p --output-format stream-json --verbose --include-partial-messages
+            [--model M] [--max-turns N] [--resume SESSION] ARGS...   (message on stdin)
+
+runs in the session's workspace, in its own process group, with its own HOME. Its
+stdout is one JSON object per line; `StreamJson` maps them to engine events:
+
+    system/init                      -> EngineSessionNamed (resumed by the next turn)
+    stream_event text/thinking delta -> ContentDelta / ThinkingDelta, as they arrive
+    assistant (one line per block)   -> collected into the call's message; its model
+    stream_event message_start/delta -> the call's usage (input, cache; output)
+    stream_event message_stop        -> UsageReport, MessageAppended, ToolStarted...
+    user tool_result                 -> ToolOutput, ToolFinished, MessageAppended(tool)
+    result                           -> the end: cost, content; an error result raises
+
+The CLI runs its own tools (veild's `tools` do not apply to it) and does not stream their
+output, so a tool's output is one `tool.chunk` when its result arrives. Lines of its own
+sub-agents (`parent_tool_use_id` set) are not part of this turn's stream. A non-zero
+exit, an error result, a malformed line, or silence longer than `stall_timeout_s` raise
+ProviderError; cancel (the turn closes this generator) kills the process group at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections import deque
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from daemon.clock import now_ms
+from daemon.config import AgentConfig
+from daemon.engines.base import (
+    ContentDelta,
+    EngineContext,
+    EngineEvent,
+    EngineSessionNamed,
+    Finished,
+    MessageAppended,
+    ModelNamed,
+    ThinkingDelta,
+    ToolFinished,
+    ToolOutput,
+    ToolStarted,
+    UsageReport,
+)
+from daemon.errors import MaxIterationsError, ProviderError
+from daemon.procgroup import stop_group
+from daemon.store.models import MessageRecord, TokenUsage
+from daemon.tools.base import ToolOutcome
+
+MAX_LINE = 16 * 1024 * 1024  # the init line lists every tool and command: tens of KB
+READ_SIZE = 64 * 1024
+STDERR_TAIL = 4096
+KILL_GRACE_S = 2.0
+
+
+def _text(content: Any) -> str:
+    """A tool_result's content: a string or a list of text blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(b.get("text", "")) for b in content
+                         if isinstance(b, dict) and b.get("type") == "text")
+    return ""
+
+
+@dataclass
+class _Call:
+    """One LLM call of the CLI, assembled from its stream events and assistant lines."""
+
+    input: int = 0
+    cache: int = 0
+    output: int = 0
+    text: list[str] = field(default_factory=list)
+    tool_uses: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class StreamJson:
+    """Maps stream-json objects to engine events (pure: no I/O, time passed in)."""
+
+    iterations: int = 0
+    model: str | None = None
+    call: _Call | None = None
+    # tool_use id -> (name, input, started at)
+    running: dict[str, tuple[str, Any, float]] = field(default_factory=dict)
+    result: dict[str, Any] | None = None
+    now: float = 0.0
+
+    def feed(self, line: dict[str, Any], now: float) -> list[EngineEvent]:
+        """The events one line means; `now` times the CLI's tool calls."""
+        self.now = now
+        kind = line.get("type")
+        if line.get("parent_tool_use_id"):
+            return []  # the CLI's own sub-agents: not this turn's stream
+        if kind == "system" and line.get("subtype") == "init":
+            sid = line.get("session_id")
+            return [EngineSessionNamed(sid)] if isinstance(sid, str) and sid else []
+        if kind == "stream_event":
+            return self._stream_event(line.get("event") or {})
+        if kind == "assistant":
+            return self._assistant(line.get("message") or {})
+        if kind == "user":
+            return self._flush() + self._tool_results(line.get("message") or {})
+        if kind == "result":
+            events = self._flush()
+            self.result = line
+            return events
+        return []  # system status, thinking_tokens, api_retry, rate limits, ...
+
+    def _stream_event(self, event: dict[str, Any]) -> list[EngineEvent]:
+        kind = event.get("type")
+        if kind == "message_start":
+            events = self._flush()
+            self.iterations += 1
+            usage = (event.get("message") or {}).get("usage") or {}
+            self.call = _Call(
+                input=int(usage.get("input_tokens") or 0),
+                cache=int(usage.get("cache_read_input_tokens") or 0)
+                + int(usage.get("cache_creation_input_tokens") or 0),
+            )
+            return events
+        if kind == "content_block_delta":
+            delta = event.get("delta") or {}
+            if delta.get("type") == "text_delta" and delta.get("text"):
+                return [ContentDelta(str(delta["text"]))]
+            if delta.get("type") == "thinking_delta" and delta.get("thinking"):
+                return [ThinkingDelta(str(delta["thinking"]))]
+            return []  # signature_delta, input_json_delta: the assistant line has them whole
+        if kind == "message_delta" and self.call is not None:
+            usage = event.get("usage") or {}
+            self.call.output = int(usage.get("output_tokens") or self.call.output)
+            return []
+        if kind == "message_stop":
+            return self._flush()
+        return []
+
+    def _assistant(self, message: dict[str, Any]) -> list[EngineEvent]:
+        events: list[EngineEvent] = []
+        model = message.get("model")
+        if isinstance(model, str) and model and model != self.model:
+            self.model = model
+            events.append(ModelNamed(model))
+        if self.call is None:  # no stream events (not partial): the line is the call
+            self.iterations += 1
+            usage = message.get("usage") or {}
+            self.call = _Call(input=int(usage.get("input_tokens") or 0),
+                              output=int(usage.get("output_tokens") or 0))
+        for block in message.get("content") or ():
+            if block.get("type") == "text":
+                self.call.text.append(str(block.get("text", "")))
+            elif block.get("type") == "tool_use":
+                self.call.tool_uses.append(block)
+        return events
+
+    def _flush(self) -> list[EngineEvent]:
+        """The call is complete: its usage, its message, then its tool calls."""
+        call, self.call = self.call, None
+        if call is None:
+            return []
+        calls: list[dict[str, Any]] = [
+            {"id": str(b.get("id")), "name": str(b.get("name")), "arguments": b.get("input") or {}}
+            for b in call.tool_uses
+        ]
+        message = MessageRecord("assistant", "".join(call.text), calls or None, None, now_ms())
+        events: list[EngineEvent] = [
+            UsageReport(TokenUsage(call.input, call.output, call.cache), self.iterations),
+            MessageAppended(message, self.iterations),
+        ]
+        for c in calls:
+            self.running[c["id"]] = (c["name"], c["arguments"], self.now)
+            events.append(ToolStarted(c["id"], c["name"], c["arguments"]))
+        return events
+
+    def _tool_results(self, message: dict[str, Any]) -> list[EngineEvent]:
+        now = self.now
+        events: list[EngineEvent] = []
+        content = message.get("content")
+        for block in content if isinstance(content, list) else ():
+            if not isinstance(block, dict) or block.get("type") != "tool_result":
+                continue
+            call_id = str(block.get("tool_use_id"))
+            name, arguments, started = self.running.pop(call_id, ("unknown", {}, now))
+            text = _text(block.get("content"))
+            if text:
+                events.append(ToolOutput(call_id, name, text))
+            outcome = ToolOutcome(text, is_error=bool(block.get("is_error")))
+            events.append(ToolFinished(call_id, name, arguments, outcome,
+                                       int((now - started) * 1000)))
+            events.append(MessageAppended(
+                MessageRecord("tool", text, None, call_id, now_ms()), self.iterations))
+        return events
+
+    def finish(self, max_turns: int) -> Finished:
+        """The run's end, from its result line (ProviderError if it failed)."""
+        result = self.result
+        if result is None:
+            raise ProviderError("claude-cli ended without a result line")
+        if result.get("subtype") == "error_max_turns":
+            raise MaxIterationsError(max_turns)
+        if result.get("is_error") or result.get("subtype") != "success":
+            status = result.get("api_error_status")
+            text = result.get("result") or result.get("subtype") or "error result"
+            raise ProviderError(f"claude-cli: {text}",
+                                status=status if isinstance(status, int) else None)
+        cost = result.get("total_cost_usd")
+        return Finished(str(result.get("result") or ""), self.iterations,
+                        float(cost) if isinstance(cost, int | float) else 0.0)
+
+
+class _Lines:
+    """Newline-delimited lines from a byte stream, each at most MAX_LINE bytes."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = bytearray()
+        self._eof = False
+
+    async def next(self) -> bytes | None:
+        while True:
+            end = self._buffer.find(b"\n")
+            if end >= 0:
+                line = bytes(self._buffer[:end])
+                del self._buffer[:end + 1]
+                return line
+            if self._eof:
+                if self._buffer:
+                    line, self._buffer = bytes(self._buffer), bytearray()
+                    return line
+                return None
+            if len(self._buffer) > MAX_LINE:
+                raise ProviderError(f"claude-cli printed a line over {MAX_LINE} bytes")
+            data = await self._stream.receive_some(READ_SIZE)
+            if not data:
+                self._eof = True
+            self._buffer += data
+
+
+class ClaudeCliEngine:
+    def __init__(self, agent: AgentConfig, default_home: Path) -> None:
+        self.agent = agent
+        self.home = agent.home or default_home
+
+    def argv(self, resume: str | None) -> list[str]:
+        agent = self.agent
+        argv = [agent.command, "-p", "--output-format", "stream-json", "--verbose",
+                "--include-partial-messages", "--max-turns", str(agent.max_iterations)]
+        if agent.model:
+            argv += ["--model", agent.model]
+        if resume:
+            argv += ["--resume", resume]
+        return argv + list(agent.args)
+
+    async def run(self, ctx: EngineContext) -> AsyncGenerator[EngineEvent, None]:
+        message = ctx.history[-1].content if ctx.history else ""
+        ctx.workspace.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True)
+        stderr_path = ctx.workspace / ".claude-cli.stderr"
+        env = {**os.environ, "HOME": str(self.home), **self.agent.env}
+        try:
+            with stderr_path.open("wb") as stderr:
+                process = await trio.lowlevel.open_process(
+                    self.argv(ctx.engine_session_id), cwd=ctx.workspace, env=env,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                    start_new_session=True,  # own process group: cancel kills it all
+                )
+        except OSError as exc:
+            raise ProviderError(f"cannot run {self.agent.command!r}: {exc}") from exc
+        try:
+            assert process.stdin is not None and process.stdout is not None
+            try:
+                await process.stdin.send_all(message.encode())
+                await process.stdin.aclose()
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise ProviderError("claude-cli closed its input") from exc
+            mapper = StreamJson()
+            lines = _Lines(process.stdout)
+            while True:
+                with trio.move_on_after(self.agent.stall_timeout_s) as waiting:
+                    raw = await lines.next()
+                if waiting.cancelled_caught:
+                    raise ProviderError(
+                        f"claude-cli printed nothing for {self.agent.stall_timeout_s:g}s")
+                if raw is None:
+                    break
+                if not raw.strip():
+                    continue
+                for event in mapper.feed(_parse(raw), trio.current_time()):
+                    yield event
+            code = await process.wait()
+            if code != 0:
+                raise ProviderError(
+                    f"claude-cli exited with code {code}: {_tail(stderr_path)}".rstrip(": "))
+            yield mapper.finish(self.agent.max_iterations)
+        finally:
+            await stop_group(process, KILL_GRACE_S)
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        line = json.loads(raw)
+    except ValueError as exc:
+        raise ProviderError(f"claude-cli printed a malformed line: {raw[:200]!r}") from exc
+    if not isinstance(line, dict):
+        raise ProviderError(f"claude-cli printed a line that is not an object: {raw[:200]!r}")
+    return line
+
+
+def _tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()[-STDERR_TAIL:]
+    except OSError:
+        return ""
+    lines = deque(data.decode("utf-8", "replace").strip().splitlines(), maxlen=5)
+    return " | ".join(lines)

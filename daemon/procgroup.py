@@ -1,0 +1,32 @@
+"""Child processes that run in their own process group, and how they are stopped.
+
+Started with `start_new_session=True`, a child and everything it starts share one
+process group, so one killpg reaches them all: a cancelled bash command or agent CLI
+leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import trio
+
+
+def kill_group(process: trio.Process) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def stop_group(process: trio.Process, grace_s: float) -> None:
+    """Kill the group, reap the child and close its pipes; shielded and bounded, so it
+    is safe in a `finally` under cancellation."""
+    kill_group(process)
+    with trio.move_on_after(grace_s, shield=True):
+        await process.wait()
+    for pipe in (process.stdin, process.stdout, process.stderr):
+        if pipe is not None:
+            with trio.move_on_after(grace_s, shield=True):
+                await pipe.aclose()
