@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""A fake `claude` executable: replays stream-json in the format of Claude Code 2.1.x.
+
+It reads the message from stdin; a line `#fake {...}` in it says what to do:
+
+    calls     [{"think": str, "say": str, "tools": [{"name", "input", "result",
+                "is_error"}]}]  one LLM call each (default: one call saying "ok")
+    model     the model its assistant messages name (default "claude-fake")
+    retries   this many `system` api_retry lines before the first call
+    delay_ms  pause after each line (so a test can cancel mid-stream)
+    fail      "error_result" | "exit" | "malformed" | "silent" | "max_turns"
+    cost      total_cost_usd of the result line (default 0.0125)
+
+Every run appends {argv, home, cwd, pid} to `fake-claude-runs.jsonl` in its working
+directory, so tests can check what veild ran (--resume, HOME, the process group).
+Lines are the real CLI's: system init/status/thinking_tokens, stream_event (message_start,
+content blocks with thinking/signature/text/input_json deltas, message_delta,
+message_stop), one `assistant` line per content block, `user` tool_result lines, and
+the `result` line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from typing import Any
+
+
+def main() -> int:
+    message = sys.stdin.read()
+    spec: dict[str, Any] = {}
+    for line in message.splitlines():
+        if line.startswith("#fake "):
+            spec = json.loads(line[len("#fake "):])
+    argv = sys.argv[1:]
+    with open("fake-claude-runs.jsonl", "a") as runs:
+        runs.write(json.dumps({"argv": argv, "home": os.environ.get("HOME"),
+                               "cwd": os.getcwd(), "pid": os.getpid()}) + "\n")
+    session = argv[argv.index("--resume") + 1] if "--resume" in argv else str(uuid.uuid4())
+    model = spec.get("model", "claude-fake")
+    delay = float(spec.get("delay_ms", 0)) / 1000
+    base = {"session_id": session}
+
+    def out(obj: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps({**obj, **base, "uuid": str(uuid.uuid4())}) + "\n")
+        sys.stdout.flush()
+        if delay:
+            time.sleep(delay)
+
+    def event(ev: dict[str, Any], mid: str) -> None:
+        out({"type": "stream_event", "event": ev, "parent_tool_use_id": None,
+             "api_message_id": mid})
+
+    def assistant(mid: str, block: dict[str, Any], usage: dict[str, int]) -> None:
+        out({"type": "assistant", "parent_tool_use_id": None, "message": {
+            "id": mid, "type": "message", "role": "assistant", "model": model,
+            "content": [block], "stop_reason": None, "stop_sequence": None, "usage": usage}})
+
+    out({"type": "system", "subtype": "init", "cwd": os.getcwd(), "model": model,
+         "tools": ["Bash", "Read"], "permissionMode": "default",
+         "claude_code_version": "2.1.332"})
+    fail = spec.get("fail")
+    if fail == "malformed":
+        sys.stdout.write("this is not json\n")
+        sys.stdout.flush()
+        return 0
+    if fail == "silent":
+        time.sleep(3600)
+        return 0
+    if fail == "exit":
+        sys.stderr.write("fatal: the fake was told to crash\n")
+        return 3
+    for attempt in range(int(spec.get("retries", 0))):
+        out({"type": "system", "subtype": "api_retry", "attempt": attempt + 1,
+             "max_retries": 10, "retry_delay_ms": 1, "error_status": 529,
+             "error": "overloaded"})
+
+    calls = spec.get("calls") or [{"say": "ok"}]
+    total_in = total_out = 0
+    text = ""
+    for n, call in enumerate(calls):
+        out({"type": "system", "subtype": "status", "status": "requesting"})
+        mid = f"msg_{uuid.uuid4().hex[:16]}"
+        usage = {"input_tokens": 100 + n, "output_tokens": 1,
+                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": 7}
+        event({"type": "message_start", "message": {
+            "id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": None, "stop_sequence": None, "usage": usage}}, mid)
+        index, output = 0, 0
+        if call.get("think"):
+            event({"type": "content_block_start", "index": index,
+                   "content_block": {"type": "thinking", "thinking": "", "signature": ""}}, mid)
+            for word in call["think"].split(" "):
+                out({"type": "system", "subtype": "thinking_tokens", "estimated_tokens": 2})
+                event({"type": "content_block_delta", "index": index,
+                       "delta": {"type": "thinking_delta", "thinking": word + " "}}, mid)
+                output += 1
+            event({"type": "content_block_delta", "index": index,
+                   "delta": {"type": "signature_delta", "signature": "c2lnbmF0dXJl"}}, mid)
+            assistant(mid, {"type": "thinking", "thinking": call["think"],
+                            "signature": "c2lnbmF0dXJl"}, usage)
+            event({"type": "content_block_stop", "index": index}, mid)
+            index += 1
+        if call.get("say"):
+            event({"type": "content_block_start", "index": index,
+                   "content_block": {"type": "text", "text": ""}}, mid)
+            words = call["say"].split(" ")
+            for i, word in enumerate(words):
+                event({"type": "content_block_delta", "index": index, "delta": {
+                    "type": "text_delta", "text": word if i == len(words) - 1 else word + " "}},
+                    mid)
+                output += 1
+            assistant(mid, {"type": "text", "text": call["say"]}, usage)
+            event({"type": "content_block_stop", "index": index}, mid)
+            index += 1
+            text = call["say"]
+        tool_ids = []
+        for tool in call.get("tools", []):
+            tid = f"toolu_{uuid.uuid4().hex[:16]}"
+            tool_ids.append((tid, tool))
+            event({"type": "content_block_start", "index": index, "content_block": {
+                "type": "tool_use", "id": tid, "name": tool["name"], "input": {}}}, mid)
+            raw = json.dumps(tool.get("input", {}))
+            for piece in (raw[:len(raw) // 2], raw[len(raw) // 2:]):
+                event({"type": "content_block_delta", "index": index,
+                       "delta": {"type": "input_json_delta", "partial_json": piece}}, mid)
+                output += 1
+            assistant(mid, {"type": "tool_use", "id": tid, "name": tool["name"],
+                            "input": tool.get("input", {})}, usage)
+            event({"type": "content_block_stop", "index": index}, mid)
+            index += 1
+        event({"type": "message_delta", "delta": {
+            "stop_reason": "tool_use" if tool_ids else "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": output}}, mid)
+        event({"type": "message_stop"}, mid)
+        total_in += usage["input_tokens"]
+        total_out += output
+        for tid, tool in tool_ids:
+            out({"type": "user", "parent_tool_use_id": None, "message": {
+                "role": "user", "content": [{
+                    "tool_use_id": tid, "type": "tool_result",
+                    "content": tool.get("result", ""), "is_error": bool(tool.get("is_error"))}]},
+                "timestamp": "2026-12-01T00:00:00.000Z"})
+    result: dict[str, Any] = {
+        "type": "result", "subtype": "success", "is_error": False, "result": text,
+        "num_turns": len(calls), "total_cost_usd": spec.get("cost", 0.0125),
+        "duration_ms": 10, "duration_api_ms": 5, "stop_reason": "end_turn",
+        "usage": {"input_tokens": total_in, "output_tokens": total_out,
+                  "cache_read_input_tokens": 7 * len(calls)},
+        "modelUsage": {}, "permission_denials": [], "terminal_reason": "completed"}
+    if fail == "error_result":
+        result.update(subtype="success", is_error=True, api_error_status=401,
+                      result="Invalid API key · Please run /login")
+    if fail == "max_turns":
+        result.update(subtype="error_max_turns", is_error=True, result="")
+    out(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""The claude-cli engine against a fake `claude` (tests/fake_claude.py) that replays the
+real CLI's stream-json: every mapping (thinking, text, signature and api_retry lines,
+tool round-trips, usage, model, cost, resume) and every failure (error result, non-zero
+exit, malformed line, silence, max turns) end as CONTRACT §5 says; a cancel kills the
+CLI's process group with no chunk after the answer; its stream has the same shape as an
+openai turn's (§5.1) and its stats agree (§5.5)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from tests.harness import (
+    CHUNKS,
+    Provider,
+    Running,
+    assert_one_terminal_last,
+    db_rows,
+    mock,
+    open_daemon,
+    open_recorder,
+    process_group_alive,
+    spawn,
+)
+from tests.test_parity import EXPECTED, shape
+
+FAKE = Path(__file__).with_name("fake_claude.py")
+
+
+def claude_agent(name: str = "claude", **keys: str) -> str:
+    lines = [f"[agents.{name}]", 'engine = "claude-cli"', f'command = "{FAKE}"',
+             'model = "claude-fake"', "max_iterations = 5"]
+    lines += [f"{k} = {v}" for k, v in keys.items()]
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def fake(**spec: Any) -> str:
+    return "do it\n#fake " + json.dumps(spec)
+
+
+TOOL_CALLS = fake(calls=[
+    {"think": "a b c d", "say": "w1 w2 w3 w4 w5",
+     "tools": [{"name": "Bash", "input": {"command": "echo out"}, "result": "out\n"}]},
+    {"say": "x y z"},
+], retries=2, model="claude-fake-9")
+
+
+@pytest.fixture
+async def claude(tmp_path: Path, provider: Provider) -> AsyncIterator[Running]:
+    extra = claude_agent() + claude_agent("stalls", stall_timeout_s="0.5")
+    async with open_daemon(tmp_path, provider, extra=extra) as daemon:
+        yield daemon
+
+
+def runs(tmp: Path, session_id: str) -> list[dict[str, Any]]:
+    path = tmp / "data" / "workspaces" / session_id / "fake-claude-runs.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_stream_maps_to_the_same_events_as_openai(claude: Running) -> None:
+    async with open_recorder(claude.ws_url) as rec:
+        body = (await claude.chat(TOOL_CALLS, agent="claude")).json()
+        await rec.terminal(body["turnId"])
+    stream = rec.stream(body["turnId"])
+    assert shape(stream) == EXPECTED
+    done = assert_one_terminal_last(stream)["data"]
+    # §5.5: the model of its assistant messages; usage summed over its calls; its cost.
+    assert done["model"] == body["model"] == "claude-fake-9"
+    assert done["tokenUsage"] == body["tokenUsage"] == {
+        "input": 201, "output": 4 + 5 + 2 + 3, "cache": 14, "cost": 0.0125}
+    usages = [e["data"] for e in stream if e["eventType"] == "usage"]
+    assert [u["iteration"] for u in usages] == [1, 2]
+    assert done["iterations"] == body["iterations"] == 2
+    assert body["content"] == "x y z"
+    thinking = "".join(e["data"]["content"] for e in stream if e["eventType"] == "thinking.chunk")
+    assert thinking.split() == ["a", "b", "c", "d"]
+    tool = next(e["data"] for e in stream if e["eventType"] == "inference.tool")
+    assert (tool["name"], tool["arguments"]) == ("Bash", {"command": "echo out"})
+    chunk = next(e["data"] for e in stream if e["eventType"] == "tool.chunk")
+    assert (chunk["toolCallId"], chunk["content"], chunk["offset"]) == (
+        tool["toolCallId"], "out\n", 0)
+    result = next(e["data"] for e in stream if e["eventType"] == "tool.result")
+    assert (result["isError"], result["content"]) == (False, "out\n")
+    assert body["toolCalls"] == [{"id": tool["toolCallId"], "name": "Bash",
+                                  "arguments": {"command": "echo out"}, "isError": False,
+                                  "durationMs": body["toolCalls"][0]["durationMs"]}]
+    stored = (await claude.http.get(f"/sessions/{body['sessionId']}/messages")).json()
+    assert [m["role"] for m in stored["messages"]] == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_next_turn_resumes_the_cli_session_with_its_own_home(
+    claude: Running, tmp_path: Path
+) -> None:
+    first = (await claude.chat(fake(), agent="claude")).json()
+    sid = first["sessionId"]
+    second = (await claude.chat(fake(), agent="claude", sessionId=sid)).json()
+    assert second["content"] == "ok"
+    one, two = runs(tmp_path, sid)
+    assert "--resume" not in one["argv"]
+    resumed = two["argv"][two["argv"].index("--resume") + 1]
+    [row] = db_rows(tmp_path, f"SELECT engine_session_id FROM sessions WHERE id = '{sid}'")
+    assert resumed and resumed == row["engine_session_id"]
+    assert one["home"] == two["home"] == str(tmp_path / "data" / "claude-home")
+    assert one["cwd"] == str(tmp_path / "data" / "workspaces" / sid)
+    for flag in ("-p", "--output-format", "stream-json", "--verbose",
+                 "--include-partial-messages"):
+        assert flag in one["argv"]
+    assert one["argv"][one["argv"].index("--model") + 1] == "claude-fake"
+
+
+@pytest.mark.parametrize(("spec", "agent", "code", "words"), [
+    ({"fail": "error_result"}, "claude", "PROVIDER_ERROR", "Invalid API key"),
+    ({"fail": "exit"}, "claude", "PROVIDER_ERROR", "the fake was told to crash"),
+    ({"fail": "malformed"}, "claude", "PROVIDER_ERROR", "malformed line"),
+    ({"fail": "silent"}, "stalls", "PROVIDER_ERROR", "printed nothing for 0.5s"),
+    ({"fail": "max_turns"}, "claude", "MAX_ITERATIONS", "5"),
+])
+async def test_failures_end_in_error(
+    claude: Running, spec: dict[str, Any], agent: str, code: str, words: str
+) -> None:
+    async with open_recorder(claude.ws_url) as rec:
+        r = await claude.chat(fake(**spec), agent=agent)
+        assert r.status_code in (500, 502)
+        error = r.json()["error"]
+        terminal = await rec.terminal(error["details"]["turnId"])
+    assert error["code"] == terminal["data"]["code"] == code
+    assert words in terminal["data"]["message"]
+    assert_one_terminal_last(rec.stream(terminal["turnId"]))
+
+
+async def test_cancel_kills_the_cli_with_no_chunk_after(claude: Running, tmp_path: Path) -> None:
+    slow = fake(calls=[{"say": " ".join(f"w{i}" for i in range(2000))}], delay_ms=2)
+    async with open_recorder(claude.ws_url) as rec, trio.open_nursery() as nursery:
+        nursery.start_soon(claude.chat, slow, "claude")
+        chunk = await rec.wait_for(lambda evs: next((
+            e for e in evs if e.get("eventType") == "inference.chunk"), None))
+        pid = runs(tmp_path, chunk["sessionId"])[0]["pid"]
+        assert process_group_alive(pid)
+        receipt = await claude.cancel(chunk["sessionId"])
+        terminal = await rec.terminal(chunk["turnId"])
+        assert not process_group_alive(pid)
+    assert terminal["data"]["details"]["reason"] == "user_cancel"
+    stream = rec.stream(chunk["turnId"])
+    assert_one_terminal_last(stream)
+    assert not [e for e in stream if e["eventType"] in CHUNKS and e["seq"] > receipt["seq"]]
+
+
+async def test_a_claude_child_of_an_openai_parent(claude: Running) -> None:
+    async with open_recorder(claude.ws_url) as rec:
+        body = (await claude.chat(mock(calls=[
+            {"tools": [spawn("claude", TOOL_CALLS)]}, {"say": "parent done"}]))).json()
+        await rec.terminal(body["turnId"])
+    child = next(e["turnId"] for e in rec.stream() if e["eventType"] == "turn.start"
+                 and e["depth"] == 1)
+    assert shape(rec.stream(child)) == EXPECTED
+    assert body["content"] == "parent done" and not body["toolCalls"][0]["isError"]
