@@ -23,7 +23,8 @@ from daemon.engines.base import Engine
 from daemon.engines.claude_cli import ClaudeCliEngine
 from daemon.engines.openai import OpenAIEngine
 from daemon.httpserver import Connections, HttpServer, bind_socket
-from daemon.llm.openai_client import OpenAIClient, default_timeout
+from daemon.llm.openai_client import OpenAIClient
+from daemon.llm.sse import default_timeout
 from daemon.mock.provider import serve_mock_provider
 from daemon.runtime.bus import Bus
 from daemon.runtime.core import Runtime

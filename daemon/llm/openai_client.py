@@ -17,11 +17,7 @@ from typing import Any
 import httpx
 
 from daemon.errors import ProviderError
-
-# How much of an error body we keep for the message.
-ERROR_BODY_MAX = 2048
-# A provider line longer than this is not a chunk we can trust.
-LINE_MAX = 4 * 1024 * 1024
+from daemon.llm.sse import data_lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +54,6 @@ class ModelDelta:
 Delta = ContentDelta | ReasoningDelta | ToolCallDelta | UsageDelta | ModelDelta
 
 
-def default_timeout() -> httpx.Timeout:
-    # Long reads: a reasoning model may think quietly for minutes. Deadlines for a
-    # whole turn belong to the caller.
-    return httpx.Timeout(30.0, read=600.0)
-
-
 class OpenAIClient:
     def __init__(self, http: httpx.AsyncClient, base_url: str, api_key: str | None) -> None:
         self._http = http
@@ -74,57 +64,32 @@ class OpenAIClient:
 
     async def stream_chat(self, body: dict[str, Any]) -> AsyncGenerator[Delta, None]:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        try:
-            async with self._http.stream(
-                "POST", self._url, json=body, headers=self._headers
-            ) as response:
-                if response.status_code >= 400:
-                    raw = b""
-                    async for part in response.aiter_bytes():
-                        raw += part
-                        if len(raw) >= ERROR_BODY_MAX:
-                            break
-                    text = raw[:ERROR_BODY_MAX].decode("utf-8", "replace")
-                    raise ProviderError(
-                        f"provider answered HTTP {response.status_code}: {text}",
-                        status=response.status_code,
-                    )
-                finished = done = False
-                model_seen: str | None = None
-                async with aclosing(response.aiter_lines()) as lines:  # type: ignore[type-var]
-                    async for line in lines:
-                        if len(line) > LINE_MAX:
-                            raise ProviderError("provider sent an oversized line")
-                        if not line or line.startswith(":"):
-                            continue
-                        if not line.startswith("data:"):
-                            continue  # other SSE fields (event:, id:) carry nothing for us
-                        payload = line[5:].strip()
-                        if payload == "[DONE]":
-                            # Read on to the end of the body rather than break: httpx's
-                            # generators are only cleaned up when exhausted.
-                            finished = done = True
-                            continue
-                        if done:
-                            continue
-                        chunk = _parse_chunk(payload)
-                        model = chunk.get("model")
-                        if isinstance(model, str) and model and model != model_seen:
-                            model_seen = model
-                            yield ModelDelta(model)
-                        for delta in _deltas(chunk):
-                            if delta is _FINISH:
-                                finished = True
-                            else:
-                                yield delta
-                if not finished:
-                    raise ProviderError("provider closed the stream before it finished")
-        except httpx.HTTPError as exc:
-            raise ProviderError(f"provider connection failed: {type(exc).__name__}: {exc}") from exc
+        finished = done = False
+        model_seen: str | None = None
+        async with aclosing(data_lines(self._http, self._url, body, self._headers)) as lines:
+            async for payload in lines:
+                if payload == "[DONE]":
+                    # Read on to the end of the body rather than break: httpx's
+                    # generators are only cleaned up when exhausted.
+                    finished = done = True
+                    continue
+                if done or not payload:
+                    continue
+                chunk = _parse_chunk(payload)
+                model = chunk.get("model")
+                if isinstance(model, str) and model and model != model_seen:
+                    model_seen = model
+                    yield ModelDelta(model)
+                for delta in _deltas(chunk):
+                    if delta is _FINISH:
+                        finished = True
+                    else:
+                        yield delta
+        if not finished:
+            raise ProviderError("provider closed the stream before it finished")
 
 
 _FINISH = object()
-
 
 
 def _parse_chunk(payload: str) -> dict[str, Any]:
