@@ -262,6 +262,8 @@ def _agent(
         home=Path(home) if home else None,
         stall_timeout_s=float(r.get("stall_timeout_s", (int, float), 300.0)),
     )
+    if cfg.thinking_budget and cfg.thinking_budget >= cfg.max_tokens:
+        raise r.fail("thinking_budget", f"must be below max_tokens ({cfg.max_tokens})")
     r.check_unknown()
     return cfg
 

@@ -19,10 +19,12 @@ import trio
 
 from daemon.api.app import build_app
 from daemon.config import AgentConfig, Config
+from daemon.engines.anthropic import AnthropicEngine
 from daemon.engines.base import Engine
 from daemon.engines.claude_cli import ClaudeCliEngine
 from daemon.engines.openai import OpenAIEngine
 from daemon.httpserver import Connections, HttpServer, bind_socket
+from daemon.llm.anthropic_client import AnthropicClient
 from daemon.llm.openai_client import OpenAIClient
 from daemon.llm.sse import default_timeout
 from daemon.mock.provider import serve_mock_provider
@@ -60,18 +62,29 @@ class Daemon:
 
 
 def _engine_factory(
-    config: Config, http: httpx.AsyncClient, provider_urls: dict[str, str]
+    config: Config, http: httpx.AsyncClient, mock_roots: dict[str, str]
 ) -> Callable[[AgentConfig], Engine]:
-    clients: dict[str, OpenAIClient] = {}
+    """Engines by agent. A mock provider (started in-process, root URL in `mock_roots`)
+    answers both the Chat Completions API (under /v1) and the Messages API."""
+    openai: dict[str, OpenAIClient] = {}
+    anthropic: dict[str, AnthropicClient] = {}
     for name, provider in config.providers.items():
-        clients[name] = OpenAIClient(http, provider_urls[name], provider.api_key)
+        key = provider.api_key
+        if provider.type in ("openai", "mock"):
+            url = f"{mock_roots[name]}/v1" if provider.type == "mock" else provider.base_url
+            openai[name] = OpenAIClient(http, url, key)
+        if provider.type in ("anthropic", "mock"):
+            url = mock_roots[name] if provider.type == "mock" else provider.base_url
+            anthropic[name] = AnthropicClient(http, url, key)
 
     def engine_for(agent: AgentConfig) -> Engine:
         if agent.engine == "claude-cli":
             return ClaudeCliEngine(agent, config.server.data_dir / "claude-home")
-        # Config validation gives the other engines a provider of a type they speak.
-        assert agent.engine == "openai" and agent.provider is not None
-        return OpenAIEngine(agent, clients[agent.provider])
+        # Config validation gives these engines a provider of a type they speak.
+        assert agent.provider is not None
+        if agent.engine == "anthropic":
+            return AnthropicEngine(agent, anthropic[agent.provider])
+        return OpenAIEngine(agent, openai[agent.provider])
 
     return engine_for
 
@@ -104,18 +117,16 @@ async def serve_daemon(
         ) as http:
             await nursery.start(bus.serve_reservations, store.set_seq_reserved,
                                 store.set_seq_reserved_now)
-            provider_urls: dict[str, str] = {}
+            mock_roots: dict[str, str] = {}
             for name, provider in config.providers.items():
                 if provider.type == "mock":
                     port = await nursery.start(serve_mock_provider, "127.0.0.1", 0)
-                    provider_urls[name] = f"http://127.0.0.1:{port}/v1"
-                else:
-                    provider_urls[name] = provider.base_url
+                    mock_roots[name] = f"http://127.0.0.1:{port}"
             tools: dict[str, Tool] = {
                 t.name: t for t in (BashTool(), AgentSpawnTool(), AgentMessageTool())
             }
             services = TurnServices(
-                bus=bus, store=store, engine_for=_engine_factory(config, http, provider_urls),
+                bus=bus, store=store, engine_for=_engine_factory(config, http, mock_roots),
                 tools=tools, workspaces=server.data_dir / "workspaces",
                 grace_s=server.shutdown_grace_s,
             )

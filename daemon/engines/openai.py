@@ -25,10 +25,9 @@ from daemon.engines.base import (
     MessageAppended,
     ModelNamed,
     ThinkingDelta,
-    ToolFinished,
-    ToolStarted,
     UsageReport,
 )
+from daemon.engines.toolround import run_tool_calls
 from daemon.errors import MaxIterationsError
 from daemon.llm import openai_client as llm
 from daemon.store.models import MessageRecord, TokenUsage
@@ -139,13 +138,8 @@ class OpenAIEngine:
             if not calls:
                 yield Finished(content, iteration)
                 return
-            for call in calls:
-                yield ToolStarted(call["id"], call["name"], call["arguments"])
-                outcome, duration_ms = await ctx.run_tool(
-                    call["id"], call["name"], call["arguments"]
-                )
-                yield ToolFinished(call["id"], call["name"], call["arguments"], outcome,
-                                   duration_ms)
-                tool_msg = MessageRecord("tool", outcome.content, None, call["id"], now_ms())
-                history.append(tool_msg)
-                yield MessageAppended(tool_msg, iteration)
+            async with aclosing(run_tool_calls(ctx, calls, iteration)) as round_:
+                async for event in round_:
+                    if isinstance(event, MessageAppended):
+                        history.append(event.message)
+                    yield event

@@ -201,6 +201,7 @@ class Served:
     model: str
     usage: dict[str, Any] | None
     status: int
+    thinking: dict[str, Any] | None = None  # what a Messages API request asked for
 
 
 async def _answer_messages(conn: _Conn, target: str, raw: bytes,
@@ -221,7 +222,8 @@ async def _answer_messages(conn: _Conn, target: str, raw: bytes,
     if log is not None:
         u = anthropic.usage(messages, anthropic.completion_tokens(spec))
         log.append(Served(model, {"prompt_tokens": u["input_tokens"],
-                                  "completion_tokens": u["output_tokens"]}, spec.status or 200))
+                                  "completion_tokens": u["output_tokens"]}, spec.status or 200,
+                          body.get("thinking")))
     if spec.status:
         await conn.json_response(spec.status, anthropic.error_body(spec.status))
     elif body.get("stream"):
