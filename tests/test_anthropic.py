@@ -141,3 +141,12 @@ async def test_the_built_in_mock_provider_speaks_both_apis(
         for agent, model in (("both_a", "m-a"), ("both_o", "m-o")):
             body = (await daemon.chat(mock(say="hello there"), agent=agent)).json()
             assert (body["content"], body["model"]) == ("hello there", model)
+
+
+async def test_budget_ends_the_turn_before_the_tool(tmp_path: Path, provider: Provider) -> None:
+    extra = AGENTS.replace("{root}", provider.url.removesuffix("/v1")).replace(
+        "max_iterations = 6", "max_iterations = 6\nbudget_tokens = 5", 1)
+    async with open_daemon(tmp_path, provider, extra=extra) as daemon:
+        body = (await daemon.chat(SCRIPT, agent="claudeapi")).json()
+    assert body["cancelled"] and body["cancelReason"] == "budget_exceeded"
+    assert body["toolCalls"] == [] and body["iterations"] == 1

@@ -159,3 +159,53 @@ async def test_a_claude_child_of_an_openai_parent(claude: Running) -> None:
                  and e["depth"] == 1)
     assert shape(rec.stream(child)) == EXPECTED
     assert body["content"] == "parent done" and not body["toolCalls"][0]["isError"]
+
+
+async def test_sse_mirrors_the_bus(claude: Running) -> None:
+    from tests.test_sse_mirror import read_sse
+
+    async with open_recorder(claude.ws_url) as rec:
+        async with claude.http.stream("POST", "/agents/claude/chat",
+                                      json={"message": TOOL_CALLS, "sse": True}) as r:
+            events = [json.loads(f["data"]) for f in await read_sse(r)]
+        await rec.terminal(events[0]["turnId"])
+    assert events == rec.stream(events[0]["turnId"])
+    assert [e["eventType"] for e in events].count("done") == 1
+
+
+async def test_budget_stops_the_cli(tmp_path: Path, provider: Provider) -> None:
+    async with open_daemon(tmp_path, provider,
+                           extra=claude_agent(budget_tokens="50")) as daemon:
+        async with open_recorder(daemon.ws_url) as rec:
+            body = (await daemon.chat(TOOL_CALLS, agent="claude")).json()
+            await rec.terminal(body["turnId"])
+        assert body["cancelled"] and body["cancelReason"] == "budget_exceeded"
+        stream = rec.stream(body["turnId"])
+        usage = next(e for e in stream if e["eventType"] == "usage")
+        # Over budget after the first call: no tool round, no second call.
+        assert not [e["eventType"] for e in stream if e["seq"] > usage["seq"]
+                    and e["eventType"] in CHUNKS | {"inference.tool", "tool.result"}]
+        pid = runs(tmp_path, body["sessionId"])[0]["pid"]
+        assert not process_group_alive(pid)
+
+
+async def test_tree_cancel_reaches_a_claude_child(claude: Running, tmp_path: Path) -> None:
+    slow = fake(calls=[{"say": " ".join(f"w{i}" for i in range(2000))}], delay_ms=2)
+    async with open_recorder(claude.ws_url) as rec, trio.open_nursery() as nursery:
+        nursery.start_soon(claude.chat, mock(tools=[spawn("claude", slow, wait=False),
+                                                    spawn("claude", slow)]))
+        await rec.wait_for(lambda evs: len({
+            e["sessionId"] for e in evs if e.get("eventType") == "inference.chunk"}) == 2)
+        parent_turn = next(e for e in rec.stream() if e["eventType"] == "turn.start"
+                           and e["depth"] == 0)
+        receipt = await claude.cancel(parent_turn["sessionId"])
+        await rec.terminal(parent_turn["turnId"])
+    assert len(receipt["cancelled"]) == 3
+    terminals = rec.terminals()
+    for stopped in receipt["cancelled"]:
+        stream = rec.stream(stopped["turnId"])
+        assert_one_terminal_last(stream)
+        assert not [e for e in stream if e["eventType"] in CHUNKS and e["seq"] > receipt["seq"]]
+        if stopped["turnId"] != parent_turn["turnId"]:
+            assert terminals[stopped["turnId"]]["seq"] < terminals[parent_turn["turnId"]]["seq"]
+            assert not process_group_alive(runs(tmp_path, stopped["sessionId"])[0]["pid"])
