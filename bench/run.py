@@ -12,6 +12,9 @@ process is the client. Printed figures:
   5. tree cancel: a parent with 10 background children and 1 waiting child, all
      streaming; from the tree cancel's answer to the last terminal of the tree on /ws
      (median and worst of 20)
+  6. claude-cli cancel: the real Claude Code CLI (as installed by the tests in .cache/,
+     talking to the mock provider's Messages API) streaming; from the cancel's answer to
+     the terminal on /ws (median and worst of 20). Skipped when it is not installed.
 """
 
 from __future__ import annotations
@@ -29,6 +32,20 @@ import trio
 from trio_websocket import open_websocket_url
 
 TOKENS = 20_000
+CLAUDE_VERSION = "2.1.332"  # the version tests/test_claude_cli_real.py installs
+CLAUDE = (Path(__file__).resolve().parent.parent / ".cache" / f"claude-code-{CLAUDE_VERSION}"
+          / "node_modules" / ".bin" / "claude")
+
+
+def _claude_agent(messages_api: str) -> str:
+    env = {"ANTHROPIC_BASE_URL": messages_api, "ANTHROPIC_API_KEY": "sk-ant-bench-dummy",
+           "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    if not CLAUDE.exists():
+        return ""
+    return ('[agents.claude]\nengine = "claude-cli"\n'
+            f'command = "{CLAUDE}"\n'
+            "env = {" + ", ".join(f'{k} = "{v}"' for k, v in env.items()) + "}\n")
 SCRIPT = "bench\n#mock " + json.dumps({"say": TOKENS})
 
 
@@ -67,7 +84,7 @@ async def ws_rate(url: str) -> tuple[float, int]:
                 count += 1
 
 
-async def cancel_latency(url: str, runs: int) -> list[float]:
+async def cancel_latency(url: str, runs: int, agent: str = "bench") -> list[float]:
     slow = "bench\n#mock " + json.dumps({"say": 100_000, "delay_ms": 1})
     out = []
     ws_url = url.replace("http://", "ws://") + "/ws?types=turn.start,inference.chunk,error"
@@ -76,7 +93,7 @@ async def cancel_latency(url: str, runs: int) -> list[float]:
         await ws.get_message()
         for _ in range(runs):
             async with trio.open_nursery() as n:
-                n.start_soon(partial(http.post, "/agents/bench/chat", json={"message": slow}))
+                n.start_soon(partial(http.post, f"/agents/{agent}/chat", json={"message": slow}))
                 session = None
                 while session is None:
                     e = json.loads(await ws.get_message())
@@ -167,6 +184,7 @@ async def main() -> None:
             f'[providers.mock]\ntype = "openai"\nbase_url = "{provider_url}"\n'
             '[agents.bench]\nprovider = "mock"\nmodel = "bench"\n'
             '[agents.boss]\nprovider = "mock"\nmodel = "boss"\ntools = ["agent_spawn"]\n'
+            + _claude_agent(provider_url.removesuffix("/v1"))
         )
         daemon = await trio.lowlevel.open_process(
             [sys.executable, "-m", "daemon", "serve", "--config", str(config)], stdout=-1,
@@ -178,6 +196,7 @@ async def main() -> None:
             latencies = await cancel_latency(url, 50)
             tree_rate, tree_count = await fifty_children(url)
             tree_latencies = await tree_cancel(url, 20)
+            cli_latencies = await cancel_latency(url, 20, "claude") if CLAUDE.exists() else []
         finally:
             daemon.terminate()
             provider.terminate()
@@ -194,6 +213,12 @@ async def main() -> None:
     print(f"tree cancel answer -> last terminal: median "
           f"{statistics.median(tree_latencies):.2f} ms, worst {max(tree_latencies):.2f} ms "
           f"(12 turns, n={len(tree_latencies)})")
+    if cli_latencies:
+        print(f"claude-cli {CLAUDE_VERSION} cancel -> terminal: median "
+              f"{statistics.median(cli_latencies):.2f} ms, worst {max(cli_latencies):.2f} ms "
+              f"(n={len(cli_latencies)})")
+    else:
+        print(f"claude-cli: not measured ({CLAUDE} is missing; `make test` installs it)")
 
 
 if __name__ == "__main__":
