@@ -11,6 +11,8 @@ It reads the message from stdin; a line `#fake {...}` in it says what to do:
     fail      "error_result" | "exit" | "malformed" | "silent" | "max_turns"
     cost      total_cost_usd of the result line (default 0.0125)
 
+It keeps a marker per conversation under $HOME/.fake-claude and, like the real CLI,
+fails (exit 1, "No conversation found") when told to --resume one it does not have.
 Every run appends {argv, home, cwd, pid} to `fake-claude-runs.jsonl` in its working
 directory, so tests can check what veild ran (--resume, HOME, the process group).
 Lines are the real CLI's: system init/status/thinking_tokens, stream_event (message_start,
@@ -40,6 +42,16 @@ def main() -> int:
         runs.write(json.dumps({"argv": argv, "home": os.environ.get("HOME"),
                                "cwd": os.getcwd(), "pid": os.getpid()}) + "\n")
     session = argv[argv.index("--resume") + 1] if "--resume" in argv else str(uuid.uuid4())
+    # Like the real CLI, it keeps its conversations under HOME and refuses to resume one
+    # it does not have.
+    known = os.path.join(os.environ.get("HOME", "."), ".fake-claude", session)
+    if "--resume" in argv and not os.path.exists(known):
+        sys.stdout.write(json.dumps({
+            "type": "result", "subtype": "error_during_execution", "is_error": True,
+            "num_turns": 0, "session_id": session, "total_cost_usd": 0}) + "\n")
+        sys.stderr.write(f"No conversation found with session ID: {session}\n")
+        return 1
+    os.makedirs(known, exist_ok=True)
     model = spec.get("model", "claude-fake")
     delay = float(spec.get("delay_ms", 0)) / 1000
     base = {"session_id": session}

@@ -209,3 +209,48 @@ async def test_tree_cancel_reaches_a_claude_child(claude: Running, tmp_path: Pat
         if stopped["turnId"] != parent_turn["turnId"]:
             assert terminals[stopped["turnId"]]["seq"] < terminals[parent_turn["turnId"]]["seq"]
             assert not process_group_alive(runs(tmp_path, stopped["sessionId"])[0]["pid"])
+
+
+async def test_a_lost_cli_conversation_fails_once_then_starts_anew(
+    claude: Running, tmp_path: Path
+) -> None:
+    import shutil
+
+    sid = (await claude.chat(fake(), agent="claude")).json()["sessionId"]
+    shutil.rmtree(tmp_path / "data" / "claude-home" / ".fake-claude")  # HOME lost it
+    r = await claude.chat(fake(), agent="claude", sessionId=sid)
+    assert r.status_code == 502
+    assert "No conversation found" in r.json()["error"]["message"]
+    third = await claude.chat(fake(), agent="claude", sessionId=sid)
+    assert third.status_code == 200 and third.json()["content"] == "ok"
+    assert "--resume" not in runs(tmp_path, sid)[2]["argv"]
+
+
+def test_assistant_lines_without_stream_events_still_map() -> None:
+    """Without partial messages the assistant lines alone make the call (a CLI run
+    without --include-partial-messages, e.g. given through `args` by an older CLI)."""
+    from daemon.engines import base as eng
+    from daemon.engines.claude_cli import StreamJson
+
+    mapper = StreamJson()
+    lines = [
+        {"type": "system", "subtype": "init", "session_id": "s-1"},
+        {"type": "assistant", "message": {"model": "m-1", "usage": {
+            "input_tokens": 10, "output_tokens": 3}, "content": [
+            {"type": "text", "text": "run it"},
+            {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}}]}},
+        {"type": "user", "message": {"content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": [
+                {"type": "text", "text": "a.txt"}], "is_error": False}]}},
+        {"type": "result", "subtype": "success", "result": "done", "total_cost_usd": 0.5},
+    ]
+    events = [e for n, line in enumerate(lines) for e in mapper.feed(line, float(n))]
+    assert [type(e).__name__ for e in events] == [
+        "EngineSessionNamed", "ModelNamed", "UsageReport", "MessageAppended", "ToolStarted",
+        "ToolOutput", "ToolFinished", "MessageAppended"]
+    usage = next(e for e in events if isinstance(e, eng.UsageReport))
+    assert (usage.usage.input, usage.usage.output) == (10, 3)
+    finished = next(e for e in events if isinstance(e, eng.ToolFinished))
+    assert (finished.outcome.content, finished.duration_ms) == ("a.txt", 1000)
+    end = mapper.finish(5)
+    assert (end.content, end.iterations, end.cost) == ("done", 1, 0.5)

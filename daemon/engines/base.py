@@ -68,9 +68,10 @@ class ToolOutput:
 
 @dataclass(frozen=True, slots=True)
 class EngineSessionNamed:
-    """The engine's own conversation id (a CLI's session), kept for the next turn."""
+    """The engine's own conversation id (a CLI's session), kept for the next turn;
+    None: forget it (the engine lost that conversation)."""
 
-    session_id: str
+    session_id: str | None
 
 
 @dataclass(frozen=True, slots=True)

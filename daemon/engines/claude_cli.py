@@ -89,7 +89,7 @@ class StreamJson:
     iterations: int = 0
     model: str | None = None
     call: _Call | None = None
-    # tool_use id -> (name, input, started at)
+    # tool_use id -> (name, input, when the CLI named it)
     running: dict[str, tuple[str, Any, float]] = field(default_factory=dict)
     result: dict[str, Any] | None = None
     now: float = 0.0
@@ -158,6 +158,9 @@ class StreamJson:
                 self.call.text.append(str(block.get("text", "")))
             elif block.get("type") == "tool_use":
                 self.call.tool_uses.append(block)
+                # Timed from here: the CLI starts the tool once it has the whole call.
+                self.running[str(block.get("id"))] = (
+                    str(block.get("name")), block.get("input") or {}, self.now)
         return events
 
     def _flush(self) -> list[EngineEvent]:
@@ -174,9 +177,7 @@ class StreamJson:
             UsageReport(TokenUsage(call.input, call.output, call.cache), self.iterations),
             MessageAppended(message, self.iterations),
         ]
-        for c in calls:
-            self.running[c["id"]] = (c["name"], c["arguments"], self.now)
-            events.append(ToolStarted(c["id"], c["name"], c["arguments"]))
+        events.extend(ToolStarted(c["id"], c["name"], c["arguments"]) for c in calls)
         return events
 
     def _tool_results(self, message: dict[str, Any]) -> list[EngineEvent]:
@@ -221,15 +222,18 @@ class _Lines:
     def __init__(self, stream: trio.abc.ReceiveStream) -> None:
         self._stream = stream
         self._buffer = bytearray()
+        self._scanned = 0  # bytes of the buffer known to hold no newline
         self._eof = False
 
     async def next(self) -> bytes | None:
         while True:
-            end = self._buffer.find(b"\n")
+            end = self._buffer.find(b"\n", self._scanned)
             if end >= 0:
                 line = bytes(self._buffer[:end])
                 del self._buffer[:end + 1]
+                self._scanned = 0
                 return line
+            self._scanned = len(self._buffer)
             if self._eof:
                 if self._buffer:
                     line, self._buffer = bytes(self._buffer), bytearray()
@@ -296,8 +300,13 @@ class ClaudeCliEngine:
                     yield event
             code = await process.wait()
             if code != 0:
+                stderr_tail = _tail(stderr_path)
+                if ctx.engine_session_id and "No conversation found" in stderr_tail:
+                    # Its HOME lost that conversation: say so, and let the next turn
+                    # start a new one instead of failing on it forever.
+                    yield EngineSessionNamed(None)
                 raise ProviderError(
-                    f"claude-cli exited with code {code}: {_tail(stderr_path)}".rstrip(": "))
+                    f"claude-cli exited with code {code}: {stderr_tail}".rstrip(": "))
             yield mapper.finish(self.agent.max_iterations)
         finally:
             await stop_group(process, KILL_GRACE_S)

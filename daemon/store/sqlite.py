@@ -175,7 +175,7 @@ class Store:
             (s.status, s.updated_at, s.model, u.input, u.output, u.cache, u.cost, s.id),
         )
 
-    async def set_engine_session(self, session_id: str, engine_session_id: str) -> None:
+    async def set_engine_session(self, session_id: str, engine_session_id: str | None) -> None:
         await self._call(
             self._conn.execute, "UPDATE sessions SET engine_session_id=? WHERE id=?",
             (engine_session_id, session_id),
