@@ -116,7 +116,7 @@ async def test_next_turn_resumes_the_cli_session_with_its_own_home(
 @pytest.mark.parametrize(("spec", "agent", "code", "words"), [
     ({"fail": "error_result"}, "claude", "PROVIDER_ERROR", "Invalid API key"),
     ({"fail": "exit"}, "claude", "PROVIDER_ERROR", "the fake was told to crash"),
-    ({"fail": "malformed"}, "claude", "PROVIDER_ERROR", "malformed line"),
+    ({"fail": "malformed"}, "claude", "PROVIDER_ERROR", "malformed claude-cli line"),
     ({"fail": "silent"}, "stalls", "PROVIDER_ERROR", "printed nothing for 0.5s"),
     ({"fail": "max_turns"}, "claude", "MAX_ITERATIONS", "5"),
 ])

@@ -23,7 +23,6 @@ ProviderError; cancel (the turn closes this generator) kills the process group a
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from collections import deque
@@ -51,6 +50,7 @@ from daemon.engines.base import (
     UsageReport,
 )
 from daemon.errors import MaxIterationsError, ProviderError
+from daemon.llm.sse import json_object
 from daemon.procgroup import stop_group
 from daemon.store.models import MessageRecord, TokenUsage
 from daemon.tools.base import ToolOutcome
@@ -296,7 +296,8 @@ class ClaudeCliEngine:
                     break
                 if not raw.strip():
                     continue
-                for event in mapper.feed(_parse(raw), trio.current_time()):
+                for event in mapper.feed(json_object(raw, "claude-cli line"),
+                                         trio.current_time()):
                     yield event
             code = await process.wait()
             if code != 0:
@@ -310,16 +311,6 @@ class ClaudeCliEngine:
             yield mapper.finish(self.agent.max_iterations)
         finally:
             await stop_group(process, KILL_GRACE_S)
-
-
-def _parse(raw: bytes) -> dict[str, Any]:
-    try:
-        line = json.loads(raw)
-    except ValueError as exc:
-        raise ProviderError(f"claude-cli printed a malformed line: {raw[:200]!r}") from exc
-    if not isinstance(line, dict):
-        raise ProviderError(f"claude-cli printed a line that is not an object: {raw[:200]!r}")
-    return line
 
 
 def _tail(path: Path) -> str:

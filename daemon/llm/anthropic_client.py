@@ -9,7 +9,6 @@ or wrongly shaped event, or a stream that closes early raise ProviderError.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Any
 import httpx
 
 from daemon.errors import ProviderError
-from daemon.llm.sse import data_lines
+from daemon.llm.sse import data_lines, json_object
 
 API_VERSION = "2023-06-01"
 
@@ -72,7 +71,7 @@ class AnthropicClient:
             async for payload in lines:
                 if stopped or not payload:
                     continue  # read to the end: httpx cleans up exhausted generators
-                event = _parse(payload)
+                event = json_object(payload, "event from the provider")
                 try:
                     kind = event["type"]
                     if kind == "message_start":
@@ -111,12 +110,3 @@ class AnthropicClient:
         if not stopped:
             raise ProviderError("provider closed the stream before message_stop")
 
-
-def _parse(payload: str) -> dict[str, Any]:
-    try:
-        event = json.loads(payload)
-    except ValueError as exc:
-        raise ProviderError(f"provider sent a malformed event: {payload[:200]!r}") from exc
-    if not isinstance(event, dict):
-        raise ProviderError(f"provider sent an event that is not an object: {payload[:200]!r}")
-    return event

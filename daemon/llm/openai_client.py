@@ -8,7 +8,6 @@ ProviderError. There is no partial success.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any
 import httpx
 
 from daemon.errors import ProviderError
-from daemon.llm.sse import data_lines
+from daemon.llm.sse import data_lines, json_object
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +92,7 @@ _FINISH = object()
 
 
 def _parse_chunk(payload: str) -> dict[str, Any]:
-    try:
-        chunk = json.loads(payload)
-    except ValueError as exc:
-        raise ProviderError(f"provider sent a malformed chunk: {payload[:200]!r}") from exc
-    if not isinstance(chunk, dict):
-        raise ProviderError(f"provider sent a chunk that is not an object: {payload[:200]!r}")
+    chunk = json_object(payload, "chunk from the provider")
     if "error" in chunk:
         err = chunk["error"]
         message = err.get("message") if isinstance(err, dict) else err

@@ -8,6 +8,7 @@ to judge (each API marks its end its own way).
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
@@ -55,3 +56,14 @@ async def data_lines(
                     # the payload does not.
     except httpx.HTTPError as exc:
         raise ProviderError(f"provider connection failed: {type(exc).__name__}: {exc}") from exc
+
+
+def json_object(raw: str | bytes, what: str) -> dict[str, Any]:
+    """`raw` as a JSON object, else ProviderError: "malformed WHAT: …"."""
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ProviderError(f"malformed {what}: {raw[:200]!r}") from exc
+    if not isinstance(value, dict):
+        raise ProviderError(f"malformed {what} (not a JSON object): {raw[:200]!r}")
+    return value
