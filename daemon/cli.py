@@ -12,7 +12,7 @@ from typing import Any
 import trio
 
 from daemon import __version__
-from daemon.config import load_config, resolve_config_path
+from daemon.config import check_exposure, load_config, resolve_config_path
 from daemon.errors import ConfigError, StoreError
 
 EXIT_CONFIG = 2
@@ -25,6 +25,7 @@ def _serve(args: argparse.Namespace) -> int:
         config = load_config(resolve_config_path(args.config)).with_overrides(
             host=args.host, port=args.port, data_dir=args.data_dir
         )
+        check_exposure(config)
     except ConfigError as exc:
         print(f"veild: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

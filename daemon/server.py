@@ -18,7 +18,7 @@ import httpx
 import trio
 
 from daemon.api.app import build_app
-from daemon.config import AgentConfig, Config
+from daemon.config import AgentConfig, Config, check_exposure
 from daemon.engines.anthropic import AnthropicEngine
 from daemon.engines.base import Engine
 from daemon.engines.claude_cli import ClaudeCliEngine
@@ -104,6 +104,7 @@ async def serve_daemon(
 ) -> None:
     """Run the daemon until `request_shutdown()`; reports the Daemon when listening."""
     server = config.server
+    check_exposure(config)  # before anything listens (CONTRACT §3.1)
     store = await Store.open(server.data_dir / "veild.db")
     try:
         reserved = await store.seq_reserved() or 0
