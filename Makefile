@@ -26,6 +26,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run.py
+	$(PY) bench/publish.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

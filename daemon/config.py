@@ -33,10 +33,13 @@ class ServerConfig:
     max_depth: int = 4
     # Per-connection queue of a WebSocket or SSE client, in events (CONTRACT §7).
     ws_queue_max: int = 4096
-    # The bus keeps this many recent events for `since` / Last-Event-ID replay ...
-    retention_events: int = 20_000
-    # ... and never more than this many encoded bytes.
-    retention_bytes: int = 64 * 1024 * 1024
+    # The durable event log (data_dir/events.db) keeps this many recent seqs for
+    # `since` / Last-Event-ID replay, also across restarts ...
+    retention_events: int = 200_000
+    # ... and never more than this many bytes of stored JSON;
+    retention_bytes: int = 256 * 1024 * 1024
+    # it writes what was published at least this often (one transaction per flush).
+    event_flush_ms: float = 50.0
     # How long a turn may take to publish its terminal after shutdown cancels it.
     shutdown_grace_s: float = 5.0
     # How long a lagged or closing client gets to take its close frame before its
@@ -185,8 +188,9 @@ def _server(file: str, table: Any) -> ServerConfig:
         auth_token_env=r.get("auth_token_env", str, None),
         max_depth=r.positive_int("max_depth", 4, minimum=0),
         ws_queue_max=r.positive_int("ws_queue_max", 4096),
-        retention_events=r.positive_int("retention_events", 20_000),
-        retention_bytes=r.positive_int("retention_bytes", 64 * 1024 * 1024),
+        retention_events=r.positive_int("retention_events", 200_000),
+        retention_bytes=r.positive_int("retention_bytes", 256 * 1024 * 1024),
+        event_flush_ms=_positive_float(r, "event_flush_ms", 50.0),
         shutdown_grace_s=float(r.get("shutdown_grace_s", (int, float), 5.0)),
         client_close_grace_s=float(r.get("client_close_grace_s", (int, float), 5.0)),
         allowed_hosts=_hosts(r, "allowed_hosts"),
@@ -195,6 +199,13 @@ def _server(file: str, table: Any) -> ServerConfig:
     )
     r.check_unknown()
     return cfg
+
+
+def _positive_float(r: _Reader, key: str, default: float) -> float:
+    value = float(r.get(key, (int, float), default))
+    if value <= 0:
+        raise r.fail(key, f"must be above 0, got {value}")
+    return value
 
 
 def _strings(r: _Reader, key: str) -> list[str]:
