@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import h11
@@ -179,6 +180,14 @@ async def _stream(conn: _Conn, spec: CallSpec, events: Iterator[bytes]) -> None:
             if pending:
                 await conn.send(h11.Data(data=b"".join(pending)))
             await trio.sleep_forever()
+        if spec.pause_until is not None and n == (spec.pause_after or 0):
+            if pending:
+                await conn.send(h11.Data(data=b"".join(pending)))
+                pending = []
+            release = Path(spec.pause_until)
+            # The release is a file another process creates: no event to wait on.
+            while not await trio.to_thread.run_sync(release.exists):  # noqa: ASYNC110
+                await trio.sleep(0.005)
         if spec.garbage_after is not None and n == spec.garbage_after:
             event = b"data: {this is not json\n\n"
         pending.append(event)

@@ -19,6 +19,9 @@ A call spec:
     drop_after       close the connection abruptly after N chunks
     garbage_after    send a malformed chunk after N chunks
     hang_after       stop sending (and keep the connection open) after N chunks
+    pause_after      with pause_until: after N chunks, send nothing until the file
+    pause_until      at that path exists, then go on (tests release a turn at a
+                     moment they choose; Chat Completions only)
     usage            false to send no usage chunk
 
 Without a script the demo behaviour applies: think a little, say what it will do, run
@@ -61,6 +64,8 @@ class CallSpec:
     drop_after: int | None = None
     garbage_after: int | None = None
     hang_after: int | None = None
+    pause_after: int | None = None
+    pause_until: str | None = None
     usage: bool = True
 
 
@@ -82,6 +87,8 @@ def _spec(raw: dict[str, Any]) -> CallSpec:
         drop_after=raw.get("drop_after"),
         garbage_after=raw.get("garbage_after"),
         hang_after=raw.get("hang_after"),
+        pause_after=raw.get("pause_after"),
+        pause_until=raw.get("pause_until"),
         usage=bool(raw.get("usage", True)),
     )
 
