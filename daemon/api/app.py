@@ -10,6 +10,7 @@ from werkzeug.exceptions import HTTPException
 
 from daemon.api.auth import request_authorized
 from daemon.api.http import http_routes
+from daemon.api.studio import studio_routes
 from daemon.api.ws import ws_routes
 from daemon.errors import ApiError, PayloadTooLarge, Unauthorized
 from daemon.httpserver import Connections
@@ -40,6 +41,7 @@ def build_app(rt: Runtime, connections: Connections) -> QuartTrio:
     )
     app.register_blueprint(http_routes(rt))
     app.register_blueprint(ws_routes(rt, connections))
+    app.register_blueprint(studio_routes())
     token = rt.config.server.auth_token
 
     @app.before_request
