@@ -31,60 +31,7 @@ T = TypeVar("T")
 # In-page helpers, reached only through the §8 test hooks. `watch` samples a measure
 # once per animation frame (keeping the values that changed) and the longest gap
 # between frames, so a test can tell "grew before its terminal" from "appeared at once".
-PAGE_LIB = """
-() => {
-  // A turn's (or a child turn's) own text: not that of the sub-agents nested in it.
-  const own = (root) => {
-    const self = root.matches('[data-testid=child-turn]') ? root : null;
-    return [...root.querySelectorAll('[data-testid=assistant-text]')]
-      .filter((el) => el.closest('[data-testid=child-turn]') === self);
-  };
-  const lib = {
-    turn: (id) => document.querySelector(`[data-testid=transcript] [data-testid=turn][data-turn-id="${id}"]`),
-    child: (sid) => document.querySelector(`[data-testid=child-turn][data-session-id="${sid}"]`),
-    textOf: (root) => root ? own(root).map((el) => el.textContent).join(' ') : null,
-    turnText: (id) => { const t = lib.turn(id); return t ? { text: lib.textOf(t), terminal: t.dataset.terminal } : null; },
-    childText: (sid) => {
-      const c = lib.child(sid);
-      return c ? { text: lib.textOf(c), terminal: c.dataset.terminal || '', status: c.dataset.status } : null;
-    },
-    toolOutput: (id) => {
-      const t = document.querySelector(`[data-testid=tool-call][data-tool-call-id="${id}"] [data-testid=tool-output]`);
-      return t ? [...t.querySelectorAll('[data-stream]')].map((p) => [p.dataset.stream, p.textContent]) : null;
-    },
-    connState: () => document.querySelector('[data-testid=connection]').dataset.state,
-    watches: {},
-    watch(name, measure, arg, keepText) {
-      const w = { samples: [], maxGap: 0, frames: 0, last: undefined, prev: performance.now(), on: true };
-      lib.watches[name] = w;
-      const tick = () => {
-        if (!w.on) return;
-        const now = performance.now();
-        w.maxGap = Math.max(w.maxGap, now - w.prev);
-        w.prev = now;
-        w.frames += 1;
-        let v = lib[measure](arg);
-        if (v && !keepText && typeof v.text === 'string') v = { ...v, text: undefined, len: v.text.length };
-        const key = JSON.stringify(v);
-        if (key !== w.last) { w.last = key; w.samples.push([now, v]); }
-        requestAnimationFrame(tick);
-      };
-      requestAnimationFrame(tick);
-    },
-    stop(name) {
-      const w = lib.watches[name];
-      w.on = false;
-      return { samples: w.samples, maxGap: w.maxGap, frames: w.frames };
-    },
-  };
-  // Every change of the connection's state, as it happens (not sampled per frame).
-  lib.states = [];
-  const conn = document.querySelector('[data-testid=connection]');
-  new MutationObserver(() => lib.states.push(conn.dataset.state))
-    .observe(conn, { attributes: true, attributeFilter: ['data-state'] });
-  window.__t = lib;
-}
-"""
+PAGE_LIB = (Path(__file__).parent / "page_lib.js").read_text()
 
 
 class BrowserThread:
@@ -108,19 +55,19 @@ class BrowserThread:
             if self._pw is not None:
                 self._pw.stop()
 
-    def call_sync(self, fn: Callable[..., T], *args: Any, timeout: float = 60) -> T:
-        return self._pool.submit(fn, *args).result(timeout)
+    def call_sync(self, fn: Callable[..., T], *args: Any, limit_s: float = 60) -> T:
+        return self._pool.submit(fn, *args).result(limit_s)
 
-    async def call(self, fn: Callable[..., T], *args: Any, timeout: float = 60) -> T:
+    async def call(self, fn: Callable[..., T], *args: Any, limit_s: float = 60) -> T:
         return await trio.to_thread.run_sync(
-            partial(self.call_sync, fn, *args, timeout=timeout), abandon_on_cancel=True)
+            partial(self.call_sync, fn, *args, limit_s=limit_s), abandon_on_cancel=True)
 
     def start(self) -> None:
-        self.call_sync(self._launch, timeout=60)
+        self.call_sync(self._launch, limit_s=60)
 
     def close(self) -> None:
         try:
-            self.call_sync(self._stop, timeout=30)
+            self.call_sync(self._stop, limit_s=30)
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -135,8 +82,8 @@ class Tab:
         self.errors: list[str] = []
         page.on("pageerror", lambda exc: self.errors.append(str(exc)))
 
-    async def run(self, fn: Callable[..., T], *args: Any, timeout: float = 60) -> T:
-        return await self.thread.call(fn, *args, timeout=timeout)
+    async def run(self, fn: Callable[..., T], *args: Any, limit_s: float = 60) -> T:
+        return await self.thread.call(fn, *args, limit_s=limit_s)
 
     async def goto(self, url: str) -> None:
         def go() -> None:
@@ -149,10 +96,42 @@ class Tab:
         def until() -> Any:
             handle = self.page.wait_for_function(js, arg=arg, timeout=timeout_s * 1000)
             return handle.json_value()
-        return await self.run(until, timeout=timeout_s + 10)
+        return await self.run(until, limit_s=timeout_s + 10)
 
     async def eval(self, js: str, arg: Any = None) -> Any:
         return await self.run(self.page.evaluate, js, arg)
+
+    # -- the §8 hooks, read the same way by every test ----------------------------------
+
+    async def connected(self) -> None:
+        await self.wait("() => window.__t.connState() === 'open'")
+
+    async def transcript_id(self) -> str:
+        sid: str = await self.wait("() => window.__t.transcriptId()")
+        return sid
+
+    async def nth_turn(self, n: int) -> str:
+        """The id of the open session's n-th turn (0-based), once it is shown."""
+        turn: str = await self.wait("(n) => window.__t.turnIds()[n]", n)
+        return turn
+
+    async def turn(self, turn_id: str) -> dict[str, Any]:
+        """`{text, terminal}` of a turn in the view: its own assistant text."""
+        result: dict[str, Any] = await self.eval("(id) => window.__t.turnText(id)", turn_id)
+        return result
+
+    async def turn_ended(self, turn_id: str, terminal: str = "done", timeout_s: float = 20) -> None:
+        await self.wait("([id, t]) => window.__t.turnText(id)?.terminal === t",
+                        [turn_id, terminal], timeout_s=timeout_s)
+
+    async def turn_words_over(self, turn_id: str, n: int) -> None:
+        await self.wait("([id, n]) => window.__t.words(window.__t.turnText(id)?.text) > n",
+                        [turn_id, n])
+
+    async def row(self, session_id: str) -> dict[str, str]:
+        """A session row's data attributes, once the row is in the page."""
+        row: dict[str, str] = await self.wait("(id) => window.__t.row(id)", session_id)
+        return row
 
     async def click(self, selector: str) -> None:
         await self.run(partial(self.page.click, selector, timeout=10_000))
@@ -170,7 +149,8 @@ class Tab:
         return bool(await self.run(self.page.is_visible, selector))
 
     async def watch(self, name: str, measure: str, arg: Any, keep_text: bool = False) -> None:
-        await self.eval("([n, m, a, k]) => window.__t.watch(n, m, a, k)", [name, measure, arg, keep_text])
+        await self.eval("([n, m, a, k]) => window.__t.watch(n, m, a, k)",
+                        [name, measure, arg, keep_text])
 
     async def stop_watch(self, name: str) -> dict[str, Any]:
         result: dict[str, Any] = await self.eval("(n) => window.__t.stop(n)", name)
@@ -179,11 +159,13 @@ class Tab:
     async def screenshot(self, name: str) -> None:
         """Into $VEILD_SCREENSHOTS/NAME.png when that is set (make screenshots)."""
         folder = os.environ.get("VEILD_SCREENSHOTS")
-        if not folder:
-            return
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        path = str(Path(folder) / f"{name}.png")
-        await self.run(partial(self.page.screenshot, path=path))
+        if folder:
+            await self.run(partial(_screenshot, self.page, Path(folder), name))
+
+
+def _screenshot(page: Any, folder: Path, name: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(folder / f"{name}.png"))
 
 
 @asynccontextmanager
@@ -201,7 +183,7 @@ async def open_tab(thread: BrowserThread, url: str | None = None) -> AsyncIterat
         assert not tab.errors, f"errors in the page: {tab.errors}"
     finally:
         with trio.move_on_after(15, shield=True):
-            await thread.call(tab.context.close, timeout=10)
+            await thread.call(tab.context.close, limit_s=10)
 
 
 def words(text: str | None) -> list[str]:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import trio
 
+RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s
+
 
 @dataclass
 class CuttableProxy:
@@ -17,7 +19,9 @@ class CuttableProxy:
     _live: set[trio.CancelScope] = field(default_factory=set)
     _sockets: dict[trio.CancelScope, list[trio.SocketStream]] = field(default_factory=dict)
 
-    async def serve(self, *, task_status: trio.TaskStatus[CuttableProxy] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(
+        self, *, task_status: trio.TaskStatus[CuttableProxy] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         self.port = listeners[0].socket.getsockname()[1]
         task_status.started(self)
@@ -33,7 +37,7 @@ class CuttableProxy:
         for scope in scopes:
             for stream in self._sockets.get(scope, []):
                 # SO_LINGER 0: closing sends RST, as a dropped network would look.
-                stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
             scope.cancel()
         self.cuts += 1
         return len(scopes)

@@ -11,19 +11,17 @@ from typing import Any
 import pytest
 import trio
 
-from tests.browser.chromium import BrowserThread, open_tab, words
+from tests.browser.chromium import BrowserThread, Tab, open_tab, words
 from tests.browser.proxy import CuttableProxy
 from tests.harness import Provider, Running, mock, open_daemon
 
 TOKEN_ENV = "VEILD_STUDIO_TEST_TOKEN"
 
 
-async def open_session_row(tab: Any, session_id: str) -> None:
-    selector = f'[data-testid=session-row][data-session-id="{session_id}"]'
-    await tab.wait("(s) => document.querySelector(s)", selector)
-    await tab.click(selector)
-    await tab.wait("(id) => document.querySelector('[data-testid=transcript]').dataset.sessionId === id",
-                   session_id)
+async def open_session_row(tab: Tab, session_id: str) -> None:
+    await tab.row(session_id)
+    await tab.click(f'[data-testid=session-row][data-session-id="{session_id}"]')
+    await tab.wait("(id) => window.__t.transcriptId() === id", session_id)
 
 
 async def test_reconnect_through_cut_connections(chromium: BrowserThread, daemon: Running) -> None:
@@ -33,7 +31,7 @@ async def test_reconnect_through_cut_connections(chromium: BrowserThread, daemon
         async with trio.open_nursery() as nursery:
             proxy: CuttableProxy = await nursery.start(CuttableProxy(daemon.daemon.port).serve)
             async with open_tab(chromium, proxy.url + "/studio") as tab:
-                await tab.wait("() => document.querySelector('[data-testid=connection]').dataset.state === 'open'")
+                await tab.connected()
                 first = (await daemon.chat(mock(say="ready"))).json()
                 sid = first["sessionId"]
                 await open_session_row(tab, sid)
@@ -44,16 +42,14 @@ async def test_reconnect_through_cut_connections(chromium: BrowserThread, daemon
                     answers.append(r.json())
 
                 nursery.start_soon(chat)
-                turn = await tab.wait("""() => [...document.querySelectorAll(
-                    '[data-testid=transcript] [data-testid=turn]')].map((t) => t.dataset.turnId)[1]""")
+                turn = await tab.nth_turn(1)
                 for n, at in enumerate((40, 200), 1):
-                    await tab.wait("([id, n]) => (window.__t.turnText(id)?.text || '').split(' ').length > n",
-                                   [turn, at])
+                    await tab.turn_words_over(turn, at)
                     assert proxy.cut() >= 1
-                    await tab.wait("""(n) => window.__t.states.filter((s) => s === 'connecting').length >= n
-                        && window.__t.states.at(-1) === 'open'""", n)
-                await tab.wait("(id) => window.__t.turnText(id)?.terminal === 'done'", turn, timeout_s=40)
-                text = await tab.eval("(id) => window.__t.turnText(id).text", turn)
+                    await tab.wait("""(n) => window.__t.states.at(-1) === 'open'
+                        && window.__t.states.filter((s) => s === 'connecting').length >= n""", n)
+                await tab.turn_ended(turn, timeout_s=40)
+                text = (await tab.turn(turn))["text"]
                 states = await tab.eval("() => window.__t.states")
             nursery.cancel_scope.cancel()
     assert answers and answers[0]["turnId"] == turn
@@ -77,13 +73,13 @@ async def test_token_from_url_and_from_the_prompt(
     with trio.fail_after(60):
         async with open_daemon(tmp_path, provider, server=server) as daemon:
             headers = {"Authorization": f"Bearer {auth_token}"}
-            r = await daemon.http.post("/agents/assistant/chat", json={"message": mock(say="behind a token")},
-                                       headers=headers)
+            r = await daemon.http.post("/agents/assistant/chat", headers=headers,
+                                       json={"message": mock(say="behind a token")})
             sid = r.json()["sessionId"]
             async with open_tab(chromium, f"{daemon.url}/?token={auth_token}") as tab:
-                await tab.wait("() => document.querySelector('[data-testid=connection]').dataset.state === 'open'")
+                await tab.connected()
                 await open_session_row(tab, sid)
-                await tab.wait("() => document.querySelector('[data-testid=transcript] [data-testid=turn]')?.dataset.terminal === 'done'")
+                await tab.turn_ended(await tab.nth_turn(0))
                 url = await tab.eval("() => location.pathname + location.search")
                 assert url == "/studio"
                 assert not await tab.visible("[data-testid=token-prompt]")
@@ -92,31 +88,36 @@ async def test_token_from_url_and_from_the_prompt(
                 await tab.screenshot("token-prompt")
                 await tab.fill("[data-testid=token-prompt] input", "wrong")
                 await tab.press("Enter")
-                message = await tab.wait("""() => { const p = document.querySelector('[data-testid=token-prompt]');
-                    return !p.hidden && p.textContent.includes('wrong bearer token') && p.textContent; }""")
+                message = await tab.wait("""() => {
+                    const p = document.querySelector('[data-testid=token-prompt]');
+                    const text = p.textContent;
+                    return !p.hidden && text.includes('wrong bearer token') && text;
+                }""")
                 assert "missing or wrong bearer token" in message
                 await tab.fill("[data-testid=token-prompt] input", auth_token)
                 await tab.press("Enter")
-                await tab.wait("() => document.querySelector('[data-testid=connection]').dataset.state === 'open'")
-                await tab.wait("(id) => document.querySelector(`[data-testid=session-row][data-session-id=\"${id}\"]`)", sid)
+                await tab.connected()
+                await tab.row(sid)
                 assert not await tab.visible("[data-testid=token-prompt]")
 
 
-async def test_twenty_thousand_tokens_at_full_speed(chromium: BrowserThread, daemon: Running) -> None:
+async def test_twenty_thousand_tokens_at_full_speed(
+    chromium: BrowserThread, daemon: Running
+) -> None:
     """Every token of a 20,000-token turn streamed at full speed is on screen at the end,
     and no gap between animation frames reached a second while it streamed."""
     with trio.fail_after(90):
         async with open_tab(chromium, daemon.url + "/studio") as tab:
-            await tab.wait("() => document.querySelector('[data-testid=connection]').dataset.state === 'open'")
+            await tab.connected()
             sid = (await daemon.chat(mock(say="ready"))).json()["sessionId"]
             await open_session_row(tab, sid)
-            await tab.wait("() => document.querySelector('[data-testid=transcript] [data-testid=turn]')?.dataset.terminal === 'done'")
+            await tab.turn_ended(await tab.nth_turn(0))
             await tab.watch("frames", "connState", None)
             r = await daemon.chat(mock(say=20_000), sessionId=sid)
             turn = r.json()["turnId"]
-            await tab.wait("(id) => window.__t.turnText(id)?.terminal === 'done'", turn, timeout_s=60)
+            await tab.turn_ended(turn, timeout_s=60)
             frames = await tab.stop_watch("frames")
-            text = await tab.eval("(id) => window.__t.turnText(id).text", turn)
+            text = (await tab.turn(turn))["text"]
     assert words(text) == [f"word{i}" for i in range(20_000)]
     assert frames["frames"] > 5
     assert frames["maxGap"] < 1000, frames["maxGap"]

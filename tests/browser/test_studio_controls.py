@@ -11,8 +11,11 @@ from typing import Any
 
 import trio
 
-from tests.browser.chromium import BrowserThread, open_tab, words
+from tests.browser.chromium import BrowserThread, Tab, open_tab, words
 from tests.harness import Recorder, Running, mock, open_recorder, spawn
+
+CANCELLED = ("error", "CANCELLED")
+RECEIPT = "(n) => document.querySelector('[data-testid=receipt]')?.dataset.count === n"
 
 
 def published_text(rec: Recorder, turn_id: str) -> list[str]:
@@ -20,44 +23,45 @@ def published_text(rec: Recorder, turn_id: str) -> list[str]:
                          if e["eventType"] == "inference.chunk"))
 
 
-async def settled_after(tab: Any, daemon: Running, rec: Recorder) -> None:
+def ending(attrs: dict[str, Any]) -> tuple[str, str, str]:
+    return attrs["terminal"], attrs["errorCode"], attrs["cancelReason"]
+
+
+async def settled_after(tab: Tab, daemon: Running, rec: Recorder) -> None:
     """A later event has been processed by the page: everything before it has too."""
     later = (await daemon.chat(mock(say="later"), agent="plain")).json()
     seq = max(e["seq"] for e in rec.stream(later["turnId"]))
-    await tab.wait("(seq) => Number(document.querySelector('[data-testid=connection]').dataset.lastSeq) >= seq", seq)
+    await tab.wait("(seq) => window.__t.lastSeq() >= seq", seq)
 
 
-async def test_stop_turn_ends_it_with_code_and_reason(chromium: BrowserThread, daemon: Running) -> None:
+async def test_stop_turn_ends_it_with_code_and_reason(
+    chromium: BrowserThread, daemon: Running
+) -> None:
     with trio.fail_after(60):
         async with open_recorder(daemon.ws_url) as rec, \
                 open_tab(chromium, daemon.url + "/studio") as tab:
-            await tab.wait("() => document.querySelector('[data-testid=connection]').dataset.state === 'open'")
+            await tab.connected()
             await tab.fill("[data-testid=composer]", mock(say=5000, delay_ms=4))
             await tab.click("[data-testid=send]")
-            turn = await tab.wait("""() => document.querySelector(
-                '[data-testid=transcript] [data-testid=turn]')?.dataset.turnId""")
-            await tab.wait("(id) => (window.__t.turnText(id)?.text || '').split(' ').length > 20", turn)
+            turn = await tab.nth_turn(0)
+            await tab.turn_words_over(turn, 20)
             await tab.watch("text", "turnText", turn)
             await tab.click("[data-testid=stop-turn]")
-            await tab.wait("() => document.querySelector('[data-testid=receipt]')?.dataset.count === '1'")
-            state = await tab.wait("""(id) => { const t = window.__t.turn(id);
-                return t.dataset.terminal && { ...t.dataset }; }""", turn)
-            assert state["terminal"] == "error" and state["errorCode"] == "CANCELLED"
-            assert state["cancelReason"] == "user_cancel"
+            await tab.wait(RECEIPT, "1")
+            await tab.turn_ended(turn, "error")
+            attrs = await tab.eval("(id) => ({ ...window.__t.turn(id).dataset })", turn)
+            assert ending(attrs) == (*CANCELLED, "user_cancel")
             await rec.terminal(turn)
             await settled_after(tab, daemon, rec)
             watched = await tab.stop_watch("text")
-            text = await tab.eval("(id) => window.__t.turnText(id).text", turn)
+            text = (await tab.turn(turn))["text"]
             assert words(text) == published_text(rec, turn)
             assert 20 < len(words(text)) < 5000
             # Nothing grew once the terminal was shown.
             after = [v["len"] for _, v in watched["samples"] if v["terminal"]]
             assert after and len(set(after)) == 1, watched["samples"][-5:]
-            sid = await tab.eval("() => document.querySelector('[data-testid=transcript]').dataset.sessionId")
-            row = await tab.eval("""(id) => ({ ...document.querySelector(
-                `[data-testid=session-row][data-session-id="${id}"]`).dataset })""", sid)
-            assert (row["terminal"], row["errorCode"], row["cancelReason"], row["status"]) == \
-                ("error", "CANCELLED", "user_cancel", "idle")
+            row = await tab.row(await tab.transcript_id())
+            assert (*ending(row), row["status"]) == (*CANCELLED, "user_cancel", "idle")
             await tab.screenshot("stopped")
 
 
@@ -73,35 +77,31 @@ async def test_stop_tree_stops_parent_and_both_children(
     with trio.fail_after(60):
         async with open_recorder(daemon.ws_url) as rec, \
                 open_tab(chromium, daemon.url + "/studio") as tab:
-            await tab.wait("() => document.querySelector('[data-testid=connection]').dataset.state === 'open'")
+            await tab.connected()
             await tab.fill("[data-testid=composer]", script)
             await tab.click("[data-testid=send]")
-            children = await tab.wait("""() => { const c = [...document.querySelectorAll(
-                '[data-testid=tool-call][data-tool-name=agent_spawn] [data-testid=child-turn]')];
-                return c.length === 2 && c.every((el) => (window.__t.childText(el.dataset.sessionId).text || '')
-                  .split(' ').length > 10) && c.map((el) => el.dataset.sessionId); }""")
+            children = await tab.wait("""() => { const ids = window.__t.spawned();
+                return ids.length === 2 && ids.every((s) => window.__t.words(
+                  window.__t.childText(s).text) > 10) && ids; }""")
             await tab.click("[data-testid=stop-tree]")
-            await tab.wait("() => document.querySelector('[data-testid=receipt]')?.dataset.count === '3'")
+            await tab.wait(RECEIPT, "3")
             for sid in children:
                 await tab.wait("(sid) => window.__t.childText(sid)?.terminal === 'error'", sid)
                 child = await tab.eval("(sid) => ({ ...window.__t.child(sid).dataset })", sid)
-                assert child["errorCode"] == "CANCELLED" and child["cancelReason"] == "parent_cancelled"
-            turn = await tab.eval("() => document.querySelector('[data-testid=transcript] [data-testid=turn]').dataset.turnId")
-            state = await tab.wait("(id) => window.__t.turn(id).dataset.terminal && { ...window.__t.turn(id).dataset }", turn)
-            assert (state["terminal"], state["errorCode"], state["cancelReason"]) == \
-                ("error", "CANCELLED", "user_cancel")
+                assert ending(child) == (*CANCELLED, "parent_cancelled")
+            turn = await tab.nth_turn(0)
+            await tab.turn_ended(turn, "error")
+            attrs = await tab.eval("(id) => ({ ...window.__t.turn(id).dataset })", turn)
+            assert ending(attrs) == (*CANCELLED, "user_cancel")
             for sid in children:
                 await rec.wait_for(lambda ev, sid=sid: any(
                     e.get("eventType") == "error" and e["sessionId"] == sid for e in ev))
             await settled_after(tab, daemon, rec)
             for sid in children:
-                row = await tab.eval("""(id) => ({ ...document.querySelector(
-                    `[data-testid=session-row][data-session-id="${id}"]`).dataset })""", sid)
-                assert (row["terminal"], row["errorCode"], row["cancelReason"]) == \
-                    ("error", "CANCELLED", "parent_cancelled"), row
-                child_turn = rec.turn_ids(sid)[0]
+                assert ending(await tab.row(sid)) == (*CANCELLED, "parent_cancelled")
                 text = await tab.eval("(sid) => window.__t.childText(sid).text", sid)
-                assert words(text) == published_text(rec, child_turn) and len(words(text)) > 10
+                assert words(text) == published_text(rec, rec.turn_ids(sid)[0])
+                assert len(words(text)) > 10
 
 
 async def test_composer_new_chat_then_queue(chromium: BrowserThread, daemon: Running) -> None:
@@ -109,33 +109,28 @@ async def test_composer_new_chat_then_queue(chromium: BrowserThread, daemon: Run
     its turn runs waits for the turn to end and is answered by the next (wake) turn."""
     with trio.fail_after(60):
         async with open_tab(chromium, daemon.url + "/studio") as tab:
-            await tab.wait("() => document.querySelector('[data-testid=connection]').dataset.state === 'open'")
+            await tab.connected()
             options = await tab.eval("""() => [...document.querySelectorAll(
                 '[data-testid=new-chat-agent] option')].map((o) => o.value)""")
             assert options == ["assistant", "plain"]
             await tab.select("[data-testid=new-chat-agent]", "plain")
             await tab.fill("[data-testid=composer]", mock(say=120, delay_ms=12))
             await tab.click("[data-testid=send]")
-            sid = await tab.wait("() => document.querySelector('[data-testid=transcript]').dataset.sessionId")
-            first = await tab.wait("""() => document.querySelector(
-                '[data-testid=transcript] [data-testid=turn]')?.dataset.turnId""")
-            agent = await tab.wait("""(id) => document.querySelector(
-                `[data-testid=session-row][data-session-id="${id}"]`)?.dataset.agent""", sid)
-            assert agent == "plain"
-            await tab.wait("(id) => (window.__t.turnText(id)?.text || '').split(' ').length > 5", first)
+            sid = await tab.transcript_id()
+            first = await tab.nth_turn(0)
+            assert (await tab.row(sid))["agent"] == "plain"
+            await tab.turn_words_over(first, 5)
             await tab.select("[data-testid=delivery]", "queue")
             await tab.fill("[data-testid=composer]", mock(say="the queued answer"))
             await tab.click("[data-testid=send]")
             await tab.wait("() => document.querySelector('[data-testid=composer]').value === ''")
-            running = await tab.eval("(id) => window.__t.turnText(id).terminal", first)
-            assert running == ""  # it was sent while the first turn ran
-            second = await tab.wait("""() => [...document.querySelectorAll(
-                '[data-testid=transcript] [data-testid=turn]')].map((t) => t.dataset.turnId)[1]""")
-            await tab.wait("(id) => window.__t.turnText(id)?.terminal === 'done'", second)
-            assert await tab.eval("(id) => window.__t.turnText(id)", first) == {
+            assert (await tab.turn(first))["terminal"] == ""  # sent while the first turn ran
+            second = await tab.nth_turn(1)
+            await tab.turn_ended(second)
+            assert await tab.turn(first) == {
                 "text": " ".join(f"word{i}" for i in range(120)), "terminal": "done"}
-            assert words(await tab.eval("(id) => window.__t.turnText(id).text", second)) == \
-                ["the", "queued", "answer"]
+            assert words((await tab.turn(second))["text"]) == ["the", "queued", "answer"]
             turns = (await daemon.http.get(f"/sessions/{sid}/turns")).json()["turns"]
-            assert [(t["turnId"], t["trigger"]) for t in turns] == [(first, "sse"), (second, "wake")]
+            assert [(t["turnId"], t["trigger"]) for t in turns] == \
+                [(first, "sse"), (second, "wake")]
             await tab.screenshot("queued")
