@@ -134,3 +134,30 @@ async def test_composer_new_chat_then_queue(chromium: BrowserThread, daemon: Run
             assert [(t["turnId"], t["trigger"]) for t in turns] == \
                 [(first, "sse"), (second, "wake")]
             await tab.screenshot("queued")
+
+
+async def test_keyboard_moves_opens_and_stops(chromium: BrowserThread, daemon: Running) -> None:
+    """`t` focuses the tree, ↑/↓ move through the rows, Enter opens one, Esc stops the
+    open session's running turn."""
+    with trio.fail_after(60):
+        older = (await daemon.chat(mock(say="older"))).json()["sessionId"]
+        async with open_tab(chromium, daemon.url + "/studio") as tab, \
+                trio.open_nursery() as nursery:
+            await tab.connected()
+            nursery.start_soon(daemon.chat, mock(say=5000, delay_ms=4))
+            newer = await tab.wait("""(old) => window.__t.rows().map((r) => r[0])
+                .find((id) => id !== old && window.__t.row(id).status === 'running')""", older)
+            await tab.press("t")  # the tree, at its first row: the newest session
+            await tab.press("ArrowDown")
+            await tab.press("Enter")
+            await tab.wait("(id) => window.__t.transcriptId() === id", older)
+            await tab.press("ArrowUp")
+            await tab.press("Enter")
+            await tab.wait("(id) => window.__t.transcriptId() === id", newer)
+            turn = await tab.nth_turn(0)
+            await tab.turn_words_over(turn, 10)
+            await tab.press("Escape")
+            await tab.wait(RECEIPT, "1")
+            await tab.turn_ended(turn, "error")
+            attrs = await tab.eval("(id) => ({ ...window.__t.turn(id).dataset })", turn)
+            assert ending(attrs) == (*CANCELLED, "user_cancel")

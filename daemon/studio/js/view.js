@@ -66,10 +66,10 @@ function finishedText(parent, content) {
   return el;
 }
 
-function userBubble(content) {
+function userBubble(content, label = 'user') {
   const lines = String(content).split('\n');
   const first = lines[0].match(DELIVERY);
-  if (!first) return h('div.user-msg', {}, h('div.who', { text: 'user' }), h('div.user-text', { text: content }));
+  if (!first) return h('div.user-msg', {}, h('div.who', { text: label }), h('div.user-text', { text: content }));
   const [, fromId, agent, kind] = first;
   const who = fromId
     ? h('div.who', {}, 'from ', h('a.session-link', { href: `#${fromId}`, 'data-open': fromId, text: `${agent} ${shortId(fromId)}` }), kind ? ` · ${kind}` : '')
@@ -137,8 +137,9 @@ export class ToolCall {
     this.resultEl.hidden = false;
     this.resultEl.className = `tool-result${isError ? ' error' : ''}`;
     const label = isError ? 'error' : 'result';
-    if (this.output.childNodes.length) {
-      // The output was shown as it streamed: the result (which repeats it) folds away.
+    if (this.output.childNodes.length || this.kids.childNodes.length) {
+      // The output (or the sub-agent's turn) was shown as it streamed: the result, which
+      // repeats it, folds away behind its last line.
       const last = String(content).trim().split('\n').pop() || '';
       this.resultEl.replaceChildren(h('details', {}, h('summary', {}, h('span.label', { text: label }),
         h('span.dim', { text: ` ${last.slice(0, 120)}` })), h('pre', { text: content })));
@@ -172,10 +173,11 @@ export class ToolCall {
 }
 
 class Body {
-  constructor(view, el, sessionId) {
+  constructor(view, el, sessionId, who = 'user') {
     this.view = view;
     this.el = el;
     this.sessionId = sessionId;
+    this.who = who;  // what a user message is, seen from here ('task' inside a sub-agent)
     this.open = null;
     this.prompted = false;
     this.approvals = new Map();
@@ -210,7 +212,7 @@ class Body {
       case 'message':
         if (d.role === 'user') {
           this.finishOpen();
-          this.el.append(userBubble(d.content));
+          this.el.append(userBubble(d.content, this.who));
         } else if (d.role === 'assistant') {
           this.finishOpen();
         }
@@ -303,7 +305,7 @@ class ChildTurn {
         h('span.sid', { text: shortId(sessionId) }), this.terminalEl, open),
       this.bodyEl);
     parent.append(this.el);
-    this.body = new Body(view, this.bodyEl, sessionId);
+    this.body = new Body(view, this.bodyEl, sessionId, 'task');
     this.status(view.tree.get(sessionId));
   }
 
