@@ -44,6 +44,7 @@ function showError(err) {
 const tree = new Tree($('tree'), {
   onOpen: (id) => openSession(id),
   onChange: (s) => view && view.sessionChanged(s),
+  onRemove: (id) => { if (view.sessionId === id) closeSession(); },
   onError: showError,
 });
 

@@ -10,9 +10,10 @@ import { fmtCost, fmtTokens, h, shortId } from './dom.js';
 const TERMINAL_FETCH_CONCURRENCY = 4;
 
 export class Tree {
-  constructor(el, { onOpen, onChange, onError }) {
+  constructor(el, { onOpen, onChange, onError, onRemove }) {
     this.el = el;
     this.onOpen = onOpen;
+    this.onRemove = onRemove;  // (id) => void, after a session (and its row) is gone
     this.onChange = onChange;  // (session) => void, after any change of a session
     this.onError = onError;
     this.sessions = new Map();
@@ -72,6 +73,7 @@ export class Tree {
     s.dom.node.remove();
     if (this.selected === id) this.selected = null;
     this.countChanged();
+    this.onRemove(id);
   }
 
   /** A new event from the bus (each seen once, in seq order). */
