@@ -121,3 +121,35 @@ async def test_twenty_thousand_tokens_at_full_speed(
     assert words(text) == [f"word{i}" for i in range(20_000)]
     assert frames["frames"] > 5
     assert frames["maxGap"] < 1000, frames["maxGap"]
+
+
+async def test_open_mid_turn_past_retention_shows_it_whole_at_its_end(
+    chromium: BrowserThread, provider: Provider, tmp_path: Path
+) -> None:
+    """The running turn's start is no longer retained (retention 100 events): the replay
+    starts with a stream.gap; the turn says so, and once it ends it is shown whole from
+    the store — no word missing, none doubled."""
+    with trio.fail_after(60):
+        async with open_daemon(tmp_path, provider, server="retention_events = 100\n") as daemon, \
+                trio.open_nursery() as nursery:
+            answers: list[dict[str, Any]] = []
+
+            async def chat() -> None:
+                answers.append((await daemon.chat(mock(say=600, delay_ms=4))).json())
+
+            nursery.start_soon(chat)
+            async with open_tab(chromium, daemon.url + "/studio") as tab:
+                await tab.connected()
+                sid = await tab.wait("() => window.__t.rows()[0]?.[0]")
+                await tab.wait("(id) => window.__t.row(id).status === 'running'", sid)
+                await tab.wait("(n) => window.__t.lastSeq() > n", 250)
+                await open_session_row(tab, sid)
+                turn = await tab.nth_turn(0)
+                notice = await tab.wait("""(id) => window.__t.turn(id).textContent
+                    .includes('no longer retained')""", turn)
+                assert notice
+                await tab.wait("(id) => window.__t.turnText(id)?.terminal === 'done'", turn)
+                await tab.wait("([id, n]) => window.__t.words(window.__t.turnText(id)?.text) === n",
+                               [turn, 600])
+                text = (await tab.turn(turn))["text"]
+    assert words(text) == words(answers[0]["content"]) == [f"word{i}" for i in range(600)]

@@ -418,6 +418,7 @@ export class View {
   }
 
   reset() {
+    this.gapSeen = null;
     this.turns = new Map();
     this.pastTurns = new Set();
     this.toolCalls = new Map();
@@ -517,6 +518,7 @@ export class View {
         turn = new TurnView(this, this.el, e.turnId, {});
         this.turns.set(e.turnId, turn);
         if (e.eventType === 'turn.start') this.budgetInfo = null;
+        else if (this.gapSeen) this.markGapped(turn, this.gapSeen);  // its start is gone
       }
       turn.apply(e);
       if (e.eventType === 'usage' || e.eventType === 'done' || e.eventType === 'error' || e.eventType === 'turn.start') {
@@ -532,12 +534,14 @@ export class View {
 
   /** The bus could not replay some events: say so; a turn that had a hole reloads at its end. */
   gap(g) {
-    for (const turn of this.turns.values()) {
-      if (turn.running) {
-        turn.gapped = true;
-        turn.bodyEl.append(h('div.notice', { text: `Part of this turn's live output (events ${g.from}–${g.to}) is no longer retained by the daemon; the stored transcript is shown when the turn ends.` }));
-      }
-    }
+    this.gapSeen = g;
+    for (const turn of this.turns.values()) if (turn.running) this.markGapped(turn, g);
+  }
+
+  markGapped(turn, g) {
+    if (turn.gapped) return;
+    turn.gapped = true;
+    turn.bodyEl.prepend(h('div.notice', { text: `Part of this turn's live output (events ${g.from}–${g.to}) is no longer retained by the daemon; its stored transcript is shown when it ends.` }));
   }
 
   reload() {
