@@ -153,3 +153,27 @@ async def test_open_mid_turn_past_retention_shows_it_whole_at_its_end(
                                [turn, 600])
                 text = (await tab.turn(turn))["text"]
     assert words(text) == words(answers[0]["content"]) == [f"word{i}" for i in range(600)]
+
+
+async def test_lagged_close_resumes_without_a_hole(
+    chromium: BrowserThread, provider: Provider, tmp_path: Path
+) -> None:
+    """With a tiny per-connection queue the daemon closes Studio's socket with 1013
+    (lagged) during a full-speed turn; Studio resumes at once with since= and the text
+    ends exactly as the daemon answered."""
+    with trio.fail_after(60):
+        async with open_daemon(tmp_path, provider, server="ws_queue_max = 8\n") as daemon:
+            sid = (await daemon.chat(mock(say="ready"))).json()["sessionId"]
+            async with open_tab(chromium, f"{daemon.url}/studio#{sid}") as tab:
+                await tab.connected()
+                await tab.turn_ended(await tab.nth_turn(0))
+                r = (await daemon.chat(mock(say=4000), sessionId=sid)).json()
+                await tab.turn_ended(r["turnId"], timeout_s=40)
+                text = (await tab.turn(r["turnId"]))["text"]
+                states = await tab.eval("() => window.__t.states")
+                closed = await tab.eval("""() => {
+                    const c = document.querySelector('[data-testid=connection]');
+                    return [c.dataset.closeCode, c.dataset.closeReason]; }""")
+    assert "connecting" in states and states[-1] == "open", states
+    assert closed[0] == "1013" and closed[1].startswith("lagged seq="), closed
+    assert words(text) == words(r["content"]) == [f"word{i}" for i in range(4000)]

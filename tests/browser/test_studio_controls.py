@@ -16,6 +16,7 @@ from tests.harness import Recorder, Running, mock, open_recorder, spawn
 
 CANCELLED = ("error", "CANCELLED")
 RECEIPT = "(n) => document.querySelector('[data-testid=receipt]')?.dataset.count === n"
+USAGE = "() => ({ ...document.querySelector('[data-testid=usage]').dataset })"
 
 
 def published_text(rec: Recorder, turn_id: str) -> list[str]:
@@ -161,3 +162,63 @@ async def test_keyboard_moves_opens_and_stops(chromium: BrowserThread, daemon: R
             await tab.turn_ended(turn, "error")
             attrs = await tab.eval("(id) => ({ ...window.__t.turn(id).dataset })", turn)
             assert ending(attrs) == (*CANCELLED, "user_cancel")
+
+
+async def test_usage_counters_and_budget_bar(chromium: BrowserThread, daemon: Running) -> None:
+    """While a turn with a budget runs, the budget bar shows its tokens against the
+    budget and the usage counters include them; at the end both equal the daemon's."""
+    script = mock(calls=[
+        {"say": "first", "tools": [{"name": "bash", "arguments": {"command": "sleep 1"}}]},
+        {"say": "second"}])
+    with trio.fail_after(60):
+        sid = (await daemon.chat(mock(say="hello"))).json()["sessionId"]
+        async with open_tab(chromium, f"{daemon.url}/studio#{sid}") as tab, \
+                trio.open_nursery() as nursery:
+            await tab.connected()
+            await tab.turn_ended(await tab.nth_turn(0))
+            answers: list[dict[str, Any]] = []
+            answered = trio.Event()
+
+            async def chat() -> None:
+                r = await daemon.chat(script, sessionId=sid, budgetTokens=100_000)
+                answers.append(r.json())
+                answered.set()
+
+            nursery.start_soon(chat)
+            live = await tab.wait("""() => {
+                const b = document.querySelector('[data-testid=budget]');
+                return b && Number(b.dataset.used) > 0 && { ...b.dataset }; }""")
+            assert live["budget"] == "100000"
+            turn = await tab.nth_turn(1)
+            assert (await tab.turn(turn))["terminal"] == ""  # seen while it ran
+            before = (await daemon.http.get(f"/sessions/{sid}")).json()["tokenUsage"]
+            usage = await tab.eval(USAGE)
+            assert int(usage["input"]) + int(usage["output"]) == \
+                before["input"] + before["output"] + int(live["used"])
+            await tab.turn_ended(turn)
+            await answered.wait()  # the JSON answer comes right after the terminal
+            done = answers[0]["tokenUsage"]
+            bar = await tab.wait("""(n) => {
+                const b = document.querySelector('[data-testid=budget]');
+                return Number(b.dataset.used) === n && { ...b.dataset }; }""",
+                                 done["input"] + done["output"])
+            assert bar["budget"] == "100000" and int(live["used"]) < int(bar["used"])
+            session = (await daemon.http.get(f"/sessions/{sid}")).json()["tokenUsage"]
+            usage = await tab.eval(USAGE)
+            assert (int(usage["input"]), int(usage["output"])) == \
+                (session["input"], session["output"])
+
+
+async def test_a_failed_request_shows_the_daemons_message(
+    chromium: BrowserThread, daemon: Running
+) -> None:
+    """A chat whose body is over 1 MiB: the page shows the daemon's own error (413)."""
+    with trio.fail_after(60):
+        async with open_tab(chromium, daemon.url + "/studio") as tab:
+            await tab.connected()
+            await tab.fill("[data-testid=composer]", "x" * (1024 * 1024 + 10))
+            await tab.click("[data-testid=send]")
+            shown = await tab.wait("""() => document.body.textContent.includes('PAYLOAD_TOO_LARGE')
+                && document.body.textContent.includes('the request body is over 1048576 bytes')""")
+            assert shown
+            assert await tab.eval("() => window.__t.rows().length") == 0  # nothing was created

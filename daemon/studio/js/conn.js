@@ -11,7 +11,7 @@ const CLOSE_UNAUTHORIZED = 4401;
 const MAX_BACKOFF_MS = 5000;
 
 export class Connection {
-  constructor({ url, onEvents, onHello, onSubscribed, onGap, onState, onUnauthorized, resumeFrom }) {
+  constructor({ url, onEvents, onHello, onSubscribed, onGap, onState, onUnauthorized, onClose, resumeFrom }) {
     this.url = url;  // () => the ws URL without since
     this.onEvents = onEvents;
     this.onHello = onHello;
@@ -19,6 +19,7 @@ export class Connection {
     this.onGap = onGap;
     this.onState = onState;
     this.onUnauthorized = onUnauthorized;
+    this.onClose = onClose;  // (code, reason) of every close of a socket
     this.resumeFrom = resumeFrom;
     this.ws = null;
     this.state = 'closed';
@@ -85,6 +86,7 @@ export class Connection {
     ws.onclose = (close) => {
       if (ws !== this.ws) return;
       this.ws = null;
+      this.onClose(close.code, close.reason);
       if (this.stopped) return;
       if (close.code === CLOSE_UNAUTHORIZED) {
         this.setState('closed');

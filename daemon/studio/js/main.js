@@ -203,6 +203,11 @@ const conn = new Connection({
     }
   },
   onState: (s) => renderConnection(s),
+  onClose: (code, reason) => {
+    const el = byTestId('connection');
+    el.dataset.closeCode = String(code);
+    el.dataset.closeReason = reason || '';
+  },
   // The socket only says 4401: ask over HTTP for the daemon's own words.
   onUnauthorized: () => api('/agents').then(() => askToken('the daemon refused the token'),
     (err) => askToken(err.message)),
