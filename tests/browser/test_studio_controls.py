@@ -115,7 +115,7 @@ async def test_composer_new_chat_then_queue(chromium: BrowserThread, daemon: Run
                 '[data-testid=new-chat-agent] option')].map((o) => o.value)""")
             assert options == ["assistant", "plain"]
             await tab.select("[data-testid=new-chat-agent]", "plain")
-            await tab.fill("[data-testid=composer]", mock(say=120, delay_ms=12))
+            await tab.fill("[data-testid=composer]", mock(say=300, delay_ms=12))
             await tab.click("[data-testid=send]")
             sid = await tab.transcript_id()
             first = await tab.nth_turn(0)
@@ -129,7 +129,7 @@ async def test_composer_new_chat_then_queue(chromium: BrowserThread, daemon: Run
             second = await tab.nth_turn(1)
             await tab.turn_ended(second)
             assert await tab.turn(first) == {
-                "text": " ".join(f"word{i}" for i in range(120)), "terminal": "done"}
+                "text": " ".join(f"word{i}" for i in range(300)), "terminal": "done"}
             assert words((await tab.turn(second))["text"]) == ["the", "queued", "answer"]
             turns = (await daemon.http.get(f"/sessions/{sid}/turns")).json()["turns"]
             assert [(t["turnId"], t["trigger"]) for t in turns] == \
@@ -168,7 +168,7 @@ async def test_usage_counters_and_budget_bar(chromium: BrowserThread, daemon: Ru
     """While a turn with a budget runs, the budget bar shows its tokens against the
     budget and the usage counters include them; at the end both equal the daemon's."""
     script = mock(calls=[
-        {"say": "first", "tools": [{"name": "bash", "arguments": {"command": "sleep 1"}}]},
+        {"say": "first", "tools": [{"name": "bash", "arguments": {"command": "sleep 2"}}]},
         {"say": "second"}])
     with trio.fail_after(60):
         sid = (await daemon.chat(mock(say="hello"))).json()["sessionId"]
@@ -185,14 +185,15 @@ async def test_usage_counters_and_budget_bar(chromium: BrowserThread, daemon: Ru
                 answered.set()
 
             nursery.start_soon(chat)
-            live = await tab.wait("""() => {
+            # Read together: the bar and the counters in the same frame.
+            live, usage = await tab.wait("""() => {
                 const b = document.querySelector('[data-testid=budget]');
-                return b && Number(b.dataset.used) > 0 && { ...b.dataset }; }""")
+                const u = document.querySelector('[data-testid=usage]');
+                return b && Number(b.dataset.used) > 0 && [{ ...b.dataset }, { ...u.dataset }]; }""")
             assert live["budget"] == "100000"
             turn = await tab.nth_turn(1)
             assert (await tab.turn(turn))["terminal"] == ""  # seen while it ran
             before = (await daemon.http.get(f"/sessions/{sid}")).json()["tokenUsage"]
-            usage = await tab.eval(USAGE)
             assert int(usage["input"]) + int(usage["output"]) == \
                 before["input"] + before["output"] + int(live["used"])
             await tab.turn_ended(turn)

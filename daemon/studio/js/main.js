@@ -226,15 +226,27 @@ afterFlush(() => {
     lastShownSeq = state.lastSeq;
     byTestId('connection').dataset.lastSeq = String(state.lastSeq);
   }
-  if (stuck && !view.el.hidden) scroller.scrollTop = scroller.scrollHeight;
 });
 
 // -- scrolling: follow the end unless the reader scrolled up -----------------------------
 
+// Only the reader's own scrolling (wheel, touch, keys, the scrollbar) unsticks: a scroll
+// event caused by content changing size (markdown rendered, a block folded) does not.
 const scroller = $('scroller');
 let stuck = true;
+let byReader = false;
+for (const type of ['wheel', 'touchmove', 'mousedown', 'keydown']) {
+  scroller.addEventListener(type, () => { byReader = true; }, { passive: true });
+}
+// Follow the end whenever the transcript's size changes (after layout, at most once a
+// frame): new text, a rendered block, a block folded or skipped by content-visibility.
+new ResizeObserver(() => {
+  if (stuck && !view.el.hidden) scroller.scrollTop = scroller.scrollHeight;
+}).observe($('transcript'));
 scroller.addEventListener('scroll', () => {
-  stuck = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 40;
+  if (scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 40) stuck = true;
+  else if (byReader) stuck = false;
+  byReader = false;
 }, { passive: true });
 
 // -- controls ------------------------------------------------------------------------
@@ -347,7 +359,7 @@ async function boot() {
     select.replaceChildren(...agents.map((a) => h('option', { value: a.name, text: a.name, title: `${a.engine} · ${a.model || ''}` })));
     if (current && agents.some((a) => a.name === current)) select.value = current;
     const wanted = decodeURIComponent(location.hash.slice(1));
-    if (wanted && tree.get(wanted)) openSession(wanted);
+    if (wanted) openSession(wanted);
     else if (!view.sessionId) closeSession();
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) askToken(err.message);

@@ -386,7 +386,7 @@ class TurnView {
     this.el.dataset.errorCode = kind === 'error' ? d.code || '' : '';
     this.el.dataset.cancelReason = kind === 'error' ? (d.details && d.details.reason) || d.cancelReason || '' : '';
     this.footer.replaceChildren(terminalBadge(kind, d));
-    this.el.classList.add('ended');
+    this.el.classList.add('ended', 'done');
   }
 
   apply(e) {
