@@ -189,7 +189,8 @@ async def test_usage_counters_and_budget_bar(chromium: BrowserThread, daemon: Ru
             live, usage = await tab.wait("""() => {
                 const b = document.querySelector('[data-testid=budget]');
                 const u = document.querySelector('[data-testid=usage]');
-                return b && Number(b.dataset.used) > 0 && [{ ...b.dataset }, { ...u.dataset }]; }""")
+                return b && Number(b.dataset.used) > 0
+                  && [{ ...b.dataset }, { ...u.dataset }]; }""")
             assert live["budget"] == "100000"
             turn = await tab.nth_turn(1)
             assert (await tab.turn(turn))["terminal"] == ""  # seen while it ran
