@@ -80,7 +80,9 @@ class Tab:
         self.context = context
         self.page = page
         self.errors: list[str] = []
+        self.sockets: list[str] = []  # the URL of every WebSocket the page opened
         page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        page.on("websocket", lambda ws: self.sockets.append(ws.url))
 
     async def run(self, fn: Callable[..., T], *args: Any, limit_s: float = 60) -> T:
         return await self.thread.call(fn, *args, limit_s=limit_s)

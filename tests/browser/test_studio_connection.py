@@ -52,10 +52,14 @@ async def test_reconnect_through_cut_connections(chromium: BrowserThread, daemon
                 await tab.turn_ended(turn, timeout_s=40)
                 text = (await tab.turn(turn))["text"]
                 states = await tab.eval("() => window.__t.states")
+                sockets = list(tab.sockets)
             nursery.cancel_scope.cancel()
     assert answers and answers[0]["turnId"] == turn
     assert words(text) == words(answers[0]["content"]) == [f"word{i}" for i in range(400)]
     assert states[seen:] == ["connecting", "open"] * 2, states
+    # One socket at a time: the first, then one per cut, each resuming with since=.
+    assert len(sockets) == 3 and "since=" not in sockets[0], sockets
+    assert all("batch=1" in u for u in sockets) and all("since=" in u for u in sockets[1:])
 
 
 @pytest.fixture

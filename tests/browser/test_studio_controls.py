@@ -224,3 +224,42 @@ async def test_a_failed_request_shows_the_daemons_message(
                 && document.body.textContent.includes('the request body is over 1048576 bytes')""")
             assert shown
             assert await tab.eval("() => window.__t.rows().length") == 0  # nothing was created
+
+
+async def test_composer_steer_into_the_running_turn_then_new_chat(
+    chromium: BrowserThread, daemon: Running
+) -> None:
+    """A `steer` delivery sent while a turn runs goes into that turn before its next LLM
+    call (shown inside it, from outside); New chat then clears the view and the next
+    send starts another session."""
+    script = mock(calls=[
+        {"say": 30, "delay_ms": 10,
+         "tools": [{"name": "bash", "arguments": {"command": "sleep 1.5"}}]},
+        {"say": "not reached: the steered message scripts this call"}])
+    with trio.fail_after(60):
+        async with open_tab(chromium, daemon.url + "/studio") as tab:
+            await tab.connected()
+            await tab.fill("[data-testid=composer]", script)
+            await tab.click("[data-testid=send]")
+            sid = await tab.transcript_id()
+            turn = await tab.nth_turn(0)
+            await tab.wait("""(id) => window.__t.turn(id)
+                .querySelector('[data-testid=tool-call][data-tool-name=bash]')""", turn)
+            await tab.select("[data-testid=delivery]", "steer")
+            await tab.fill("[data-testid=composer]", mock(say="steered reply"))
+            await tab.click("[data-testid=send]")
+            await tab.turn_ended(turn)
+            text = (await tab.turn(turn))["text"]
+            assert words(text) == [f"word{i}" for i in range(30)] + ["steered", "reply"]
+            inside = await tab.eval("""(id) => window.__t.turn(id).textContent
+                .includes('delivered from outside')""", turn)
+            assert inside and await tab.eval("() => window.__t.turnIds().length") == 1
+            await tab.click("[data-testid=new-chat]")
+            await tab.wait("() => window.__t.transcriptId() === ''")
+            await tab.fill("[data-testid=composer]", mock(say="a new one"))
+            await tab.click("[data-testid=send]")
+            other = await tab.wait("(old) => { const id = window.__t.transcriptId();"
+                                   " return id && id !== old && id; }", sid)
+            await tab.turn_ended(await tab.nth_turn(0))
+            assert words((await tab.turn(await tab.nth_turn(0)))["text"]) == ["a", "new", "one"]
+            assert (await tab.row(other))["parentId"] == ""

@@ -60,6 +60,8 @@ async def test_chat_text_grows_then_equals_the_result(
             assert int(usage["input"]) == session["tokenUsage"]["input"] > 0
             assert int(usage["output"]) == session["tokenUsage"]["output"] == 80
             assert await tab.eval("() => window.__t.lastSeq()") > 0
+            # One WebSocket for the tab, batched; the chat and the view went over it.
+            assert len(tab.sockets) == 1 and "batch=1" in tab.sockets[0], tab.sockets
 
 
 async def test_demo_default_answer_shows_the_helper_inside_the_spawn(
