@@ -39,13 +39,14 @@ async def test_reconnect_through_cut_connections(chromium: BrowserThread, daemon
                 answers: list[dict[str, Any]] = []
 
                 async def chat() -> None:
-                    r = await daemon.chat(mock(say=400, delay_ms=6), sessionId=sid)
+                    r = await daemon.chat(mock(say=800, delay_ms=6), sessionId=sid)
                     answers.append(r.json())
 
                 nursery.start_soon(chat)
                 turn = await tab.nth_turn(1)
                 for n, at in enumerate((40, 200), 1):
                     await tab.turn_words_over(turn, at)
+                    assert (await tab.turn(turn))["terminal"] == ""  # mid-stream
                     assert proxy.cut() >= 1
                     await tab.wait("""(n) => window.__t.states.at(-1) === 'open'
                         && window.__t.states.filter((s) => s === 'connecting').length >= n""", n)
@@ -55,7 +56,7 @@ async def test_reconnect_through_cut_connections(chromium: BrowserThread, daemon
                 sockets = list(tab.sockets)
             nursery.cancel_scope.cancel()
     assert answers and answers[0]["turnId"] == turn
-    assert words(text) == words(answers[0]["content"]) == [f"word{i}" for i in range(400)]
+    assert words(text) == words(answers[0]["content"]) == [f"word{i}" for i in range(800)]
     assert states[seen:] == ["connecting", "open"] * 2, states
     # One socket at a time: the first, then one per cut, each resuming with since=.
     assert len(sockets) == 3 and "since=" not in sockets[0], sockets
@@ -140,7 +141,7 @@ async def test_open_mid_turn_past_retention_shows_it_whole_at_its_end(
             answers: list[dict[str, Any]] = []
 
             async def chat() -> None:
-                answers.append((await daemon.chat(mock(say=600, delay_ms=4))).json())
+                answers.append((await daemon.chat(mock(say=1500, delay_ms=4))).json())
 
             nursery.start_soon(chat)
             async with open_tab(chromium, daemon.url + "/studio") as tab:
@@ -155,9 +156,9 @@ async def test_open_mid_turn_past_retention_shows_it_whole_at_its_end(
                 assert notice
                 await tab.wait("(id) => window.__t.turnText(id)?.terminal === 'done'", turn)
                 await tab.wait("([id, n]) => window.__t.words(window.__t.turnText(id)?.text) === n",
-                               [turn, 600])
+                               [turn, 1500])
                 text = (await tab.turn(turn))["text"]
-    assert words(text) == words(answers[0]["content"]) == [f"word{i}" for i in range(600)]
+    assert words(text) == words(answers[0]["content"]) == [f"word{i}" for i in range(1500)]
 
 
 async def test_lagged_close_resumes_without_a_hole(

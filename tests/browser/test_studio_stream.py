@@ -198,7 +198,7 @@ async def test_open_mid_turn_replays_its_start_after_past_turns(
             answers: list[dict[str, Any]] = []
 
             async def second() -> None:
-                r = await daemon.chat(mock(say=150, delay_ms=10), sessionId=sid)
+                r = await daemon.chat(mock(say=400, delay_ms=10), sessionId=sid)
                 answers.append(r.json())
 
             nursery.start_soon(second)
@@ -207,9 +207,12 @@ async def test_open_mid_turn_replays_its_start_after_past_turns(
                 and e["sessionId"] == sid and e["turnId"] != first["turnId"]) >= 30)
             async with open_tab(chromium, f"{daemon.url}/studio#{sid}") as tab:
                 turn = await tab.nth_turn(1)
+                shown = await tab.turn(turn)
+                assert shown["terminal"] == ""  # opened while it ran
+                assert words(shown["text"])[:30] == [f"word{i}" for i in range(30)]
                 assert await tab.turn(first["turnId"]) == \
                     {"text": "an earlier answer", "terminal": "done"}
                 await tab.turn_ended(turn, timeout_s=30)
                 text = (await tab.turn(turn))["text"]
         assert answers and turn == answers[0]["turnId"]
-        assert words(text) == words(answers[0]["content"]) == [f"word{i}" for i in range(150)]
+        assert words(text) == words(answers[0]["content"]) == [f"word{i}" for i in range(400)]
