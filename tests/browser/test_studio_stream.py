@@ -159,6 +159,7 @@ async def test_thinking_and_live_tool_output(chromium: BrowserThread, daemon: Ru
             turn = await tab.nth_turn(0)
             await tab.wait("""(id) => window.__t.turn(id).querySelector('[data-testid=thinking]')
                 ?.textContent.includes('hmm3')""", turn)
+            await tab.screenshot("thinking-live")
             early = await tab.eval("""(id) => {
                 const t = window.__t.turn(id).querySelector('[data-testid=thinking]');
                 return [t.open, t.textContent.includes('hmm39')]; }""", turn)
