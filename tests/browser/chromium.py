@@ -81,8 +81,10 @@ class Tab:
         self.page = page
         self.errors: list[str] = []
         self.sockets: list[str] = []  # the URL of every WebSocket the page opened
+        self.requests: list[str] = []  # the URL of every other request it made
         page.on("pageerror", lambda exc: self.errors.append(str(exc)))
         page.on("websocket", lambda ws: self.sockets.append(ws.url))
+        page.on("request", lambda request: self.requests.append(request.url))
 
     async def run(self, fn: Callable[..., T], *args: Any, limit_s: float = 60) -> T:
         return await self.thread.call(fn, *args, limit_s=limit_s)

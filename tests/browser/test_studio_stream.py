@@ -62,6 +62,10 @@ async def test_chat_text_grows_then_equals_the_result(
             assert await tab.eval("() => window.__t.lastSeq()") > 0
             # One WebSocket for the tab, batched; the chat and the view went over it.
             assert len(tab.sockets) == 1 and "batch=1" in tab.sockets[0], tab.sockets
+            # Nothing but the daemon: no CDN, no font, no outside request at all.
+            origin = daemon.url + "/"
+            assert tab.requests and all(u.startswith(origin) for u in tab.requests), tab.requests
+            assert tab.sockets[0].startswith(daemon.ws_url)
 
 
 async def test_demo_default_answer_shows_the_helper_inside_the_spawn(
