@@ -38,6 +38,7 @@ def _serve(args: argparse.Namespace) -> int:
                                                  task_status=task_status)
             )
             print(f"veild listening on {daemon.url}", flush=True)
+            print(f"veild: Studio is at {daemon.url}/studio", file=sys.stderr, flush=True)
 
     try:
         trio.run(main)

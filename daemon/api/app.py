@@ -11,6 +11,7 @@ from werkzeug.exceptions import HTTPException
 from daemon.api.auth import request_authorized
 from daemon.api.guard import HostOriginGuard, HostPolicy
 from daemon.api.http import http_routes
+from daemon.api.studio import studio_routes
 from daemon.api.ws import ws_routes
 from daemon.errors import ApiError, PayloadTooLarge, Unauthorized
 from daemon.httpserver import Connections
@@ -41,6 +42,7 @@ def build_app(rt: Runtime, connections: Connections) -> QuartTrio:
     )
     app.register_blueprint(http_routes(rt))
     app.register_blueprint(ws_routes(rt, connections))
+    app.register_blueprint(studio_routes())
     server = rt.config.server
     # CONTRACT §3.1, in front of everything (HTTP, SSE, the WebSocket upgrade): a
     # foreign Host or Origin is refused before any handler runs or any body is read.

@@ -33,6 +33,18 @@ READ_SIZE = 64 * 1024
 BURST = 256
 
 
+def _offered(body: dict[str, Any]) -> frozenset[str]:
+    """Tool names a request offers (Chat Completions or Messages API shape)."""
+    names = set()
+    for tool in body.get("tools") or ():
+        if isinstance(tool, dict):
+            fn = tool.get("function")
+            name = fn.get("name") if isinstance(fn, dict) else tool.get("name")
+            if isinstance(name, str):
+                names.add(name)
+    return frozenset(names)
+
+
 class _Abort(Exception):
     """Stop answering this connection (the script asked for a drop)."""
 
@@ -226,7 +238,7 @@ async def _answer_messages(conn: _Conn, target: str, raw: bytes,
         await conn.json_response(200, {"input_tokens": anthropic.usage(messages, 0)[
             "input_tokens"]})
         return
-    spec = plan(messages)
+    spec = plan(messages, _offered(body))
     model = spec.model or str(body.get("model") or "mock-1")
     if log is not None:
         u = anthropic.usage(messages, anthropic.completion_tokens(spec))
@@ -260,7 +272,7 @@ async def _answer(conn: _Conn, request: h11.Request, raw: bytes, log: list[Serve
     except (ValueError, KeyError, TypeError):
         await conn.json_response(400, {"error": {"message": "bad request body"}})
         return
-    spec = plan(messages)
+    spec = plan(messages, _offered(body))
     model = spec.model or str(body.get("model") or "mock-1")
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     if log is not None:

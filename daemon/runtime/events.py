@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from daemon.store.models import MessageRecord, SessionRecord, TokenUsage
+from daemon.store.models import MessageRecord, SessionRecord, TokenUsage, TurnHistory
 
 # session.stream event types
 TURN_START: Final = "turn.start"
@@ -186,7 +186,26 @@ def message_wire(m: MessageRecord) -> dict[str, Any]:
     if m.tool_call_id:
         out["toolCallId"] = m.tool_call_id
     out["createdAt"] = m.created_at
+    out["turnId"] = m.turn_id
     return out
+
+
+def turn_wire(t: TurnHistory) -> dict[str, Any]:
+    """One entry of GET /sessions/{id}/turns (CONTRACT §3), plus `startSeq`."""
+    code = t.terminal_code
+    return {
+        "turnId": t.id,
+        "trigger": t.trigger,
+        "fromSessionId": t.from_session_id,
+        "startedAt": t.started_at,
+        "endedAt": t.ended_at,
+        "terminal": None if code is None else ("done" if code == "done" else "error"),
+        "errorCode": None if code in (None, "done") else code,
+        "cancelReason": t.cancel_reason,
+        "tokenUsage": usage_wire(t.token_usage),
+        "model": t.model,
+        "startSeq": t.start_seq,
+    }
 
 
 @dataclass(frozen=True, slots=True)
