@@ -24,6 +24,10 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    # An attacker's names for the cross-site tests (test_cross_site.py): what their DNS
+    # would answer, kept inside the browser; and no https:// attempt before http://.
+    "--host-resolver-rules=MAP evil.test 127.0.0.1, MAP rebind.test 127.0.0.1",
+    "--disable-features=HttpsUpgrades,HttpsFirstBalancedModeAutoEnable",
 ]
 VIEWPORT = {"width": 1400, "height": 900}
 T = TypeVar("T")
