@@ -52,7 +52,7 @@ async (daemon) => {
 
 
 class _Page(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+    def do_GET(self) -> None:
         body = b"<!doctype html><title>a page on the web</title><p>hello</p>"
         self.send_response(200)
         self.send_header("Content-Type", "text/html")
