@@ -12,6 +12,9 @@ from tests.browser.chromium import CHROMIUM, BrowserThread
 def chromium() -> Iterator[BrowserThread]:
     """One headless chromium for every browser test (launching it takes a second)."""
     if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI"):
+            # .ci/run installs it: in CI a missing browser is a failure, never a skip.
+            pytest.fail(f"{CHROMIUM} is not installed")
         pytest.skip(f"{CHROMIUM} is not installed (.ci/run installs it: apt-get install chromium)")
     thread = BrowserThread()
     thread.start()
