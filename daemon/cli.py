@@ -58,8 +58,12 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 def _startup_failure(exc: BaseException, config: Config) -> str | None:
-    """One line for a failure a user can act on (CONTRACT §12), else None."""
-    for leaf in _leaves(exc):
+    """One line for a failure a user can act on (CONTRACT §12), else None (also when
+    anything else failed with it: that keeps its traceback)."""
+    leaves = _leaves(exc)
+    if not all(isinstance(leaf, (StoreError, OSError)) for leaf in leaves):
+        return None
+    for leaf in leaves:
         if isinstance(leaf, StoreError):
             return f"store error: {leaf} (data dir {config.server.data_dir})"
         if isinstance(leaf, OSError):

@@ -38,10 +38,15 @@ def split_host(value: str) -> str | None:
 
 
 def ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a literal names; an IPv4-mapped IPv6 address (how a dual-stack
+    socket sees an IPv4 client, `::ffff:a.b.c.d`) as the IPv4 address it maps."""
     try:
-        return ipaddress.ip_address(host)
+        ip = ipaddress.ip_address(host)
     except ValueError:
         return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
 
 
 def configured_host(entry: str) -> str:

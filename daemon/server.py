@@ -131,7 +131,7 @@ async def serve_daemon(
             event_log = await SqliteEventLog.open(
                 server.data_dir / "events.db", retention_events=server.retention_events,
                 retention_bytes=server.retention_bytes, flush_ms=server.event_flush_ms,
-                seq_floor=await store.seq_reserved() or 0,
+                seq_floor=await store.seq_reserved() or 0, mirror=store.set_seq_reserved,
             )
             try:
                 async with trio.open_nursery() as core:

@@ -111,3 +111,24 @@ async def test_after_sigkill_the_unflushed_tail_is_a_gap_never_a_hole(
         messages = (await http.get(f"/sessions/{second['sessionId']}/messages")).json()
         assert [m["role"] for m in messages["messages"]] == ["user", "assistant"]
         assert messages["messages"][-1]["content"] == second["content"]
+
+
+async def test_seqs_go_on_when_the_event_log_file_is_lost(
+    tmp_path: Path, provider: Provider
+) -> None:
+    """The store keeps a copy of the seq floor: deleting events.db forgets the replay
+    history (a client then gets a gap), never the seqs already handed out."""
+    async with open_daemon(tmp_path, provider) as d:
+        last = (await d.chat(mock(say=5))).json()
+        async with open_recorder(d.ws_url, "since=0") as rec:
+            await rec.terminal(last["turnId"])
+            handed_out = max(e["seq"] for e in rec.events)
+    for name in ("events.db", "events.db-wal", "events.db-shm"):
+        (tmp_path / "data" / name).unlink(missing_ok=True)
+    async with open_daemon(tmp_path, provider) as d:
+        async with open_recorder(d.ws_url, "since=0") as rec:
+            r = await d.chat(mock(say=2))
+            await rec.terminal(r.json()["turnId"])
+            assert rec.frames[0]["seq"] >= handed_out  # hello: the latest seq
+            assert rec.events[0]["type"] == "stream.gap"
+            assert min(e["seq"] for e in rec.events[1:]) > handed_out

@@ -82,7 +82,7 @@ async def test_flush_writes_a_batch_and_a_clean_stop_continues_after_it(tmp_path
     log = await open_log(path)
     sent = [append(log, f"w{i} ") for i in range(50)]
     await log.flush()
-    assert log.flushes == 1 and meta(path, "reserved") == 50 + RESERVE_AHEAD
+    assert log.flushes == 1 and meta(path, "reserved") == RESERVE_AHEAD  # moves at half
     await log.aclose()
     again = await open_log(path)
     assert again.latest_seq == 50  # a clean stop: no jump, nothing reported missing
@@ -230,4 +230,51 @@ async def test_the_index_offers_each_event_once_and_only_where_it_may_match() ->
                         "child": [2], "other": []}
     for sub in others:
         sub.close()
+    assert bus.subscriber_count == 0
+
+
+async def test_a_seq_missing_from_the_ring_is_still_found() -> None:
+    log = MemoryEventLog()
+    sent = [append(log, str(i)) for i in range(3)]
+    log.take_seq()  # a seq handed out whose event never arrived
+    sent += [append(log, str(i)) for i in range(3, 6)]
+    items = await drain(log.replay(2))
+    assert [e.seq for e in items if isinstance(e, Envelope)] == [3, 5, 6, 7]
+    assert Gap(4, 4) in items
+
+
+def test_an_event_with_a_lone_surrogate_still_encodes() -> None:
+    env = build(1, 0, "session.stream", ref("s1"), {"data": {"content": "half \ud83d"}},
+                turn_id="t", event_type="inference.chunk")
+    assert "\\ud83d" in env.json and env.data == env.json.encode()
+
+
+async def test_a_failed_flush_leaves_the_accounting_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    log = await open_log(path, bytes=10_000_000)
+    for i in range(10):
+        append(log, f"w{i}")
+    blocker = sqlite3.connect(path, timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")  # another writer holds the file
+    log._disk.conn.execute("PRAGMA busy_timeout=0")
+    await log.flush()
+    await log.flush()
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    assert log.flushes == 0  # both attempts failed and kept their batch
+    await log.flush()
+    assert log.flushes == 1
+    assert log._disk.bytes == stored_bytes(path)  # counted once, not once per attempt
+    assert [e.seq for e in await drain(log.replay(0)) if isinstance(e, Envelope)] == list(
+        range(1, 11))
+    await log.aclose()
+
+
+async def test_subscribers_naming_no_session_are_counted_and_closed() -> None:
+    bus = Bus(MemoryEventLog())
+    empty = bus.subscribe(Filter(session_ids=frozenset()))
+    other = bus.subscribe(Filter(session_ids=frozenset(), include_children=True))
+    assert bus.subscriber_count == 2
+    bus.close_all("shutdown")
+    assert empty.end_reason == other.end_reason == "shutdown"
     assert bus.subscriber_count == 0

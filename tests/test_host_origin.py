@@ -266,6 +266,7 @@ async def test_allowed_hosts_and_origins_from_config(tmp_path: Path, provider: P
     ("192.168.1.5", "192.168.1.5", True),      # the address a wildcard bind was reached on
     ("192.168.1.5", "192.168.1.6", False),
     ("myhost.lan", "192.168.1.5", False),      # a name, even on a wildcard bind
+    ("192.168.1.5", "::ffff:192.168.1.5", True),  # an IPv4 client of a dual-stack bind
     (None, "127.0.0.1", False),
 ])
 def test_policy_on_a_wildcard_bind(host: str | None, local: str | None, allowed: bool) -> None:

@@ -50,17 +50,34 @@ class Ring:
             self.bytes -= items.popleft().size
 
     def since(self, seq: int) -> list[Envelope]:
-        """A snapshot of the envelopes with a larger seq (seqs in the ring are
-        consecutive within one process, so the start is found by arithmetic)."""
+        """A snapshot of the envelopes with a larger seq. Seqs in the ring are
+        consecutive within one process, so the start is found by arithmetic; should a
+        seq ever be missing, a search finds it instead."""
         items = self._items
         if not items:
             return []
         start = max(0, seq + 1 - items[0].seq)
         if start >= len(items):
-            return []
+            if items[-1].seq <= seq:
+                return []
+            start = self._search(seq)
+        elif start > 0 and items[start - 1].seq != seq:
+            start = self._search(seq)
         if start == 0:
             return list(items)
         return list(islice(items, start, None))
+
+    def _search(self, seq: int) -> int:
+        """Index of the first envelope with a larger seq (seq order, not consecutive)."""
+        items = self._items
+        low, high = 0, len(items)
+        while low < high:
+            mid = (low + high) // 2
+            if items[mid].seq <= seq:
+                low = mid + 1
+            else:
+                high = mid
+        return low
 
 
 ReadPage = Callable[[int, int, int], Awaitable[list[Envelope]]]

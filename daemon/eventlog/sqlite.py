@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections import deque
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -34,13 +35,16 @@ from daemon.runtime.events import Envelope
 
 log = logging.getLogger(__name__)
 
-RESERVE_AHEAD = 100_000
+# Seqs are 64-bit: reserve far ahead, so no publish rate can outrun the flusher's
+# reservation (a crash then skips up to this many seqs; skipped ones cost nothing).
+RESERVE_AHEAD = 10_000_000
 # The in-memory window: recent replays are served from it without a disk read.
 RING_EVENTS = 10_000
 RING_BYTES = 32 * 1024 * 1024
 # While the disk refuses writes, at most this many events wait; older ones are given
-# up (and replayed as a gap) rather than holding memory without bound.
-MAX_PENDING = 200_000
+# up (and replayed as a gap) rather than holding memory without bound. A disk that
+# accepts writes is never given up on, however far behind it is.
+MAX_PENDING = 1_000_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -130,45 +134,45 @@ class _Disk:
         self.conn.execute("INSERT INTO meta(key, value) VALUES(?, ?) "
                           "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
 
+    def add_hole(self, first: int, last: int) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO holes(first, last) VALUES (?, ?)",
+                          (first, last))
+        self.holes = [*self.holes, (first, last)]
+
     def write(self, batch: list[Envelope], reserved: int) -> int | None:
         """One transaction: the batch, the reservation, retention. Returns the new
-        oldest retained seq."""
+        oldest retained seq. The in-memory accounting changes only once it committed."""
         conn = self.conn
+        runs, total, oldest, holes = deque(self.runs), self.bytes, self.oldest, self.holes
         conn.execute("BEGIN IMMEDIATE")
         try:
             if batch:
                 conn.executemany(f"INSERT OR REPLACE INTO events({_COLUMNS}) "
                                  "VALUES (?,?,?,?,?,?,?)", [_row(e) for e in batch])
                 size = sum(len(e.data) for e in batch)
-                self.runs.append((batch[-1].seq, size))
-                self.bytes += size
-                if self.oldest is None:
-                    self.oldest = batch[0].seq
-                self._prune(batch[-1].seq)
+                runs.append((batch[-1].seq, size))
+                total += size
+                if oldest is None:
+                    oldest = batch[0].seq
+                upto = retention_floor(batch[-1].seq, self.retention_events, holes)
+                while runs and (runs[0][0] <= upto or total > self.retention_bytes):
+                    run_last, run_size = runs.popleft()
+                    total -= run_size
+                    upto = max(upto, run_last)
+                if oldest is not None and upto >= oldest:
+                    conn.execute("DELETE FROM events WHERE seq <= ?", (upto,))
+                    conn.execute("DELETE FROM holes WHERE last <= ?", (upto,))
+                    holes = [h for h in holes if h[1] > upto]
+                    oldest = upto + 1 if runs else None
             self.set_meta("reserved", reserved)
             conn.execute("DELETE FROM meta WHERE key='clean'")
+            conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
-        return self.oldest
-
-    def add_hole(self, first: int, last: int) -> None:
-        self.conn.execute("INSERT OR REPLACE INTO holes(first, last) VALUES (?, ?)",
-                          (first, last))
-        self.holes.append((first, last))
-
-    def _prune(self, last: int) -> None:
-        upto = retention_floor(last, self.retention_events, self.holes)
-        while self.runs and (self.runs[0][0] <= upto or self.bytes > self.retention_bytes):
-            run_last, size = self.runs.popleft()
-            self.bytes -= size
-            upto = max(upto, run_last)
-        if self.oldest is not None and upto >= self.oldest:
-            self.conn.execute("DELETE FROM events WHERE seq <= ?", (upto,))
-            self.conn.execute("DELETE FROM holes WHERE last <= ?", (upto,))
-            self.holes = [h for h in self.holes if h[1] > upto]
-            self.oldest = upto + 1 if self.runs else None
+        self.runs, self.bytes, self.oldest, self.holes = runs, total, oldest, holes
+        return oldest
 
     def read(self, after: int, upto: int, limit: int) -> list[Envelope]:
         rows = self.conn.execute(
@@ -183,8 +187,10 @@ class SqliteEventLog:
     `serve` with `nursery.start`, `aclose` at shutdown (under a bounded shield)."""
 
     def __init__(self, disk: _Disk, first_seq: int, reserved: int, *, flush_s: float,
-                 ring_events: int, ring_bytes: int) -> None:
+                 ring_events: int, ring_bytes: int,
+                 mirror: Callable[[int], Awaitable[None]] | None = None) -> None:
         self._disk = disk
+        self._mirror = mirror
         self._limiter = trio.CapacityLimiter(1)
         self._flush_s = flush_s
         self._retention_events = disk.retention_events
@@ -196,15 +202,19 @@ class SqliteEventLog:
         self._pending: list[Envelope] = []
         self._wanted = trio.Event()
         self._overrun_logged = False
+        self._closed = False
+        self._failing = False  # the last flush failed: the disk refuses writes
         self.flushes = 0
 
     @classmethod
     async def open(
         cls, path: Path, *, retention_events: int, retention_bytes: int,
         flush_ms: float, seq_floor: int = 0,
+        mirror: Callable[[int], Awaitable[None]] | None = None,
     ) -> SqliteEventLog:
-        """`seq_floor`: a seq every new one must exceed (the seqs an older veild, whose
-        log was memory only, reserved in the store)."""
+        """`seq_floor`: a seq every new one must exceed. `mirror`: told every reserved
+        bound (and the last seq at a clean stop), so that the store keeps the floor for
+        the next start even if this file is lost."""
         def _open() -> tuple[_Disk, int, int]:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -233,9 +243,11 @@ class SqliteEventLog:
             disk, first, reserved = await trio.to_thread.run_sync(_open)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open the event log at {path}: {exc}") from exc
-        return cls(disk, first, reserved, flush_s=flush_ms / 1000,
+        log_ = cls(disk, first, reserved, flush_s=flush_ms / 1000,
                    ring_events=min(RING_EVENTS, retention_events),
-                   ring_bytes=min(RING_BYTES, retention_bytes))
+                   ring_bytes=min(RING_BYTES, retention_bytes), mirror=mirror)
+        await log_._tell_mirror(reserved)
+        return log_
 
     # -- the EventLog port ------------------------------------------------------------
 
@@ -248,13 +260,15 @@ class SqliteEventLog:
         return (min(candidates) if candidates else self._next_seq, self.latest_seq)
 
     def take_seq(self) -> int:
+        if self._closed:
+            raise StoreError("the event log is closed")
         seq = self._next_seq
         if seq > self._reserved:
             # No flush for RESERVE_AHEAD events: the disk is stuck. Go on (publishing
             # never blocks); the next flush persists a bound past this seq.
             if not self._overrun_logged:
                 log.error("event log: seq %d passed the persisted reservation; "
-                          "the disk has not accepted a flush for a while", seq)
+                          "no flush has succeeded for %d events", seq, RESERVE_AHEAD // 2)
                 self._overrun_logged = True
             self._reserved = seq + RESERVE_AHEAD
         self._next_seq = seq + 1
@@ -266,7 +280,7 @@ class SqliteEventLog:
         pending.append(env)
         if len(pending) == 1:
             self._wanted.set()
-        elif len(pending) > MAX_PENDING:
+        elif len(pending) > MAX_PENDING and self._failing:
             self._give_up(len(pending) // 2)
 
     def replay(self, since: int) -> PagedReplay:
@@ -286,7 +300,10 @@ class SqliteEventLog:
         """Write what is pending now (also called at close)."""
         self._wanted = trio.Event()
         batch, self._pending = self._pending, []
-        reserved = max(self._reserved, self._next_seq - 1 + RESERVE_AHEAD)
+        # Move the reservation only when half of it is used: most flushes leave it.
+        reserved = self._reserved
+        if self._next_seq > reserved - RESERVE_AHEAD // 2:
+            reserved = self._next_seq - 1 + RESERVE_AHEAD
         try:
             oldest = await trio.to_thread.run_sync(
                 self._disk.write, batch, reserved, limiter=self._limiter
@@ -296,33 +313,56 @@ class SqliteEventLog:
             # MAX_PENDING. A cancel while writing loses nothing either: the thread's
             # transaction commits or rolls back on its own, and a re-write replaces.
             log.error("event log: flush of %d events failed: %s", len(batch), exc)
+            self._failing = True
             self._requeue(batch)
             return
         except BaseException:
             self._requeue(batch)
             raise
+        self._failing = False
+        moved = reserved != self._reserved
         self._reserved = reserved
         self._oldest = oldest
         if batch:
             self._flushed = batch[-1].seq
             self._ring.trim(self._flushed)
         self.flushes += 1
+        if moved:
+            await self._tell_mirror(reserved)
 
     async def aclose(self) -> None:
         """Flush what is left, then record a clean stop at the latest seq."""
         await self.flush()
         latest = self.latest_seq
+        if not self._pending:
+            await self._tell_mirror(latest)
+
+        self._closed = True
 
         def _close() -> None:
             disk = self._disk
-            if not self._pending:
-                disk.set_meta("reserved", latest)
-                disk.set_meta("clean", latest)
-            disk.conn.close()
+            try:
+                if not self._pending:
+                    disk.set_meta("reserved", latest)
+                    disk.set_meta("clean", latest)
+            finally:
+                disk.conn.close()
 
-        await trio.to_thread.run_sync(_close, limiter=self._limiter)
+        try:
+            await trio.to_thread.run_sync(_close, limiter=self._limiter)
+        except sqlite3.Error as exc:
+            # Not a clean stop, then: the next start skips ahead and reports a gap.
+            log.error("event log: could not record a clean stop: %s", exc)
 
     # -- internals --------------------------------------------------------------------
+
+    async def _tell_mirror(self, bound: int) -> None:
+        if self._mirror is None:
+            return
+        try:
+            await self._mirror(bound)
+        except StoreError as exc:
+            log.error("event log: could not copy the seq reservation to the store: %s", exc)
 
     async def _read(self, after: int, upto: int, limit: int) -> list[Envelope]:
         try:
@@ -334,7 +374,7 @@ class SqliteEventLog:
 
     def _requeue(self, batch: list[Envelope]) -> None:
         self._pending = batch + self._pending
-        if len(self._pending) > MAX_PENDING:
+        if len(self._pending) > MAX_PENDING and self._failing:
             self._give_up(len(self._pending) - MAX_PENDING)
         if self._pending:
             self._wanted.set()

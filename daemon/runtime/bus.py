@@ -168,7 +168,7 @@ class Bus:
         self._unfiltered: set[Subscription] = set()
         self._by_session: dict[str, set[Subscription]] = {}
         self._by_ancestor: dict[str, set[Subscription]] = {}
-        self._count = 0
+        self._all: set[Subscription] = set()  # every live one, indexed or not
         self.published = 0
 
     @property
@@ -181,7 +181,7 @@ class Bus:
 
     @property
     def subscriber_count(self) -> int:
-        return self._count
+        return len(self._all)
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -234,7 +234,7 @@ class Bus:
         sub = Subscription(self, flt, queue_max or self.queue_max, replay, self.latest_seq)
         for index in self._indexes(sub):
             index.add(sub)
-        self._count += 1
+        self._all.add(sub)
         return sub
 
     def _indexes(self, sub: Subscription) -> list[set[Subscription]]:
@@ -245,28 +245,21 @@ class Bus:
         return [table.setdefault(sid, set()) for sid in ids]
 
     def _discard(self, sub: Subscription) -> None:
+        if sub not in self._all:
+            return
+        self._all.discard(sub)
         ids = sub.filter.session_ids
         if ids is None:
-            if sub in self._unfiltered:
-                self._unfiltered.discard(sub)
-                self._count -= 1
+            self._unfiltered.discard(sub)
             return
         table = self._by_ancestor if sub.filter.include_children else self._by_session
-        removed = False
         for sid in ids:
             subs = table.get(sid)
-            if subs is not None and sub in subs:
+            if subs is not None:
                 subs.discard(sub)
-                removed = True
                 if not subs:
                     del table[sid]
-        if removed:
-            self._count -= 1
 
     def close_all(self, reason: str = "shutdown") -> None:
-        subs = set(self._unfiltered)
-        for table in (self._by_session, self._by_ancestor):
-            for group in table.values():
-                subs.update(group)
-        for sub in subs:
+        for sub in tuple(self._all):  # also those naming no session (`sessionIds: []`)
             sub._end(reason)

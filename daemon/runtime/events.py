@@ -41,6 +41,9 @@ CANCEL_REASONS: Final = frozenset(
 # JSONEncoder on every call, which is measurable on the per-token path.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 encode = _ENCODER.encode
+# For the rare event holding a lone surrogate (a provider that split an emoji's pair
+# across chunks): escaped as \udXXX, still valid JSON, and always encodable as UTF-8.
+_ASCII_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,9 +155,16 @@ def build(
     else:
         obj = {"seq": seq, "type": type, "ts": ts, **ref.wire, "turnId": turn_id,
                "eventType": event_type, **fields}
+    text = encode(obj)
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:
+        # The bus has taken this seq already: building the event must not fail.
+        text = _ASCII_ENCODER.encode(obj)
+        data = text.encode()
     if ref is None:
-        return Envelope(seq, type, None, (), turn_id, event_type, encode(obj))
-    return Envelope(seq, type, ref.session_id, ref.lineage, turn_id, event_type, encode(obj))
+        return Envelope(seq, type, None, (), turn_id, event_type, text, data)
+    return Envelope(seq, type, ref.session_id, ref.lineage, turn_id, event_type, text, data)
 
 
 # -- payloads ---------------------------------------------------------------------------
