@@ -157,13 +157,17 @@ class HttpServer:
             self._accepting.cancel()
 
     async def close(self, grace_s: float) -> None:
-        """Let open connections finish for `grace_s`, then abort what is left."""
-        await self._context.terminated.set()  # idle keep-alive connections close now
-        with trio.move_on_after(grace_s):
-            if self._live:
-                await self._all_closed.wait()
-        aborted = self.connections.abort_all()
-        if aborted:
-            log.warning("aborted %d connection(s) that did not close in %.1fs", aborted, grace_s)
-        if self._connections_scope is not None:
-            self._connections_scope.cancel()
+        """Let open connections finish for `grace_s`, then abort what is left — also
+        when the caller's deadline cuts the grace short (hypercorn shields socket
+        writes: a connection that is not aborted can pin shutdown forever)."""
+        try:
+            await self._context.terminated.set()  # idle keep-alive connections close now
+            with trio.move_on_after(grace_s):
+                if self._live:
+                    await self._all_closed.wait()
+        finally:
+            aborted = self.connections.abort_all()
+            if aborted:
+                log.warning("aborted %d connection(s) that did not close in time", aborted)
+            if self._connections_scope is not None:
+                self._connections_scope.cancel()

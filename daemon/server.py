@@ -102,8 +102,10 @@ async def _serve_signals(
 
 
 # CONTRACT §1: SIGTERM to exit in 10 s. Turns get shutdown_grace_s for their terminals
-# and connections client_close_grace_s to finish; the whole stop is bounded by this.
-STOP_BUDGET_S = 9.0
+# and connections client_close_grace_s to finish, each within what is left of this
+# budget; closing the event log and the store get the last CLOSE_S each.
+STOP_BUDGET_S = 8.0
+CLOSE_S = 0.8
 
 
 async def serve_daemon(
@@ -138,10 +140,10 @@ async def serve_daemon(
                     await _serve(config, store, event_log, core, stop, task_status)
                     core.cancel_scope.cancel()
             finally:
-                with trio.move_on_after(2, shield=True):
+                with trio.move_on_after(CLOSE_S, shield=True):
                     await event_log.aclose()
         finally:
-            with trio.move_on_after(2, shield=True):
+            with trio.move_on_after(CLOSE_S, shield=True):
                 await store.aclose()
         outer.cancel_scope.cancel()
 
@@ -189,13 +191,16 @@ async def _serve(
             # Also when a service crashed: the core (sessions, HTTP) still runs here, so
             # turns end `shutdown` and WebSockets get 1001. The services and the HTTP
             # client outlive the turns they serve.
-            with trio.move_on_after(STOP_BUDGET_S, shield=True):
+            deadline = trio.current_time() + STOP_BUDGET_S
+            with trio.CancelScope(deadline=deadline, shield=True):
                 notify("STOPPING=1")
                 if http_server is not None:
                     http_server.stop_accepting()
                 if sessions is not None:
-                    await sessions.shutdown()
+                    with trio.move_on_at(deadline - 1.0):  # leave connections a second
+                        await sessions.shutdown()
                 bus.close_all("shutdown")
                 if http_server is not None:
-                    await http_server.close(server.client_close_grace_s)
+                    left = max(0.0, deadline - trio.current_time() - 0.2)
+                    await http_server.close(min(server.client_close_grace_s, left))
             services.cancel_scope.cancel()
