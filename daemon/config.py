@@ -71,6 +71,8 @@ class AgentConfig:
     tools: tuple[str, ...] = ()
     max_iterations: int = 20
     budget_tokens: int = 0
+    # Tool calls one LLM answer may run; each one past it gets an error result instead.
+    max_tool_calls: int = 32
     # bash tool limits: default timeout and how much output a result keeps.
     bash_timeout_s: float = 120.0
     bash_max_output_bytes: int = 256 * 1024
@@ -252,6 +254,7 @@ def _agent(
         tools=tuple(tools),
         max_iterations=r.positive_int("max_iterations", 20),
         budget_tokens=r.positive_int("budget_tokens", 0, minimum=0),
+        max_tool_calls=r.positive_int("max_tool_calls", 32),
         bash_timeout_s=float(r.get("bash_timeout_s", (int, float), 120.0)),
         bash_max_output_bytes=r.positive_int("bash_max_output_bytes", 256 * 1024),
         max_tokens=r.positive_int("max_tokens", 8192),
