@@ -55,6 +55,10 @@ class ProviderConfig:
     type: str
     base_url: str = ""
     api_key_env: str | None = None
+    # Silence (no byte) before the response headers or mid-stream that ends the turn in
+    # PROVIDER_ERROR, and how long connecting may take (CONTRACT §5.8).
+    stall_timeout_s: float = 120.0
+    connect_timeout_s: float = 10.0
 
     @property
     def api_key(self) -> str | None:
@@ -134,6 +138,12 @@ class _Reader:
             raise self.fail(key, f"expected {_kind_name(kind)}, got {type(value).__name__}")
         return value
 
+    def positive_seconds(self, key: str, default: float) -> float:
+        value = float(self.get(key, (int, float), default))
+        if not value > 0 or value == float("inf"):
+            raise self.fail(key, f"must be a positive number of seconds, got {value}")
+        return value
+
     def positive_int(self, key: str, default: int, *, minimum: int = 1) -> int:
         value: int = self.get(key, int, default)
         if value < minimum:
@@ -206,6 +216,8 @@ def _provider(file: str, name: str, table: Any) -> ProviderConfig:
     cfg = ProviderConfig(
         name=name, type=kind, base_url=base_url.rstrip("/"),
         api_key_env=r.get("api_key_env", str, None),
+        stall_timeout_s=r.positive_seconds("stall_timeout_s", 120.0),
+        connect_timeout_s=r.positive_seconds("connect_timeout_s", 10.0),
     )
     r.check_unknown()
     return cfg

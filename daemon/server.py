@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 import httpx
@@ -26,7 +27,7 @@ from daemon.engines.openai import OpenAIEngine
 from daemon.httpserver import Connections, HttpServer, bind_socket
 from daemon.llm.anthropic_client import AnthropicClient
 from daemon.llm.openai_client import OpenAIClient
-from daemon.llm.sse import default_timeout
+from daemon.llm.sse import provider_timeout
 from daemon.mock.provider import serve_mock_provider
 from daemon.runtime.bus import Bus
 from daemon.runtime.core import Runtime
@@ -62,14 +63,17 @@ class Daemon:
 
 
 def _engine_factory(
-    config: Config, http: httpx.AsyncClient, mock_roots: dict[str, str]
+    config: Config, clients: dict[str, httpx.AsyncClient], mock_roots: dict[str, str]
 ) -> Callable[[AgentConfig], Engine]:
     """Engines by agent. A mock provider (started in-process, root URL in `mock_roots`)
-    answers both the Chat Completions API (under /v1) and the Messages API."""
+    answers both the Chat Completions API (under /v1) and the Messages API. Each
+    provider has its own HTTP client: its own timeouts, and its own connection pool, so
+    a provider that holds every connection it has stalls no other provider's agents."""
     openai: dict[str, OpenAIClient] = {}
     anthropic: dict[str, AnthropicClient] = {}
     for name, provider in config.providers.items():
         key = provider.api_key
+        http = clients[name]
         if provider.type in ("openai", "mock"):
             url = f"{mock_roots[name]}/v1" if provider.type == "mock" else provider.base_url
             openai[name] = OpenAIClient(http, url, key)
@@ -112,9 +116,14 @@ async def serve_daemon(
             retention_events=server.retention_events, retention_bytes=server.retention_bytes,
             queue_max=server.ws_queue_max,
         )
-        async with trio.open_nursery() as nursery, httpx.AsyncClient(
-            timeout=default_timeout()
-        ) as http:
+        async with trio.open_nursery() as nursery, AsyncExitStack() as clients_stack:
+            clients = {
+                name: await clients_stack.enter_async_context(httpx.AsyncClient(
+                    timeout=provider_timeout(p.stall_timeout_s, p.connect_timeout_s),
+                    follow_redirects=False,  # CONTRACT §5.8: a redirect is an error
+                ))
+                for name, p in config.providers.items()
+            }
             await nursery.start(bus.serve_reservations, store.set_seq_reserved,
                                 store.set_seq_reserved_now)
             mock_roots: dict[str, str] = {}
@@ -126,7 +135,7 @@ async def serve_daemon(
                 t.name: t for t in (BashTool(), AgentSpawnTool(), AgentMessageTool())
             }
             services = TurnServices(
-                bus=bus, store=store, engine_for=_engine_factory(config, http, mock_roots),
+                bus=bus, store=store, engine_for=_engine_factory(config, clients, mock_roots),
                 tools=tools, workspaces=server.data_dir / "workspaces",
                 grace_s=server.shutdown_grace_s,
             )
