@@ -41,6 +41,9 @@ class ServerConfig:
     # How long a lagged or closing client gets to take its close frame before its
     # connection is aborted (a client that never reads must not pin the daemon).
     client_close_grace_s: float = 5.0
+    # How long a store call may wait for the database (a lock another process holds)
+    # before the request that needs it answers 503 UNAVAILABLE.
+    store_busy_timeout_s: float = 5.0
 
     @property
     def auth_token(self) -> str | None:
@@ -194,6 +197,7 @@ def _server(file: str, table: Any) -> ServerConfig:
         retention_bytes=r.positive_int("retention_bytes", 64 * 1024 * 1024),
         shutdown_grace_s=float(r.get("shutdown_grace_s", (int, float), 5.0)),
         client_close_grace_s=float(r.get("client_close_grace_s", (int, float), 5.0)),
+        store_busy_timeout_s=r.positive_seconds("store_busy_timeout_s", 5.0),
     )
     r.check_unknown()
     return cfg

@@ -108,7 +108,8 @@ async def serve_daemon(
 ) -> None:
     """Run the daemon until `request_shutdown()`; reports the Daemon when listening."""
     server = config.server
-    store = await Store.open(server.data_dir / "veild.db")
+    store = await Store.open(server.data_dir / "veild.db",
+                             busy_timeout_s=server.store_busy_timeout_s)
     try:
         reserved = await store.seq_reserved() or 0
         bus = Bus(

@@ -23,12 +23,14 @@ from typing import Any
 import trio
 
 from daemon.clock import now_ms
+from daemon.errors import StoreError
 from daemon.runtime import events
 from daemon.runtime.events import Envelope, SessionRef
 
 log = logging.getLogger(__name__)
 
 SEQ_BLOCK = 1_000_000
+RESERVE_RETRY_S = 1.0
 # The most events one transport write carries; a long replay goes out in several.
 MAX_BATCH = 1000
 
@@ -259,5 +261,12 @@ class Bus:
             self._reserve_wanted = trio.Event()
             await self._reserve_wanted.wait()
             new_bound = self._next_seq + SEQ_BLOCK
-            await persist(new_bound)
+            while True:
+                try:
+                    await persist(new_bound)
+                    break
+                except StoreError as exc:
+                    # A busy store must not end the daemon: half a block is still left.
+                    log.warning("could not reserve seqs up to %d, retrying: %s", new_bound, exc)
+                    await trio.sleep(RESERVE_RETRY_S)
             self._reserved = max(self._reserved, new_bound)
