@@ -49,14 +49,23 @@ async def stall_before_headers(provider: RawProvider, stream: trio.SocketStream)
     return False
 
 
-async def stall_mid_stream(provider: RawProvider, stream: trio.SocketStream) -> bool:
-    """Headers and one chunk, then silence."""
+async def _stall_after(stream: trio.SocketStream, event: bytes) -> bool:
     await stream.send_all(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-        b"Transfer-Encoding: chunked\r\n\r\n"
-        + _chunked(_chunk({"role": "assistant", "content": "partial "})))
+        b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(event))
     await stream.receive_some(1)
     return False
+
+
+async def stall_mid_stream(provider: RawProvider, stream: trio.SocketStream) -> bool:
+    """Headers and one event both APIs take (a Messages API ping; a Chat Completions
+    chunk without choices), then silence."""
+    return await _stall_after(stream, b'event: ping\ndata: {"type": "ping"}\n\n')
+
+
+async def stall_after_content(provider: RawProvider, stream: trio.SocketStream) -> bool:
+    """Headers and one Chat Completions content chunk, then silence."""
+    return await _stall_after(stream, _chunk({"role": "assistant", "content": "partial "}))
 
 
 async def redirect(provider: RawProvider, stream: trio.SocketStream) -> bool:

@@ -44,11 +44,22 @@ model = "m1"
 engine = "openai"
 provider = "raw"
 model = "m2"
+
+[providers.rawmessages]
+type = "anthropic"
+base_url = "{root}"
+stall_timeout_s = {stall}
+connect_timeout_s = {connect}
+
+[agents.messages]
+engine = "anthropic"
+provider = "rawmessages"
+model = "m3"
 """
 
 
 def _extra(url: str, stall: float = STALL_S, connect: float = 10) -> str:
-    return AGENTS.format(url=url, stall=stall, connect=connect)
+    return AGENTS.format(url=url, root=url.removesuffix("/v1"), stall=stall, connect=connect)
 
 
 @pytest.fixture
@@ -84,16 +95,22 @@ async def _fine(daemon: Running, agent: str = "second") -> None:
     assert r.json()["content"] == "fine" and terminal["eventType"] == "done"
 
 
+# The failing turn runs on the openai engine or on the anthropic one (same HTTP layer);
+# the turns after it are openai turns on the same host.
+ENGINES = pytest.mark.parametrize("agent", ["first", "messages"])
+
+
+@ENGINES
 @pytest.mark.parametrize(("behaviour", "where"), [
     (raw.stall_before_headers, "before the response headers"),
     (raw.stall_mid_stream, "mid-stream"),
 ])
 async def test_stall_ends_the_turn(tmp_path: Path, provider: Provider, rawp: RawProvider,
-                                   behaviour: raw.Behaviour, where: str) -> None:
+                                   behaviour: raw.Behaviour, where: str, agent: str) -> None:
     rawp.plan = [behaviour]
     async with open_daemon(tmp_path, provider, extra=_extra(rawp.url)) as daemon:
         started = trio.current_time()
-        message = await _provider_error(daemon)
+        message = await _provider_error(daemon, agent)
         assert "stall" in message and where in message and "stall_timeout_s" in message
         # Ended by the stall timeout, not by httpx's old 600 s read timeout.
         assert trio.current_time() - started < 60
@@ -101,7 +118,8 @@ async def test_stall_ends_the_turn(tmp_path: Path, provider: Provider, rawp: Raw
         await _fine(daemon, "first")
 
 
-async def test_connect_timeout(tmp_path: Path, provider: Provider) -> None:
+@ENGINES
+async def test_connect_timeout(tmp_path: Path, provider: Provider, agent: str) -> None:
     # A listener that never accepts, its one-connection backlog already full: the
     # kernel drops further SYNs, so connecting hangs.
     listener = socket.socket()
@@ -112,29 +130,31 @@ async def test_connect_timeout(tmp_path: Path, provider: Provider) -> None:
     try:
         async with open_daemon(tmp_path, provider,
                                extra=_extra(url, connect=0.5)) as daemon:
-            message = await _provider_error(daemon)
+            message = await _provider_error(daemon, agent)
             assert "could not connect" in message and "connect_timeout_s" in message
     finally:
         filler.close()
         listener.close()
 
 
+@ENGINES
 async def test_redirect_is_not_followed(tmp_path: Path, provider: Provider,
-                                        rawp: RawProvider) -> None:
+                                        rawp: RawProvider, agent: str) -> None:
     rawp.plan = [raw.redirect]
     async with open_daemon(tmp_path, provider, extra=_extra(rawp.url)) as daemon:
-        message = await _provider_error(daemon)
+        message = await _provider_error(daemon, agent)
         assert "HTTP 302" in message and "not followed" in message
         assert not [t for t in rawp.targets if "elsewhere" in t]
         await _fine(daemon)
         assert not [t for t in rawp.targets if "elsewhere" in t]
 
 
+@ENGINES
 async def test_html_page_is_not_an_event_stream(tmp_path: Path, provider: Provider,
-                                                rawp: RawProvider) -> None:
+                                                rawp: RawProvider, agent: str) -> None:
     rawp.plan = [raw.html]
     async with open_daemon(tmp_path, provider, extra=_extra(rawp.url)) as daemon:
-        message = await _provider_error(daemon)
+        message = await _provider_error(daemon, agent)
         assert "text/html" in message and "text/event-stream" in message
         assert "hotel Wi-Fi" in message
         await _fine(daemon)
@@ -160,7 +180,7 @@ async def test_bytes_past_content_length_do_not_spoil_the_pool(
 async def test_a_cancelled_stream_does_not_return_its_connection(
     tmp_path: Path, provider: Provider, rawp: RawProvider
 ) -> None:
-    rawp.plan = [raw.stall_mid_stream]
+    rawp.plan = [raw.stall_after_content]
     async with open_daemon(tmp_path, provider,
                            extra=_extra(rawp.url, stall=60)) as daemon, \
             open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
