@@ -11,7 +11,13 @@ import pytest
 
 from tests.harness import Provider, assert_one_terminal_last, mock, open_daemon, open_recorder
 
-ANTHROPIC = """
+AGENTS = """
+[agents.capped]
+engine = "openai"
+provider = "mock"
+model = "capped-model"
+tools = ["bash"]
+
 [providers.messages]
 type = "anthropic"
 base_url = "{root}"
@@ -24,11 +30,11 @@ tools = ["bash"]
 """
 
 
-@pytest.mark.parametrize("agent", ["assistant", "claudeapi"])
+@pytest.mark.parametrize("agent", ["capped", "claudeapi"])
 async def test_forty_calls_run_thirty_two(tmp_path: Path, provider: Provider, agent: str) -> None:
     calls = [{"name": "bash", "arguments": {"command": f"echo {i} >> ran.txt; echo ran {i}"}}
              for i in range(40)]
-    extra = ANTHROPIC.replace("{root}", provider.url.removesuffix("/v1"))
+    extra = AGENTS.replace("{root}", provider.url.removesuffix("/v1"))
     async with open_daemon(tmp_path, provider, extra=extra) as daemon, \
             open_recorder(daemon.ws_url) as rec:
         r = await daemon.chat(mock(calls=[{"tools": calls}, {"say": "after the tools"}]),

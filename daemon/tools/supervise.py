@@ -7,11 +7,14 @@ daemon never adopts anybody's orphans:
    command started that outlives its parent — a background job once bash is gone, a
    `setsid` child, a daemon that double-forked — is reparented to this process instead
    of to init, so it is still within reach.
-2. It asks for SIGTERM when the daemon dies (`PR_SET_PDEATHSIG`), and runs
-   `bash -c COMMAND` in a process group of its own (bash's `$$` is its pgid) with the
-   inherited stdin/stdout/stderr; bash gets SIGKILL should this process die.
+2. It runs `bash -c COMMAND` in a process group of its own (bash's `$$` is its pgid)
+   with the inherited stdin/stdout/stderr; bash gets SIGKILL should this process die
+   (`PR_SET_PDEATHSIG`, which is safe here: this process forks from its only thread).
 3. It waits for bash to exit — not for the pipes to close, which a background job may
-   hold for ever — or for SIGTERM/SIGINT/SIGHUP (the daemon's cancel or timeout).
+   hold for ever — or for SIGTERM/SIGINT/SIGHUP (the daemon's cancel or timeout), or
+   for the daemon to die: a timer checks every second that its parent is still the
+   daemon. (PDEATHSIG cannot do that: the daemon starts processes from a worker
+   thread, and the signal fires when *that thread* ends.)
 4. Then it kills every descendant: SIGKILL to bash's group and to each child it has
    (bash, adopted orphans), reap, and again — a killed process's children are
    reparented to it — until it has no child left.
@@ -30,15 +33,25 @@ import sys
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM)
+PARENT_CHECK_S = 1.0
 
 
 class _Stop(Exception):
     """The daemon asked us to stop (cancel, timeout, its own death)."""
 
 
-def _on_signal(signum: int, frame: object) -> None:
-    raise _Stop
+def _watch(daemon: int) -> None:
+    """Stop on SIGTERM/SIGINT/SIGHUP, and on the timer's SIGALRM once the daemon is gone
+    (this process was reparented)."""
+
+    def on_signal(signum: int, frame: object) -> None:
+        if signum != signal.SIGALRM or os.getppid() != daemon:
+            raise _Stop
+
+    for sig in SIGNALS:
+        signal.signal(sig, on_signal)
+    signal.setitimer(signal.ITIMER_REAL, PARENT_CHECK_S, PARENT_CHECK_S)
 
 
 def _prctl(option: int, value: int) -> bool:
@@ -115,15 +128,11 @@ def _exec_bash(command: str) -> None:
 def main() -> int:
     command = sys.argv[1]
     daemon = os.getppid()
-    for sig in SIGNALS:
-        signal.signal(sig, _on_signal)
+    _watch(daemon)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     bash: int | None = None
     status: int | None = None
     try:
-        if os.getppid() != daemon:
-            raise _Stop  # the daemon died before PDEATHSIG was set
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
         try:
             bash = os.fork()
@@ -140,6 +149,7 @@ def main() -> int:
     while True:  # from here on nothing interrupts the sweep
         try:
             signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+            signal.setitimer(signal.ITIMER_REAL, 0)
             break
         except _Stop:
             continue
