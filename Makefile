@@ -1,10 +1,11 @@
-# veild — make run (demo daemon) · make test (every test) · make lint · make bench
+# veild — make run (demo daemon + Studio) · make test (every test) · make lint · make bench
+#         make screenshots (docs/studio/*.png, taken by the browser tests)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +27,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run.py
+	$(PY) bench/publish.py
+
+screenshots: $(STAMP)
+	VEILD_SCREENSHOTS=docs/studio $(PY) -m pytest -q tests/browser
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -15,6 +15,11 @@ process is the client. Printed figures:
   6. claude-cli cancel: the real Claude Code CLI (as installed by the tests in .cache/,
      talking to the mock provider's Messages API) streaming; from the cancel's answer to
      the terminal on /ws (median and worst of 20). Skipped when it is not installed.
+  7. Studio: a 20 000-token turn at full speed with its session open in headless
+     chromium (Debian's /usr/bin/chromium, driven by playwright): tokens/s on screen next
+     to tokens/s the page's WebSocket delivered in the same run, the delay from the last
+     WebSocket frame to the last token on screen, and the longest gap between animation
+     frames. Skipped when chromium or playwright is missing.
 """
 
 from __future__ import annotations
@@ -172,6 +177,105 @@ async def tree_cancel(url: str, runs: int) -> list[float]:
     return out
 
 
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+# Before Studio loads: note when each /ws frame holding inference.chunk events arrives.
+WS_PROBE = """
+window.__bench = { ws: [], frames: [] };
+const Native = window.WebSocket;
+window.WebSocket = class extends Native {
+  constructor(...args) {
+    super(...args);
+    this.addEventListener('message', (e) => {
+      if (window.__bench.on && e.data.includes('"eventType":"inference.chunk"')) {
+        window.__bench.ws.push(performance.now());
+      }
+    });
+  }
+};
+"""
+# Once the session is open: per animation frame, the length of the turn's text.
+FRAME_PROBE = """
+(turnCount) => {
+  const b = window.__bench;
+  b.on = true;
+  b.prev = performance.now();
+  b.maxGap = 0;
+  const tick = () => {
+    const now = performance.now();
+    b.maxGap = Math.max(b.maxGap, now - b.prev);
+    b.prev = now;
+    const turns = document.querySelectorAll('[data-testid=transcript] [data-testid=turn]');
+    const turn = turns[turnCount];
+    const len = turn ? [...turn.querySelectorAll('[data-testid=assistant-text]')]
+      .reduce((n, el) => n + el.textContent.length, 0) : 0;
+    const last = b.frames[b.frames.length - 1];
+    if (!last || last[1] !== len) b.frames.push([now, len]);
+    if (!turn || !turn.dataset.terminal) requestAnimationFrame(tick);
+    else b.done = now;
+  };
+  requestAnimationFrame(tick);
+}
+"""
+
+
+def _studio_render(url: str) -> dict[str, float]:
+    """Runs in a worker thread: playwright's sync API, one headless chromium."""
+    from playwright.sync_api import sync_playwright
+
+    ready_script = "bench\n#mock " + json.dumps({"say": "ready"})
+    ready = httpx.post(f"{url}/agents/bench/chat", json={"message": ready_script},
+                       timeout=30).json()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.add_init_script(WS_PROBE)
+            page.goto(f"{url}/studio#{ready['sessionId']}")
+            page.wait_for_function("""() => document.querySelector(
+                '[data-testid=transcript] [data-testid=turn]')?.dataset.terminal === 'done'""",
+                                   timeout=30_000)
+            page.evaluate(FRAME_PROBE, 1)
+            page.evaluate("""([sid, message]) => { fetch('/agents/bench/chat', { method: 'POST',
+                headers: { 'Content-Type': 'application/json' },
+                body: JSON.stringify({ message, sessionId: sid }) }); }""",
+                          [ready["sessionId"], SCRIPT])
+            page.wait_for_function("() => window.__bench.done", timeout=120_000, polling=500)
+            bench = page.evaluate("() => window.__bench")
+            text = page.evaluate("""() => document.querySelectorAll(
+                '[data-testid=transcript] [data-testid=turn]')[1].textContent""")
+        finally:
+            browser.close()
+    frames, ws = bench["frames"], bench["ws"]
+    shown = [t for t, n in frames if n > 0]
+    final = frames[-1][0]
+    assert f"word{TOKENS - 1}" in text, "the page did not show every token"
+    return {
+        "rendered": TOKENS / ((final - shown[0]) / 1000),
+        "delivered": TOKENS / ((ws[-1] - ws[0]) / 1000),
+        "delay_ms": final - ws[-1],
+        "max_gap_ms": bench["maxGap"],
+        "frames": len(frames),
+        "ws_frames": len(ws),
+    }
+
+
+def _studio_available() -> bool:
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return False
+    return Path(CHROMIUM).exists()
+
+
+async def studio_render(url: str) -> dict[str, float] | None:
+    if not await trio.to_thread.run_sync(_studio_available):
+        return None
+    return await trio.to_thread.run_sync(_studio_render, url)
+
+
 async def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="veild-bench-"))
     async with trio.open_nursery() as nursery:
@@ -198,6 +302,7 @@ async def main() -> None:
             tree_rate, tree_count = await fifty_children(url)
             tree_latencies = await tree_cancel(url, 20)
             cli_latencies = await cancel_latency(url, 20, "claude") if CLAUDE.exists() else []
+            studio = await studio_render(url)
         finally:
             daemon.terminate()
             provider.terminate()
@@ -220,6 +325,15 @@ async def main() -> None:
               f"(n={len(cli_latencies)})")
     else:
         print(f"claude-cli: not measured ({CLAUDE} is missing; `make test` installs it)")
+    if studio:
+        print(f"Studio, {TOKENS} tokens at full speed: "
+              f"{studio['rendered']:,.0f} tokens/s on screen, "
+              f"{studio['delivered']:,.0f} tokens/s delivered by its /ws "
+              f"({studio['ws_frames']:.0f} frames); last /ws frame -> last token on screen "
+              f"{studio['delay_ms']:.0f} ms; longest frame gap {studio['max_gap_ms']:.0f} ms "
+              f"({studio['frames']:.0f} painted frames)")
+    else:
+        print(f"Studio: not measured ({CHROMIUM} or playwright is missing)")
 
 
 if __name__ == "__main__":

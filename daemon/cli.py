@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -12,7 +13,7 @@ from typing import Any
 import trio
 
 from daemon import __version__
-from daemon.config import load_config, resolve_config_path
+from daemon.config import Config, check_exposure, load_config, resolve_config_path
 from daemon.errors import ConfigError, StoreError
 
 EXIT_CONFIG = 2
@@ -25,6 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
         config = load_config(resolve_config_path(args.config)).with_overrides(
             host=args.host, port=args.port, data_dir=args.data_dir
         )
+        check_exposure(config)
     except ConfigError as exc:
         print(f"veild: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -36,16 +38,39 @@ def _serve(args: argparse.Namespace) -> int:
                                                  task_status=task_status)
             )
             print(f"veild listening on {daemon.url}", flush=True)
+            print(f"veild: Studio is at {daemon.url}/studio", file=sys.stderr, flush=True)
 
     try:
         trio.run(main)
-    except StoreError as exc:
-        print(f"veild: store error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"veild: cannot listen: {exc}", file=sys.stderr)
+    except BaseException as exc:  # trio raises what nurseries collect as groups
+        line = _startup_failure(exc, config)
+        if line is None:
+            raise
+        print(f"veild: {line}", file=sys.stderr)
         return 1
     return 0
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def _startup_failure(exc: BaseException, config: Config) -> str | None:
+    """One line for a failure a user can act on (CONTRACT §12), else None."""
+    for leaf in _leaves(exc):
+        if isinstance(leaf, StoreError):
+            return f"store error: {leaf} (data dir {config.server.data_dir})"
+        if isinstance(leaf, OSError):
+            server = config.server
+            where = f"{server.host}:{server.port}"
+            if leaf.errno == errno.EADDRINUSE:
+                return f"cannot listen on {where}: the address is already in use"
+            if leaf.filename is not None:
+                return f"cannot use {leaf.filename}: {leaf.strerror}"
+            return f"cannot start (listening on {where}): {leaf}"
+    return None
 
 
 def _mock_provider(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon.errors import ConfigError
+from daemon.hosts import configured_host, is_loopback, normalise_origin
 
 DEFAULT_CONFIG_PATH = Path("config/daemon.toml")
 ENGINES = ("openai", "claude-cli", "anthropic")  # the names CONTRACT §2 reserves
@@ -32,10 +33,13 @@ class ServerConfig:
     max_depth: int = 4
     # Per-connection queue of a WebSocket or SSE client, in events (CONTRACT §7).
     ws_queue_max: int = 4096
-    # The bus keeps this many recent events for `since` / Last-Event-ID replay ...
-    retention_events: int = 20_000
-    # ... and never more than this many encoded bytes.
-    retention_bytes: int = 64 * 1024 * 1024
+    # The durable event log (data_dir/events.db) keeps this many recent seqs for
+    # `since` / Last-Event-ID replay, also across restarts ...
+    retention_events: int = 200_000
+    # ... and never more than this many bytes of stored JSON;
+    retention_bytes: int = 256 * 1024 * 1024
+    # it writes what was published at least this often (one transaction per flush).
+    event_flush_ms: float = 50.0
     # How long a turn may take to publish its terminal after shutdown cancels it.
     shutdown_grace_s: float = 5.0
     # How long a lagged or closing client gets to take its close frame before its
@@ -44,6 +48,12 @@ class ServerConfig:
     # How long a store call may wait for the database (a lock another process holds)
     # before the request that needs it answers 503 UNAVAILABLE.
     store_busy_timeout_s: float = 5.0
+    # CONTRACT §3.1: Host names (besides loopback and `host`) the daemon answers to,
+    # exact origins (besides local ones) whose pages may use it, and the explicit
+    # opt-out that lets a non-loopback `host` run without a token.
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    allow_unauthenticated: bool = False
 
     @property
     def auth_token(self) -> str | None:
@@ -193,14 +203,63 @@ def _server(file: str, table: Any) -> ServerConfig:
         auth_token_env=r.get("auth_token_env", str, None),
         max_depth=r.positive_int("max_depth", 4, minimum=0),
         ws_queue_max=r.positive_int("ws_queue_max", 4096),
-        retention_events=r.positive_int("retention_events", 20_000),
-        retention_bytes=r.positive_int("retention_bytes", 64 * 1024 * 1024),
+        retention_events=r.positive_int("retention_events", 200_000),
+        retention_bytes=r.positive_int("retention_bytes", 256 * 1024 * 1024),
+        event_flush_ms=_positive_float(r, "event_flush_ms", 50.0),
         shutdown_grace_s=float(r.get("shutdown_grace_s", (int, float), 5.0)),
         client_close_grace_s=float(r.get("client_close_grace_s", (int, float), 5.0)),
         store_busy_timeout_s=r.positive_seconds("store_busy_timeout_s", 5.0),
+        allowed_hosts=_hosts(r, "allowed_hosts"),
+        allowed_origins=_origins(r, "allowed_origins"),
+        allow_unauthenticated=r.get("allow_unauthenticated", bool, False),
     )
     r.check_unknown()
     return cfg
+
+
+def _positive_float(r: _Reader, key: str, default: float) -> float:
+    value = float(r.get(key, (int, float), default))
+    if value <= 0:
+        raise r.fail(key, f"must be above 0, got {value}")
+    return value
+
+
+def _strings(r: _Reader, key: str) -> list[str]:
+    values = r.get(key, list, [])
+    if not all(isinstance(v, str) and v.strip() for v in values):
+        raise r.fail(key, "must be a list of non-empty strings")
+    return [v.strip() for v in values]
+
+
+def _hosts(r: _Reader, key: str) -> tuple[str, ...]:
+    hosts = _strings(r, key)
+    for host in hosts:
+        if any(c in host for c in "/?#@ ") or host == "*":
+            raise r.fail(key, f"{host!r} is not a host name (no scheme, path or wildcard)")
+    return tuple(hosts)
+
+
+def _origins(r: _Reader, key: str) -> tuple[str, ...]:
+    origins = _strings(r, key)
+    for origin in origins:
+        if normalise_origin(origin) is None:
+            raise r.fail(key, f"{origin!r} is not an origin like https://app.example:8443")
+    return tuple(origins)
+
+
+def check_exposure(config: Config) -> None:
+    """CONTRACT §3.1: a non-loopback `host` without a token does not start, unless the
+    operator said so in `allow_unauthenticated`."""
+    server = config.server
+    if server.auth_token is None and not server.allow_unauthenticated and not is_loopback(
+        configured_host(server.host)
+    ):
+        via = (f"${server.auth_token_env} is not set" if server.auth_token_env
+               else "server.auth_token_env is not set")
+        raise ConfigError(str(config.path), "server.host", (
+            f"{server.host!r} is not a loopback address and no token is set ({via}); "
+            "anyone who can reach it could run shell commands. Set a token, or "
+            "allow_unauthenticated = true behind your own auth"))
 
 
 def _provider(file: str, name: str, table: Any) -> ProviderConfig:

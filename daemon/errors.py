@@ -5,6 +5,7 @@
     ├── ApiError             a request the HTTP/WS layer answers with the error shape
     │   ├── BadRequest           400 BAD_REQUEST
     │   ├── Unauthorized         401 UNAUTHORIZED
+    │   ├── Forbidden            403 FORBIDDEN (a foreign Host or Origin, §3.1)
     │   ├── NotFound             404 NOT_FOUND
     │   ├── Conflict             409 CONFLICT
     │   ├── PayloadTooLarge      413 PAYLOAD_TOO_LARGE
@@ -61,6 +62,11 @@ class BadRequest(ApiError):
 class Unauthorized(ApiError):
     status = 401
     code = "UNAUTHORIZED"
+
+
+class Forbidden(ApiError):
+    status = 403
+    code = "FORBIDDEN"
 
 
 class NotFound(ApiError):

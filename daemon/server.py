@@ -13,17 +13,18 @@ import logging
 import signal
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 import trio
 
 from daemon.api.app import build_app
-from daemon.config import AgentConfig, Config
+from daemon.config import AgentConfig, Config, check_exposure
 from daemon.engines.anthropic import AnthropicEngine
 from daemon.engines.base import Engine
 from daemon.engines.claude_cli import ClaudeCliEngine
 from daemon.engines.openai import OpenAIEngine
+from daemon.eventlog.sqlite import SqliteEventLog
 from daemon.httpserver import Connections, HttpServer, bind_socket
 from daemon.llm.anthropic_client import AnthropicClient
 from daemon.llm.openai_client import OpenAIClient
@@ -47,7 +48,7 @@ class Daemon:
     runtime: Runtime
     http: HttpServer
     host: str
-    _stop: trio.Event = field(default_factory=trio.Event)
+    _stop: trio.Event
 
     @property
     def port(self) -> int:
@@ -93,76 +94,119 @@ def _engine_factory(
     return engine_for
 
 
-async def _serve_signals(daemon: Daemon, *, task_status: trio.TaskStatus[None]) -> None:
+async def _serve_signals(
+    stop: Callable[[], None], *, task_status: trio.TaskStatus[None]
+) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         task_status.started()
         async for signum in signals:
             log.info("received %s: shutting down", signal.Signals(signum).name)
-            daemon.request_shutdown()
+            stop()
             return
+
+
+# CONTRACT §1: SIGTERM to exit in 10 s. Turns get shutdown_grace_s for their terminals
+# and connections client_close_grace_s to finish; the whole stop is bounded by this.
+STOP_BUDGET_S = 9.0
 
 
 async def serve_daemon(
     config: Config, *, handle_signals: bool = False,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the daemon until `request_shutdown()`; reports the Daemon when listening."""
+    """Run the daemon until `request_shutdown()`; reports the Daemon when listening.
+
+    Two nurseries: `core` holds what must stop gracefully (sessions, the HTTP server);
+    `services` inside it holds the owned services (signals, the event log's flusher,
+    the demo provider, the watchdog). The stop sequence runs from a `finally` while the
+    core still runs, so it also runs when a service crashes: turns end `shutdown` and
+    WebSockets get 1001 either way.
+    """
     server = config.server
-    store = await Store.open(server.data_dir / "veild.db",
-                             busy_timeout_s=server.store_busy_timeout_s)
-    try:
-        reserved = await store.seq_reserved() or 0
-        bus = Bus(
-            first_seq=reserved + 1, seq_reserved=reserved + 1,
-            retention_events=server.retention_events, retention_bytes=server.retention_bytes,
-            queue_max=server.ws_queue_max,
-        )
-        async with trio.open_nursery() as nursery, AsyncExitStack() as clients_stack:
-            clients = {
-                name: await clients_stack.enter_async_context(httpx.AsyncClient(
-                    timeout=provider_timeout(p.stall_timeout_s, p.connect_timeout_s),
-                    follow_redirects=False,  # CONTRACT §5.8: a redirect is an error
-                ))
-                for name, p in config.providers.items()
-            }
-            await nursery.start(bus.serve_reservations, store.set_seq_reserved,
-                                store.set_seq_reserved_now)
+    check_exposure(config)  # before anything listens (CONTRACT §3.1)
+    stop = trio.Event()
+    async with trio.open_nursery() as outer:
+        if handle_signals:
+            # First of all: a SIGTERM from here on is a graceful stop, never the default
+            # action (no window between binding the socket and handling signals).
+            await outer.start(_serve_signals, stop.set)
+        store = await Store.open(server.data_dir / "veild.db",
+                                 busy_timeout_s=server.store_busy_timeout_s)
+        try:
+            event_log = await SqliteEventLog.open(
+                server.data_dir / "events.db", retention_events=server.retention_events,
+                retention_bytes=server.retention_bytes, flush_ms=server.event_flush_ms,
+                seq_floor=await store.seq_reserved() or 0,
+            )
+            try:
+                async with trio.open_nursery() as core:
+                    await _serve(config, store, event_log, core, stop, task_status)
+                    core.cancel_scope.cancel()
+            finally:
+                with trio.move_on_after(2, shield=True):
+                    await event_log.aclose()
+        finally:
+            with trio.move_on_after(2, shield=True):
+                await store.aclose()
+        outer.cancel_scope.cancel()
+
+
+async def _serve(
+    config: Config, store: Store, event_log: SqliteEventLog, core: trio.Nursery,
+    stop: trio.Event, task_status: trio.TaskStatus[Daemon],
+) -> None:
+    server = config.server
+    bus = Bus(event_log, queue_max=server.ws_queue_max)
+    sessions: SessionManager | None = None
+    http_server: HttpServer | None = None
+    async with AsyncExitStack() as clients_stack, trio.open_nursery() as services:
+        clients = {
+            name: await clients_stack.enter_async_context(httpx.AsyncClient(
+                timeout=provider_timeout(p.stall_timeout_s, p.connect_timeout_s),
+                follow_redirects=False,  # CONTRACT §5.8: a redirect is an error
+            ))
+            for name, p in config.providers.items()
+        }
+        try:
+            await services.start(event_log.serve)
             mock_roots: dict[str, str] = {}
             for name, provider in config.providers.items():
                 if provider.type == "mock":
-                    port = await nursery.start(serve_mock_provider, "127.0.0.1", 0)
+                    port = await services.start(serve_mock_provider, "127.0.0.1", 0)
                     mock_roots[name] = f"http://127.0.0.1:{port}"
             tools: dict[str, Tool] = {
                 t.name: t for t in (BashTool(), AgentSpawnTool(), AgentMessageTool())
             }
-            services = TurnServices(
+            turn_services = TurnServices(
                 bus=bus, store=store, engine_for=_engine_factory(config, clients, mock_roots),
                 tools=tools, workspaces=server.data_dir / "workspaces",
                 grace_s=server.shutdown_grace_s,
             )
-            sessions = SessionManager(config, store, bus, services)
-            await nursery.start(sessions.serve)
+            sessions = SessionManager(config, store, bus, turn_services)
+            await core.start(sessions.serve)
             runtime = Runtime(config, store, bus, sessions)
             connections = Connections()
             http_server = HttpServer(
                 build_app(runtime, connections), bind_socket(server.host, server.port),
                 connections,
             )
-            await nursery.start(http_server.serve)
-            daemon = Daemon(runtime, http_server, server.host)
-            if handle_signals:
-                await nursery.start(_serve_signals, daemon)
-            await nursery.start(serve_watchdog)
+            await core.start(http_server.serve)
+            daemon = Daemon(runtime, http_server, server.host, stop)
+            await services.start(serve_watchdog)
             notify("READY=1")
             task_status.started(daemon)
-
-            await daemon._stop.wait()
-            notify("STOPPING=1")
-            http_server.stop_accepting()
-            await sessions.shutdown()
-            bus.close_all("shutdown")
-            await http_server.close(server.client_close_grace_s)
-            nursery.cancel_scope.cancel()
-    finally:
-        with trio.move_on_after(5, shield=True):
-            await store.aclose()
+            await stop.wait()
+        finally:
+            # Also when a service crashed: the core (sessions, HTTP) still runs here, so
+            # turns end `shutdown` and WebSockets get 1001. The services and the HTTP
+            # client outlive the turns they serve.
+            with trio.move_on_after(STOP_BUDGET_S, shield=True):
+                notify("STOPPING=1")
+                if http_server is not None:
+                    http_server.stop_accepting()
+                if sessions is not None:
+                    await sessions.shutdown()
+                bus.close_all("shutdown")
+                if http_server is not None:
+                    await http_server.close(server.client_close_grace_s)
+            services.cancel_scope.cancel()

@@ -173,6 +173,12 @@ class Recorder:
                 raise AssertionError(f"WebSocket closed while waiting: {self.closed}")
             await self._changed.wait()
 
+    async def wait_closed(self) -> ConnectionClosed:
+        """Until the server has closed the connection (everything before it received)."""
+        while self.closed is None:
+            await self._changed.wait()
+        return self.closed
+
     def stream(self, turn_id: str | None = None, session_id: str | None = None
                ) -> list[dict[str, Any]]:
         return [

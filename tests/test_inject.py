@@ -41,7 +41,8 @@ async def test_injected_before_the_next_llm_call(daemon: Running, tmp_path: Path
 
 async def test_cancelled_turn_wakes_nothing(daemon: Running) -> None:
     async with open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
-        nursery.start_soon(daemon.chat, mock(say=500, delay_ms=5))
+        # Hangs after its first chunks: only the cancel ends this turn.
+        nursery.start_soon(daemon.chat, mock(say=500, hang_after=5))
         chunk = await rec.wait_for(lambda evs: next((
             e for e in evs if e.get("eventType") == "inference.chunk"), None))
         session = chunk["sessionId"]

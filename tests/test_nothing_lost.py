@@ -154,11 +154,15 @@ async def test_inbox_survives_sigkill_and_is_drained_at_start(
             assert r.status_code == 202
             proc.process.send_signal(signal.SIGKILL)
             await proc.process.wait()
+            before_crash = set(rec.turn_ids())
     async with spawn_daemon(config) as proc:
         async with open_recorder(proc.ws_url, "since=0") as rec:
+            # since=0 replays the first run too (the log is durable): the drain is the
+            # wake turn this start began.
             drain = await rec.wait_for(lambda evs: next((
                 e for e in evs if e.get("eventType") == "turn.start"
-                and e["sessionId"] == parent and e["data"]["trigger"] == "wake"), None))
+                and e["sessionId"] == parent and e["data"]["trigger"] == "wake"
+                and e["turnId"] not in before_crash), None))
             await rec.terminal(drain["turnId"])
             assert (await rec.terminal(child_chunk["turnId"]))["data"]["code"] == "INTERRUPTED"
             assert (await rec.terminal(second_wake["turnId"]))["data"]["code"] == "INTERRUPTED"

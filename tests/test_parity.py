@@ -6,6 +6,7 @@ POST /sessions/{id}/messages)."""
 from __future__ import annotations
 
 from itertools import groupby
+from pathlib import Path
 
 import trio
 
@@ -37,7 +38,7 @@ def shape(stream: list[dict]) -> list[str]:
     return [kind for kind, _ in groupby(e["eventType"] for e in stream)]
 
 
-async def test_same_stream_for_sse_json_and_wake(daemon: Running) -> None:
+async def test_same_stream_for_sse_json_and_wake(daemon: Running, tmp_path: Path) -> None:
     async with open_recorder(daemon.ws_url) as rec:
         json_turn = (await daemon.chat(SCRIPT)).json()["turnId"]
         async with daemon.http.stream("POST", "/agents/assistant/chat",
@@ -46,13 +47,17 @@ async def test_same_stream_for_sse_json_and_wake(daemon: Running) -> None:
                 pass
         sse_turn = rec.stream()[-1]["turnId"]
 
+        # A one-call turn held in its last LLM call until the injection is in: the
+        # message then has no next call to join, so a wake turn drains it.
+        go = tmp_path / "go"
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(daemon.chat, mock(say=60, delay_ms=5))
+            nursery.start_soon(daemon.chat, mock(say=60, pause_after=5, pause_until=str(go)))
             first = await rec.wait_for(lambda evs: next((
                 e for e in evs if e.get("eventType") == "inference.chunk"
                 and e["turnId"] not in (json_turn, sse_turn)), None))
             injected = await daemon.chat(SCRIPT, sessionId=first["sessionId"])
             assert injected.status_code == 202 and injected.json()["injected"] is True
+            go.touch()
         start = await rec.wait_for(lambda evs: next((
             e for e in evs if e.get("eventType") == "turn.start"
             and e["data"]["trigger"] == "wake"), None))

@@ -30,13 +30,15 @@ def all_replies_consumed(rec: Recorder, tmp: Path, parent: str) -> bool:
 
 
 async def test_fifty_children_stream_at_once(daemon: Running, tmp_path: Path) -> None:
-    # Each child says it is ready, waits for a common go, then streams its answer: so
-    # all 50 are alive together whatever the machine's speed, then stream together.
-    go = tmp_path / "go"
+    # Each child says it is ready, waits for a common go, then starts its answer and holds
+    # after its first word until every child has started: so all 50 are alive together,
+    # then stream together, whatever the machine's speed. (delay_ms only paces the
+    # stream for the reader in this process; the overlap comes from the hold.)
+    go, answer_go = tmp_path / "go", tmp_path / "answer-go"
     child = mock(calls=[
         {"think": 3, "tools": [{"name": "bash", "arguments": {
             "command": f"echo ready; while [ ! -e {go} ]; do sleep 0.1; done"}}]},
-        {"say": 120, "delay_ms": 5},
+        {"say": 120, "delay_ms": 5, "pause_after": 2, "pause_until": str(answer_go)},
     ])
     async with open_recorder(daemon.ws_url, "batch=1") as rec:
         body = (await daemon.chat(mock(calls=[
@@ -47,6 +49,10 @@ async def test_fifty_children_stream_at_once(daemon: Running, tmp_path: Path) ->
         await rec.wait_for(lambda evs: len(
             [e for e in evs if e.get("eventType") == "tool.chunk"]) == CHILDREN)
         go.touch()
+        await rec.wait_for(lambda evs: len({
+            e["sessionId"] for e in evs if e.get("eventType") == "inference.chunk"
+            and e["parentSessionId"] == parent}) == CHILDREN)
+        answer_go.touch()
         await rec.wait_for(lambda _: all_replies_consumed(rec, tmp_path, parent))
 
     child_turns = [e for e in rec.stream() if e["eventType"] == "turn.start"

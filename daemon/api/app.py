@@ -9,7 +9,9 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from daemon.api.auth import request_authorized
+from daemon.api.guard import HostOriginGuard, HostPolicy
 from daemon.api.http import http_routes
+from daemon.api.studio import studio_routes
 from daemon.api.ws import ws_routes
 from daemon.errors import (
     ApiError,
@@ -26,8 +28,8 @@ log = logging.getLogger(__name__)
 MAX_BODY = 1024 * 1024  # CONTRACT §3: a body over 1 MiB is 413
 
 _HTTP_CODES = {
-    400: "BAD_REQUEST", 401: "UNAUTHORIZED", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED",
-    409: "CONFLICT", 413: "PAYLOAD_TOO_LARGE",
+    400: "BAD_REQUEST", 401: "UNAUTHORIZED", 403: "FORBIDDEN", 404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED", 409: "CONFLICT", 413: "PAYLOAD_TOO_LARGE",
 }
 
 
@@ -46,7 +48,14 @@ def build_app(rt: Runtime, connections: Connections) -> QuartTrio:
     )
     app.register_blueprint(http_routes(rt))
     app.register_blueprint(ws_routes(rt, connections))
-    token = rt.config.server.auth_token
+    app.register_blueprint(studio_routes())
+    server = rt.config.server
+    # CONTRACT §3.1, in front of everything (HTTP, SSE, the WebSocket upgrade): a
+    # foreign Host or Origin is refused before any handler runs or any body is read.
+    app.asgi_app = HostOriginGuard(  # type: ignore[method-assign,assignment]
+        app.asgi_app, HostPolicy(server.host, server.allowed_hosts, server.allowed_origins)
+    )
+    token = server.auth_token
 
     @app.before_request
     async def _auth() -> Response | None:

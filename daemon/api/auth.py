@@ -7,6 +7,8 @@ from typing import Any
 
 from quart import request, websocket
 
+from daemon.api.studio import is_public
+
 
 def _presented(headers: Any, args: Any) -> str | None:
     header = str(headers.get("Authorization", ""))
@@ -21,7 +23,7 @@ def _matches(presented: str | None, expected: str) -> bool:
 
 
 def request_authorized(expected: str | None) -> bool:
-    if expected is None or request.path == "/health":
+    if expected is None or request.path == "/health" or is_public(request.path):
         return True
     return _matches(_presented(request.headers, request.args), expected)
 

@@ -150,6 +150,12 @@ def http_routes(rt: Runtime) -> Blueprint:
         records = await rt.store.messages(session_id)
         return _json({"messages": [ev.message_wire(m) for m in records]})
 
+    @bp.get("/sessions/<session_id>/turns")
+    async def turns(session_id: str) -> Response:
+        await sessions.record(session_id)  # 404 for an unknown session
+        records = await rt.store.turns(session_id)
+        return _json({"turns": [ev.turn_wire(t) for t in records]})
+
     @bp.get("/sessions/<session_id>/stream")
     async def stream(session_id: str) -> Response:
         after = parse.int_param(request.headers.get("Last-Event-ID"), "Last-Event-ID")

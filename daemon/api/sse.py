@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import trio
 from quart import Response
 
-from daemon.runtime.bus import Subscription
-from daemon.runtime.events import Envelope, encode
+from daemon.runtime.bus import Item, Subscription
+from daemon.runtime.events import Envelope
 
 KEEPALIVE_S = 15.0
 
@@ -31,11 +31,8 @@ def sse_response(sub: Subscription, *, stop_at_terminal: bool) -> Response:
 
 async def _frames(sub: Subscription, stop_at_terminal: bool) -> AsyncIterator[bytes]:
     with sub:
-        if sub.gap is not None:
-            gap = encode({"type": "stream.gap", "from": sub.gap[0], "to": sub.gap[1]})
-            yield f"event: stream.gap\ndata: {gap}\n\n".encode()
         while True:
-            batch: list[Envelope | str] | None = None
+            batch: list[Item] | None = None
             ended = False
             # No yield inside the cancel scope: a generator must not suspend inside one.
             with trio.move_on_after(KEEPALIVE_S):
@@ -51,7 +48,9 @@ async def _frames(sub: Subscription, stop_at_terminal: bool) -> AsyncIterator[by
             if batch is None:
                 yield b": keepalive\n\n"
                 continue
-            envelopes = [e for e in batch if isinstance(e, Envelope)]
-            yield b"".join(e.sse_frame() for e in envelopes)
-            if stop_at_terminal and any(e.is_terminal for e in envelopes):
+            # Events and stream.gap frames; the transport's own control frames are WS-only.
+            frames = [e for e in batch if not isinstance(e, str)]
+            yield b"".join(e.sse_frame() for e in frames)
+            if stop_at_terminal and any(isinstance(e, Envelope) and e.is_terminal
+                                        for e in frames):
                 return

@@ -22,7 +22,7 @@ from daemon.api import parse
 from daemon.api.auth import websocket_authorized
 from daemon.errors import BadRequest
 from daemon.httpserver import Connections
-from daemon.runtime.bus import Filter, Subscription
+from daemon.runtime.bus import Filter, Item, Subscription
 from daemon.runtime.core import Runtime
 from daemon.runtime.events import Envelope, encode
 
@@ -36,10 +36,6 @@ MAX_CLIENT_FRAME = 64 * 1024
 
 def _error_frame(message: str) -> str:
     return encode({"type": "error", "code": "BAD_REQUEST", "message": message})
-
-
-def _gap_frame(gap: tuple[int, int]) -> str:
-    return encode({"type": "stream.gap", "from": gap[0], "to": gap[1]})
 
 
 def _ids(value: Any, key: str) -> frozenset[str] | None:
@@ -97,8 +93,6 @@ def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
         # hello's seq and the subscription are taken in one synchronous step.
         sub = bus.subscribe(flt, since)
         hello = encode({"type": "hello", "seq": bus.latest_seq, "version": __version__})
-        if sub.gap is not None:
-            sub.prepend_control(_gap_frame(sub.gap))
         conn = _Connection(sub, batch)
         try:
             await websocket.send(hello)
@@ -142,8 +136,6 @@ def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
                 conn.sub.push_control(_error_frame(exc.message))
                 continue
             new = bus.subscribe(flt, since)
-            if new.gap is not None:
-                new.prepend_control(_gap_frame(new.gap))
             new.prepend_control(encode({"type": "subscribed", "seq": bus.latest_seq}))
             old, conn.sub = conn.sub, new
             old.close()
@@ -165,7 +157,7 @@ def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
                 continue  # taken from a subscription the client has replaced
             await _send(batch, conn.batch)
 
-    async def _send(batch: list[Envelope | str], as_array: bool) -> None:
+    async def _send(batch: list[Item], as_array: bool) -> None:
         run: list[str] = []
         for item in batch:
             if isinstance(item, Envelope):
@@ -173,7 +165,8 @@ def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
                 continue
             await _flush(run, as_array)
             run = []
-            await websocket.send(item)
+            # A control frame, or a stream.gap: always a frame of its own.
+            await websocket.send(item if isinstance(item, str) else item.json)
         await _flush(run, as_array)
 
     async def _flush(run: list[str], as_array: bool) -> None:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import h11
@@ -30,6 +31,18 @@ MAX_REQUEST = 16 * 1024 * 1024
 READ_SIZE = 64 * 1024
 # Without a delay, this many SSE events go out in one write.
 BURST = 256
+
+
+def _offered(body: dict[str, Any]) -> frozenset[str]:
+    """Tool names a request offers (Chat Completions or Messages API shape)."""
+    names = set()
+    for tool in body.get("tools") or ():
+        if isinstance(tool, dict):
+            fn = tool.get("function")
+            name = fn.get("name") if isinstance(fn, dict) else tool.get("name")
+            if isinstance(name, str):
+                names.add(name)
+    return frozenset(names)
 
 
 class _Abort(Exception):
@@ -179,6 +192,14 @@ async def _stream(conn: _Conn, spec: CallSpec, events: Iterator[bytes]) -> None:
             if pending:
                 await conn.send(h11.Data(data=b"".join(pending)))
             await trio.sleep_forever()
+        if spec.pause_until is not None and n == (spec.pause_after or 0):
+            if pending:
+                await conn.send(h11.Data(data=b"".join(pending)))
+                pending = []
+            release = Path(spec.pause_until)
+            # The release is a file another process creates: no event to wait on.
+            while not await trio.to_thread.run_sync(release.exists):  # noqa: ASYNC110
+                await trio.sleep(0.005)
         if spec.garbage_after is not None and n == spec.garbage_after:
             event = b"data: {this is not json\n\n"
         pending.append(event)
@@ -217,7 +238,7 @@ async def _answer_messages(conn: _Conn, target: str, raw: bytes,
         await conn.json_response(200, {"input_tokens": anthropic.usage(messages, 0)[
             "input_tokens"]})
         return
-    spec = plan(messages)
+    spec = plan(messages, _offered(body))
     model = spec.model or str(body.get("model") or "mock-1")
     if log is not None:
         u = anthropic.usage(messages, anthropic.completion_tokens(spec))
@@ -251,7 +272,7 @@ async def _answer(conn: _Conn, request: h11.Request, raw: bytes, log: list[Serve
     except (ValueError, KeyError, TypeError):
         await conn.json_response(400, {"error": {"message": "bad request body"}})
         return
-    spec = plan(messages)
+    spec = plan(messages, _offered(body))
     model = spec.model or str(body.get("model") or "mock-1")
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     if log is not None:

@@ -19,12 +19,20 @@ A call spec:
     drop_after       close the connection abruptly after N chunks
     garbage_after    send a malformed chunk after N chunks
     hang_after       stop sending (and keep the connection open) after N chunks
+    pause_after      with pause_until: after N chunks, send nothing until the file
+    pause_until      at that path exists, then go on (tests release a turn at a
+                     moment they choose; Chat Completions only)
     usage            false to send no usage chunk
 
-Without a script the demo behaviour applies: think a little, say what it will do, run
-one bash command, then sum up its output; a message delivered by veild (a sub-agent's
-result, an async reply: its first line starts with "[veild delivery") is acknowledged
-in one sentence instead.
+Without a script the demo behaviour applies, paced so that a person can watch it:
+  - when the request offers `agent_spawn`, spawn the `helper` agent (wait) with a task,
+    then sum up what it answered (Studio shows the helper working inside that call);
+  - otherwise think a little, say what it will do, run one bash command, then sum up
+    its output.
+A message delivered by veild from another session (a sub-agent's result, an async
+reply: its first line starts with "[veild delivery from session") is acknowledged in one
+sentence instead; one delivered from outside (POST /sessions/{id}/messages) is answered
+like any user message.
 """
 
 from __future__ import annotations
@@ -34,7 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MARKER = "#mock "
-DELIVERY = "[veild delivery"
+DELIVERY = "[veild delivery from session"
+DEMO_DELAY_MS = 35  # the demo streams at a readable pace
+DEMO_HELPER = "helper"
 
 DEMO_CALLS: list[dict[str, Any]] = [
     {
@@ -45,8 +55,22 @@ DEMO_CALLS: list[dict[str, Any]] = [
             "command": "echo \"hello from veild on $(uname -s)\"; date -u; "
                        "for i in 1 2 3; do echo \"step $i\"; sleep 0.3; done; pwd",
         }}],
+        "delay_ms": DEMO_DELAY_MS,
     },
 ]
+
+DEMO_SPAWN: dict[str, Any] = {
+    "think": "This is a good moment to show a sub-agent at work. I will hand the "
+             "hands-on part to my helper and wait for its answer.",
+    "say": "I'll ask my **helper** to look around this machine; you can watch it work "
+           "inside my tool call.",
+    "tools": [{"name": "agent_spawn", "arguments": {
+        "agent": DEMO_HELPER, "wait": True,
+        "message": "Look around this workspace: run a small command and tell me what "
+                   "you see.",
+    }}],
+    "delay_ms": DEMO_DELAY_MS,
+}
 
 
 @dataclass
@@ -61,6 +85,8 @@ class CallSpec:
     drop_after: int | None = None
     garbage_after: int | None = None
     hang_after: int | None = None
+    pause_after: int | None = None
+    pause_until: str | None = None
     usage: bool = True
 
 
@@ -82,6 +108,8 @@ def _spec(raw: dict[str, Any]) -> CallSpec:
         drop_after=raw.get("drop_after"),
         garbage_after=raw.get("garbage_after"),
         hang_after=raw.get("hang_after"),
+        pause_after=raw.get("pause_after"),
+        pause_until=raw.get("pause_until"),
         usage=bool(raw.get("usage", True)),
     )
 
@@ -119,13 +147,35 @@ def _summary(messages: list[dict[str, Any]]) -> str:
     return "Done."
 
 
-def plan(messages: list[dict[str, Any]]) -> CallSpec:
-    """The spec for the call that answers `messages`."""
+def _helper_summary(messages: list[dict[str, Any]]) -> str:
+    """The demo parent's last word: what its helper answered."""
+    for m in reversed(messages):
+        if m.get("role") != "tool":
+            continue
+        text = str(m.get("content") or "").strip()
+        try:
+            answer = json.loads(text)
+        except ValueError:
+            return f"My helper could not do it: {text}"
+        if isinstance(answer, dict) and answer.get("content"):
+            return (f"My helper is done. It reported:\n\n> {answer['content']}\n\n"
+                    "That is the whole tree: I spawned a sub-agent, it thought, streamed "
+                    "and ran `bash` inside my tool call, and I summed up.")
+        return f"My helper answered: {text}"
+    return "Done."
+
+
+def plan(messages: list[dict[str, Any]], tools: frozenset[str] = frozenset()) -> CallSpec:
+    """The spec for the call that answers `messages`, offered `tools` (by name)."""
     user_index, script = _find_script(messages)
     calls_made = sum(1 for m in messages[user_index + 1:] if m.get("role") == "assistant")
     if script is None and user_index >= 0 and _text(messages[user_index]).startswith(DELIVERY):
         first = _text(messages[user_index]).splitlines()[0]
         calls, loop = [{"say": f"Noted: {first[1:].split(']')[0]}."}], False
+    elif script is None and "agent_spawn" in tools:
+        summary: dict[str, Any] = {"say": _helper_summary(messages), "delay_ms": DEMO_DELAY_MS}
+        calls = [DEMO_SPAWN, summary]
+        loop = False
     elif script is None:
         calls, loop = DEMO_CALLS, False
     elif "calls" in script:
@@ -133,12 +183,15 @@ def plan(messages: list[dict[str, Any]]) -> CallSpec:
     else:
         calls, loop = [script], bool(script.get("loop"))
     model = script.get("model") if script else None
+    raw: dict[str, Any]
     if calls_made < len(calls):
         raw = calls[calls_made]
     elif loop and calls:
         raw = calls[-1]
     else:
         raw = {"say": _summary(messages)}
+        if script is None:  # the demo's last word, at the demo's pace
+            raw["delay_ms"] = DEMO_DELAY_MS
     spec = _spec(raw)
     if spec.model is None:
         spec.model = model

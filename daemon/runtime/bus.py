@@ -1,36 +1,35 @@
-"""The broadcaster: one seq, one retention ring, many bounded subscribers.
+"""The local fan-out: many bounded subscribers over one EventLog (runtime/ports.py).
 
-`publish` is synchronous and never waits for a consumer: it stamps the next seq, encodes
-the event once (events.build), keeps it in the ring, and `send_nowait`s it into each
-matching subscriber's bounded channel. A subscriber whose channel is full is *lagged*:
-its channel is closed and it learns the last seq it was given, so it can resume with
-`since=N` and miss nothing. `subscribe(filter, since)` snapshots the ring and registers
-the live channel in one synchronous step, so replay and live meet with no gap and no
-duplicate.
+`publish` is synchronous and never waits for a consumer: it takes the next seq from the
+log, encodes the event once (events.build), hands it to the log, and `send_nowait`s it
+into each matching subscriber's bounded channel. A subscriber whose channel is full is
+*lagged*: its channel is closed and it learns the last seq it was given, so it can
+resume with `since=N` and miss nothing. `subscribe(filter, since)` takes the log's
+replay and registers the live channel in one synchronous step, so replay and live meet
+with no gap and no duplicate; the replay itself is read page by page as the subscriber
+takes it.
 
-Seqs survive restarts: the store holds a reserved upper bound; the bus starts above it
-and a reservation task (started with `nursery.start`) moves it forward ahead of use.
+Subscribers are indexed by the sessions they name, so a publish touches only the
+subscribers that may match it: those with no session filter, those naming its session,
+and (includeChildren) those naming one of its ancestors.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from daemon.clock import now_ms
-from daemon.errors import StoreError
 from daemon.runtime import events
-from daemon.runtime.events import Envelope, SessionRef
+from daemon.runtime.events import Envelope, Gap, SessionRef
+from daemon.runtime.ports import EventLog, Replay
 
 log = logging.getLogger(__name__)
 
-SEQ_BLOCK = 1_000_000
-RESERVE_RETRY_S = 1.0
 # The most events one transport write carries; a long replay goes out in several.
 MAX_BATCH = 1000
 
@@ -62,24 +61,28 @@ class Filter:
         return True
 
 
-class Subscription:
-    """A subscriber's view: the replayed backlog, then its live bounded channel.
+Item = Envelope | Gap | str
 
-    Items are Envelopes, or str control frames pushed by the transport itself (so that
-    e.g. `subscribed` is ordered with the events around it).
+
+class Subscription:
+    """A subscriber's view: its replay (read from the log as it is taken), then its
+    live bounded channel.
+
+    Items are Envelopes, Gaps (`stream.gap` in place of seqs that cannot be replayed),
+    or str control frames pushed by the transport itself (so that e.g. `subscribed` is
+    ordered with the events around it).
     """
 
     def __init__(
-        self, bus: Bus, flt: Filter, queue_max: int, replay: list[Envelope],
-        gap: tuple[int, int] | None, start_seq: int,
+        self, bus: Bus, flt: Filter, queue_max: int, replay: Replay | None, start_seq: int,
     ) -> None:
         self._bus = bus
         self.filter = flt
-        self.gap = gap
-        self._replay: deque[Envelope | str] = deque(replay)
-        self._send, self._recv = trio.open_memory_channel[Envelope | str](queue_max)
-        # The last seq this subscriber was given (replayed or queued): its resume point.
-        self.last_seq = replay[-1].seq if replay else start_seq
+        self._replay = replay
+        self._control: deque[str] = deque()  # frames that go before everything else
+        self._send, self._recv = trio.open_memory_channel[Item](queue_max)
+        # The last seq this subscriber was given (queued live): its resume point.
+        self.last_seq = start_seq
         self.end_reason: str | None = None  # "lagged" | "shutdown" | "closed"
         self.ended = trio.Event()
 
@@ -99,9 +102,6 @@ class Subscription:
         """Queue a transport frame in order with the events; lag if there is no room."""
         if self.end_reason is not None:
             return
-        if self._replay:
-            self._replay.append(frame)
-            return
         try:
             self._send.send_nowait(frame)
         except trio.WouldBlock:
@@ -109,7 +109,7 @@ class Subscription:
 
     def prepend_control(self, frame: str) -> None:
         """Put a transport frame before everything else this subscription holds."""
-        self._replay.appendleft(frame)
+        self._control.appendleft(frame)
 
     def _end(self, reason: str) -> None:
         if self.end_reason is None:
@@ -122,16 +122,28 @@ class Subscription:
         """Stop receiving; idempotent."""
         self._end("closed")
 
-    async def receive_batch(self) -> list[Envelope | str]:
+    async def receive_batch(self) -> list[Item]:
         """Wait for at least one item, then take what else is waiting (up to MAX_BATCH).
 
-        Raises trio.EndOfChannel once the subscription has ended and is drained.
+        Nothing is taken before the last checkpoint: a cancel while waiting loses no
+        item. Raises trio.EndOfChannel once the subscription has ended and is drained.
         """
-        if self._replay:
-            n = min(len(self._replay), MAX_BATCH)
-            batch = [self._replay.popleft() for _ in range(n)]
+        if self._control:
             await trio.lowlevel.checkpoint()
+            batch: list[Item] = list(self._control)
+            self._control.clear()
             return batch
+        while self._replay is not None:
+            page = await self._replay.next_page(MAX_BATCH)
+            if not page:
+                self._replay = None
+                break
+            matches = self.filter.matches
+            wanted: list[Item] = [
+                e for e in page if isinstance(e, Gap) or matches(e)
+            ]
+            if wanted:
+                return wanted
         batch = [await self._recv.receive()]
         while len(batch) < MAX_BATCH:
             try:
@@ -148,34 +160,28 @@ class Subscription:
 
 
 class Bus:
-    def __init__(
-        self, *, first_seq: int = 1, seq_reserved: int | None = None,
-        retention_events: int = 20_000, retention_bytes: int = 64 * 1024 * 1024,
-        queue_max: int = 4096,
-    ) -> None:
-        self._next_seq = first_seq
-        self._reserved = seq_reserved if seq_reserved is not None else first_seq + SEQ_BLOCK
-        self._retention_events = retention_events
-        self._retention_bytes = retention_bytes
-        self._ring: deque[Envelope] = deque()
-        self._ring_bytes = 0
+    def __init__(self, log: EventLog, *, queue_max: int = 4096) -> None:
+        self.log = log
         self.queue_max = queue_max
-        self._subscribers: set[Subscription] = set()
-        self._reserve_wanted: trio.Event | None = None
-        self._persist_now: Callable[[int], None] | None = None
+        # Subscribers by what they name: none (every event is checked), a session
+        # (its own events), or a session and its descendants (matched on lineage).
+        self._unfiltered: set[Subscription] = set()
+        self._by_session: dict[str, set[Subscription]] = {}
+        self._by_ancestor: dict[str, set[Subscription]] = {}
+        self._count = 0
         self.published = 0
 
     @property
     def latest_seq(self) -> int:
-        return self._next_seq - 1
+        return self.log.latest_seq
 
     @property
     def oldest_retained_seq(self) -> int:
-        return self._ring[0].seq if self._ring else self._next_seq
+        return self.log.retained_range()[0]
 
     @property
     def subscriber_count(self) -> int:
-        return len(self._subscribers)
+        return self._count
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -183,12 +189,30 @@ class Bus:
         self, type: str, ref: SessionRef | None, fields: dict[str, Any],
         *, turn_id: str | None = None, event_type: str | None = None,
     ) -> Envelope:
-        seq = self._take_seq()
-        env = events.build(seq, now_ms(), type, ref, fields, turn_id=turn_id, event_type=event_type)
-        self._retain(env)
-        for sub in tuple(self._subscribers):
-            if sub.filter.matches(env):
-                sub._offer(env)
+        log_ = self.log
+        env = events.build(log_.take_seq(), now_ms(), type, ref, fields, turn_id=turn_id,
+                           event_type=event_type)
+        log_.append(env)
+        if self._unfiltered:
+            for sub in tuple(self._unfiltered):
+                if sub.filter.matches(env):
+                    sub._offer(env)
+        if ref is not None:
+            if self._by_session:
+                subs = self._by_session.get(ref.session_id)
+                if subs:
+                    for sub in tuple(subs):
+                        if sub.filter.matches(env):
+                            sub._offer(env)
+            if self._by_ancestor:
+                for sid in ref.lineage:
+                    subs = self._by_ancestor.get(sid)
+                    if subs:
+                        for sub in tuple(subs):
+                            # A subscriber naming two sessions of one lineage is offered
+                            # the event once.
+                            if sub.last_seq != env.seq and sub.filter.matches(env):
+                                sub._offer(env)
         self.published += 1
         return env
 
@@ -200,73 +224,49 @@ class Bus:
             "session.stream", ref, {"data": data}, turn_id=turn_id, event_type=event_type
         )
 
-    def _take_seq(self) -> int:
-        seq = self._next_seq
-        if seq >= self._reserved:
-            # The reservation task fell a whole half-block behind: persist synchronously
-            # rather than ever hand out a seq a restart could hand out again.
-            self._reserved = seq + SEQ_BLOCK
-            if self._persist_now is not None:
-                self._persist_now(self._reserved)
-        elif seq >= self._reserved - SEQ_BLOCK // 2 and self._reserve_wanted is not None:
-            self._reserve_wanted.set()
-        self._next_seq = seq + 1
-        return seq
-
-    def _retain(self, env: Envelope) -> None:
-        self._ring.append(env)
-        self._ring_bytes += env.size
-        while self._ring and (
-            len(self._ring) > self._retention_events or self._ring_bytes > self._retention_bytes
-        ):
-            self._ring_bytes -= self._ring.popleft().size
-
     # -- subscribing ----------------------------------------------------------------------
 
     def subscribe(
         self, flt: Filter, since: int | None = None, queue_max: int | None = None
     ) -> Subscription:
         """Replay retained events with seq > since that match, then live ones."""
-        replay: list[Envelope] = []
-        gap: tuple[int, int] | None = None
-        start = self.latest_seq
-        if since is not None:
-            start = since
-            oldest = self.oldest_retained_seq
-            if since + 1 < oldest:
-                gap = (since + 1, oldest - 1)
-            replay = [e for e in self._ring if e.seq > since and flt.matches(e)]
-        sub = Subscription(self, flt, queue_max or self.queue_max, replay, gap, start)
-        self._subscribers.add(sub)
+        replay = self.log.replay(since) if since is not None else None
+        sub = Subscription(self, flt, queue_max or self.queue_max, replay, self.latest_seq)
+        for index in self._indexes(sub):
+            index.add(sub)
+        self._count += 1
         return sub
 
+    def _indexes(self, sub: Subscription) -> list[set[Subscription]]:
+        ids = sub.filter.session_ids
+        if ids is None:
+            return [self._unfiltered]
+        table = self._by_ancestor if sub.filter.include_children else self._by_session
+        return [table.setdefault(sid, set()) for sid in ids]
+
     def _discard(self, sub: Subscription) -> None:
-        self._subscribers.discard(sub)
+        ids = sub.filter.session_ids
+        if ids is None:
+            if sub in self._unfiltered:
+                self._unfiltered.discard(sub)
+                self._count -= 1
+            return
+        table = self._by_ancestor if sub.filter.include_children else self._by_session
+        removed = False
+        for sid in ids:
+            subs = table.get(sid)
+            if subs is not None and sub in subs:
+                subs.discard(sub)
+                removed = True
+                if not subs:
+                    del table[sid]
+        if removed:
+            self._count -= 1
 
     def close_all(self, reason: str = "shutdown") -> None:
-        for sub in tuple(self._subscribers):
+        subs = set(self._unfiltered)
+        for table in (self._by_session, self._by_ancestor):
+            for group in table.values():
+                subs.update(group)
+        for sub in subs:
             sub._end(reason)
-
-    # -- seq reservation ------------------------------------------------------------------
-
-    async def serve_reservations(
-        self, persist: Callable[[int], Awaitable[None]], persist_now: Callable[[int], None],
-        *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Keep the persisted seq bound a half-block or more ahead of the next seq."""
-        self._persist_now = persist_now
-        await persist(self._reserved)
-        task_status.started()
-        while True:
-            self._reserve_wanted = trio.Event()
-            await self._reserve_wanted.wait()
-            new_bound = self._next_seq + SEQ_BLOCK
-            while True:
-                try:
-                    await persist(new_bound)
-                    break
-                except StoreError as exc:
-                    # A busy store must not end the daemon: half a block is still left.
-                    log.warning("could not reserve seqs up to %d, retrying: %s", new_bound, exc)
-                    await trio.sleep(RESERVE_RETRY_S)
-            self._reserved = max(self._reserved, new_bound)

@@ -8,10 +8,11 @@ derived from that same string, once, on first use.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from daemon.store.models import MessageRecord, SessionRecord, TokenUsage
+from daemon.store.models import MessageRecord, SessionRecord, TokenUsage, TurnHistory
 
 # session.stream event types
 TURN_START: Final = "turn.start"
@@ -78,30 +79,36 @@ class SessionRef:
 
 
 class Envelope:
-    """One published event: its seq, what subscriptions filter on, and its JSON."""
+    """One published event: its seq, what subscriptions filter on, and its JSON.
 
-    __slots__ = ("_sse", "event_type", "json", "lineage", "seq", "session_id", "turn_id", "type")
+    `data` is the UTF-8 encoding of `json`, made once: the durable log writes it and
+    `size` counts it. `size` is what the event costs to keep in memory — the str, its
+    bytes, and the SSE frame a subscriber may derive from them — so that retention
+    bounds in bytes bound real memory, not a count of characters.
+    """
+
+    __slots__ = ("_sse", "data", "event_type", "json", "lineage", "seq", "session_id",
+                 "size", "turn_id", "type")
 
     def __init__(
-        self, seq: int, type: str, ref: SessionRef | None, turn_id: str | None,
-        event_type: str | None, json_text: str,
+        self, seq: int, type: str, session_id: str | None, lineage: tuple[str, ...],
+        turn_id: str | None, event_type: str | None, json_text: str,
+        data: bytes | None = None,
     ) -> None:
         self.seq = seq
         self.type = type
-        self.session_id = ref.session_id if ref else None
-        self.lineage: tuple[str, ...] = ref.lineage if ref else ()
+        self.session_id = session_id
+        self.lineage = lineage
         self.turn_id = turn_id
         self.event_type = event_type
         self.json = json_text
+        self.data = json_text.encode() if data is None else data
+        self.size = sys.getsizeof(json_text) + 2 * len(self.data) + _SSE_HEAD
         self._sse: bytes | None = None
 
     @property
     def is_terminal(self) -> bool:
         return self.event_type in TERMINAL_TYPES
-
-    @property
-    def size(self) -> int:
-        return len(self.json)
 
     def sse_frame(self) -> bytes:
         """`id:`/`event:`/`data:` frame; the event name is the stream event type."""
@@ -112,6 +119,26 @@ class Envelope:
 
     def __repr__(self) -> str:
         return f"<Envelope seq={self.seq} {self.type} {self.event_type or ''}>"
+
+
+# Bytes an SSE frame adds around the JSON (`id: …\nevent: …\ndata: ` and the blank line).
+_SSE_HEAD = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """`stream.gap`: seqs `first`..`last` cannot be replayed (older than what is retained,
+    or the unflushed tail a crash lost). Sent in their place, never silently skipped."""
+
+    first: int
+    last: int
+
+    @property
+    def json(self) -> str:
+        return encode({"type": "stream.gap", "from": self.first, "to": self.last})
+
+    def sse_frame(self) -> bytes:
+        return f"event: stream.gap\ndata: {self.json}\n\n".encode()
 
 
 def build(
@@ -125,7 +152,9 @@ def build(
     else:
         obj = {"seq": seq, "type": type, "ts": ts, **ref.wire, "turnId": turn_id,
                "eventType": event_type, **fields}
-    return Envelope(seq, type, ref, turn_id, event_type, encode(obj))
+    if ref is None:
+        return Envelope(seq, type, None, (), turn_id, event_type, encode(obj))
+    return Envelope(seq, type, ref.session_id, ref.lineage, turn_id, event_type, encode(obj))
 
 
 # -- payloads ---------------------------------------------------------------------------
@@ -157,7 +186,26 @@ def message_wire(m: MessageRecord) -> dict[str, Any]:
     if m.tool_call_id:
         out["toolCallId"] = m.tool_call_id
     out["createdAt"] = m.created_at
+    out["turnId"] = m.turn_id
     return out
+
+
+def turn_wire(t: TurnHistory) -> dict[str, Any]:
+    """One entry of GET /sessions/{id}/turns (CONTRACT §3), plus `startSeq`."""
+    code = t.terminal_code
+    return {
+        "turnId": t.id,
+        "trigger": t.trigger,
+        "fromSessionId": t.from_session_id,
+        "startedAt": t.started_at,
+        "endedAt": t.ended_at,
+        "terminal": None if code is None else ("done" if code == "done" else "error"),
+        "errorCode": None if code in (None, "done") else code,
+        "cancelReason": t.cancel_reason,
+        "tokenUsage": usage_wire(t.token_usage),
+        "model": t.model,
+        "startSeq": t.start_seq,
+    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -212,8 +212,9 @@ class Turn:
 
     # -- publishing -----------------------------------------------------------------------
 
-    def _stream(self, event_type: str, data: dict[str, Any]) -> None:
-        self.services.bus.publish_stream(self.session.ref, self.id, event_type, data)
+    def _stream(self, event_type: str, data: dict[str, Any]) -> int:
+        """Publish one session.stream event of this turn; returns its seq."""
+        return self.services.bus.publish_stream(self.session.ref, self.id, event_type, data).seq
 
     def _chunk(self, event_type: str, data: dict[str, Any]) -> None:
         if not self.gate_closed:
@@ -251,7 +252,7 @@ class Turn:
         self._plain("chat.user_message", {"event": {
             "content": self.message, "trigger": self.trigger, "timestamp": now_ms(),
         }})
-        self._stream(ev.TURN_START, {
+        start_seq = self._stream(ev.TURN_START, {
             "turnId": self.id, "trigger": self.trigger, "model": self.agent.model or None,
             "fromSessionId": self.from_session_id,
         })
@@ -260,6 +261,7 @@ class Turn:
         with trio.move_on_after(self.services.grace_s, shield=True) as persisting:
             await self.services.store.start_turn(TurnRecord(
                 self.id, self.session.record.id, self.trigger, now_ms(), self.reply_to,
+                self.from_session_id, start_seq,
             ), record)
             self.start_stored = True
             await self._append(MessageRecord(
@@ -447,6 +449,9 @@ class Turn:
                 try:
                     self.delivered = await self.services.store.end_turn(
                         self.id, code or "done", now_ms(), record, replies, quiet,
+                        cancel_reason=(details or {}).get("reason")
+                        if code == "CANCELLED" else None,
+                        usage=self.usage, model=stats.model,
                     )
                 except StoreUnavailable as exc:
                     log.error("could not persist the end of turn %s: %s", self.id, exc)

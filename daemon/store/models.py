@@ -52,6 +52,7 @@ class MessageRecord:
     # The inbox entries this message consumes: stored in the same transaction as the
     # message, so a delivery is processed exactly once (never zero, never twice).
     inbox_ids: tuple[int, ...] = ()
+    turn_id: str | None = None  # the turn that stored it (read back from the store)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,24 @@ class TurnRecord:
     trigger: str
     started_at: int
     reply_to: str | None = None
+    from_session_id: str | None = None
+    start_seq: int | None = None  # the bus seq of its `turn.start`
+
+
+@dataclass(frozen=True, slots=True)
+class TurnHistory:
+    """One turn as GET /sessions/{id}/turns reports it."""
+
+    id: str
+    trigger: str
+    from_session_id: str | None
+    started_at: int
+    ended_at: int | None
+    terminal_code: str | None  # None while it runs; "done" or the error code
+    cancel_reason: str | None
+    token_usage: TokenUsage
+    model: str | None
+    start_seq: int | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from daemon.store.models import (
     MessageRecord,
     SessionRecord,
     TokenUsage,
+    TurnHistory,
     TurnRecord,
 )
 
@@ -307,10 +308,10 @@ class Store:
                 _consume_inbox(conn, m.inbox_ids, turn_id)
             conn.execute(
                 "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
-                "created_at) VALUES (?,?,?,?,?,?)",
+                "created_at, turn_id) VALUES (?,?,?,?,?,?,?)",
                 (session_id, m.role, m.content,
                  json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id,
-                 m.created_at),
+                 m.created_at, turn_id),
             )
 
         await self._call(self._tx, _append)
@@ -318,11 +319,12 @@ class Store:
     async def messages(self, session_id: str) -> list[MessageRecord]:
         def _messages() -> list[MessageRecord]:
             rows = self._rconn.execute(
-                "SELECT role, content, tool_calls, tool_call_id, created_at FROM messages "
-                "WHERE session_id=? ORDER BY id", (session_id,),
+                "SELECT role, content, tool_calls, tool_call_id, created_at, turn_id "
+                "FROM messages WHERE session_id=? ORDER BY id", (session_id,),
             )
             return [
-                MessageRecord(r[0], r[1], json.loads(r[2]) if r[2] else None, r[3], r[4])
+                MessageRecord(r[0], r[1], json.loads(r[2]) if r[2] else None, r[3], r[4],
+                              turn_id=r[5])
                 for r in rows
             ]
 
@@ -335,9 +337,10 @@ class Store:
 
         def _start(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "INSERT INTO turns(id, session_id, trigger, started_at, reply_to) "
-                "VALUES (?,?,?,?,?)",
-                (t.id, t.session_id, t.trigger, t.started_at, t.reply_to),
+                "INSERT INTO turns(id, session_id, trigger, started_at, reply_to, "
+                "from_session_id, start_seq) VALUES (?,?,?,?,?,?,?)",
+                (t.id, t.session_id, t.trigger, t.started_at, t.reply_to, t.from_session_id,
+                 t.start_seq),
             )
             conn.execute(
                 "UPDATE sessions SET status=?, updated_at=? WHERE id=?",
@@ -349,16 +352,22 @@ class Store:
     async def end_turn(
         self, turn_id: str, code: str, ended_at: int, session: SessionRecord,
         deliveries: Sequence[InboxRecord] = (), quiet: Sequence[int] = (),
+        *, cancel_reason: str | None = None, usage: TokenUsage | None = None,
+        model: str | None = None,
     ) -> list[InboxRecord]:
-        """Close the turn, save its session (status, usage), record what it delivers to
-        other inboxes and stop the `quiet` entries from waking anything, in one
-        transaction; returns the deliveries with their ids."""
+        """Close the turn (its code, cancel reason, usage and model), save its session
+        (status, usage), record what it delivers to other inboxes and stop the `quiet`
+        entries from waking anything, in one transaction; returns the deliveries with
+        their ids."""
         u = session.token_usage
+        t = usage or TokenUsage()
 
         def _end(conn: sqlite3.Connection) -> list[InboxRecord]:
             conn.execute(
-                "UPDATE turns SET ended_at=?, terminal_code=? WHERE id=?",
-                (ended_at, code, turn_id),
+                "UPDATE turns SET ended_at=?, terminal_code=?, cancel_reason=?, model=?, "
+                "input_tokens=?, output_tokens=?, cache_tokens=?, cost=? WHERE id=?",
+                (ended_at, code, cancel_reason, model, t.input, t.output, t.cache, t.cost,
+                 turn_id),
             )
             conn.execute(
                 "UPDATE sessions SET status=?, updated_at=?, model=?, input_tokens=?, "
@@ -370,6 +379,24 @@ class Store:
             return [_insert_inbox(conn, d) for d in deliveries]
 
         return await self._call(self._tx, _end)
+
+    async def turns(self, session_id: str) -> list[TurnHistory]:
+        """Every turn of a session, oldest first."""
+
+        def _turns() -> list[TurnHistory]:
+            rows = self._conn.execute(
+                "SELECT id, trigger, from_session_id, started_at, ended_at, terminal_code, "
+                "cancel_reason, input_tokens, output_tokens, cache_tokens, cost, model, "
+                "start_seq FROM turns WHERE session_id=? ORDER BY started_at, rowid",
+                (session_id,),
+            )
+            return [
+                TurnHistory(r[0], r[1], r[2], r[3], r[4], r[5], r[6],
+                            TokenUsage(r[7], r[8], r[9], r[10]), r[11], r[12])
+                for r in rows
+            ]
+
+        return await self._call(_turns)
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         def _unfinished() -> list[TurnRecord]:

@@ -106,7 +106,7 @@ async def background_spawn(http: httpx.AsyncClient, events: Events) -> str:
 async def inbox_wake(http: httpx.AsyncClient, events: Events) -> str:
     sid = (await http.post("/agents/assistant/chat",
                            json={"message": mock(say="ready")})).json()["sessionId"]
-    await http.post(f"/sessions/{sid}/messages", json={"message": "first note"})
+    await http.post(f"/sessions/{sid}/messages", json={"message": mock(say="Noted.")})
     return str(sid)
 
 

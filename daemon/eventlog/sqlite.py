@@ -1,0 +1,349 @@
+"""The embedded durable event log (CONTRACT §13): `data_dir/events.db`, SQLite WAL.
+
+Publishing stays synchronous and never touches the disk: `append` puts the envelope in
+the in-memory ring and a pending batch; `serve` writes the batch from a worker thread,
+one transaction per flush, at least every `event_flush_ms`, never one per event. Its own
+database file and connection, so a flush never waits for the store's writer.
+
+Seqs: a flush also moves a reserved bound (`meta.reserved`) ahead of the next seq by
+RESERVE_AHEAD, so after a SIGKILL the next start begins above every seq that may have
+been handed out, and no seq is ever reused. A clean stop writes what is pending and
+records the last seq, so the next start continues right after it.
+
+What a SIGKILL can lose is the batch not yet flushed (at most `event_flush_ms` of
+events; never a message, those are in the store). Replay finds those seqs missing and
+reports them as a `stream.gap` in their place (eventlog/ring.PagedReplay), never as a
+silent hole.
+
+Retention: rows older than `retention_events` seqs, or past `retention_bytes` of stored
+JSON (counted in bytes), are deleted in the flush that passes the bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections import deque
+from pathlib import Path
+
+import trio
+
+from daemon.errors import StoreError
+from daemon.eventlog.ring import PagedReplay, Ring
+from daemon.runtime.events import Envelope
+
+log = logging.getLogger(__name__)
+
+RESERVE_AHEAD = 100_000
+# The in-memory window: recent replays are served from it without a disk read.
+RING_EVENTS = 10_000
+RING_BYTES = 32 * 1024 * 1024
+# While the disk refuses writes, at most this many events wait; older ones are given
+# up (and replayed as a gap) rather than holding memory without bound.
+MAX_PENDING = 200_000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    seq         INTEGER PRIMARY KEY,
+    type        TEXT NOT NULL,
+    event_type  TEXT,
+    session_id  TEXT,
+    lineage     TEXT NOT NULL,
+    turn_id     TEXT,
+    data        BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key    TEXT PRIMARY KEY,
+    value  INTEGER NOT NULL
+);
+-- Seqs skipped at a start after a crash (reserved, maybe handed out, never flushed):
+-- they do not count against retention, which is counted in seqs that were kept.
+CREATE TABLE IF NOT EXISTS holes (
+    first  INTEGER PRIMARY KEY,
+    last   INTEGER NOT NULL
+);
+"""
+_COLUMNS = "seq, type, event_type, session_id, lineage, turn_id, data"
+
+
+def _row(env: Envelope) -> tuple[object, ...]:
+    return (env.seq, env.type, env.event_type, env.session_id, ",".join(env.lineage),
+            env.turn_id, env.data)
+
+
+def retention_floor(latest: int, keep: int, holes: list[tuple[int, int]]) -> int:
+    """The highest seq outside retention: below it, `keep` seqs up to `latest` that are
+    not in a hole (holes ascending, all below the current run)."""
+    remaining, pos = keep, latest
+    for first, last in reversed(holes):
+        if last >= pos:
+            pos = min(pos, first - 1)
+            continue
+        span = pos - last
+        if span >= remaining:
+            return pos - remaining
+        remaining -= span
+        pos = first - 1
+    return max(0, pos - remaining)
+
+
+def _envelope(row: tuple[object, ...]) -> Envelope:
+    seq, type_, event_type, session_id, lineage, turn_id, data = row
+    assert isinstance(seq, int) and isinstance(type_, str) and isinstance(lineage, str)
+    assert isinstance(data, bytes)
+    return Envelope(
+        seq, type_, session_id if isinstance(session_id, str) else None,
+        tuple(lineage.split(",")) if lineage else (),
+        turn_id if isinstance(turn_id, str) else None,
+        event_type if isinstance(event_type, str) else None,
+        data.decode(), data,
+    )
+
+
+class _Disk:
+    """The connection and what only the flushing thread touches."""
+
+    def __init__(self, conn: sqlite3.Connection, retention_events: int,
+                 retention_bytes: int) -> None:
+        self.conn = conn
+        self.retention_events = retention_events
+        self.retention_bytes = retention_bytes
+        # (last seq, bytes) of stored runs, oldest first: what byte retention drops.
+        self.runs: deque[tuple[int, int]] = deque()
+        self.bytes = 0
+        self.oldest: int | None = None
+        for last, size in conn.execute(
+            "SELECT max(seq), sum(length(data)) FROM events GROUP BY seq / 4096 ORDER BY 1"
+        ):
+            self.runs.append((last, size))
+            self.bytes += size
+        row = conn.execute("SELECT min(seq) FROM events").fetchone()
+        self.oldest = row[0]
+        self.holes: list[tuple[int, int]] = list(
+            conn.execute("SELECT first, last FROM holes ORDER BY first"))
+
+    def meta(self, key: str) -> int | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def set_meta(self, key: str, value: int) -> None:
+        self.conn.execute("INSERT INTO meta(key, value) VALUES(?, ?) "
+                          "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
+
+    def write(self, batch: list[Envelope], reserved: int) -> int | None:
+        """One transaction: the batch, the reservation, retention. Returns the new
+        oldest retained seq."""
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if batch:
+                conn.executemany(f"INSERT OR REPLACE INTO events({_COLUMNS}) "
+                                 "VALUES (?,?,?,?,?,?,?)", [_row(e) for e in batch])
+                size = sum(len(e.data) for e in batch)
+                self.runs.append((batch[-1].seq, size))
+                self.bytes += size
+                if self.oldest is None:
+                    self.oldest = batch[0].seq
+                self._prune(batch[-1].seq)
+            self.set_meta("reserved", reserved)
+            conn.execute("DELETE FROM meta WHERE key='clean'")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return self.oldest
+
+    def add_hole(self, first: int, last: int) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO holes(first, last) VALUES (?, ?)",
+                          (first, last))
+        self.holes.append((first, last))
+
+    def _prune(self, last: int) -> None:
+        upto = retention_floor(last, self.retention_events, self.holes)
+        while self.runs and (self.runs[0][0] <= upto or self.bytes > self.retention_bytes):
+            run_last, size = self.runs.popleft()
+            self.bytes -= size
+            upto = max(upto, run_last)
+        if self.oldest is not None and upto >= self.oldest:
+            self.conn.execute("DELETE FROM events WHERE seq <= ?", (upto,))
+            self.conn.execute("DELETE FROM holes WHERE last <= ?", (upto,))
+            self.holes = [h for h in self.holes if h[1] > upto]
+            self.oldest = upto + 1 if self.runs else None
+
+    def read(self, after: int, upto: int, limit: int) -> list[Envelope]:
+        rows = self.conn.execute(
+            f"SELECT {_COLUMNS} FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+            (after, upto, limit),
+        ).fetchall()
+        return [_envelope(r) for r in rows]
+
+
+class SqliteEventLog:
+    """The EventLog port, durable in one SQLite file. Open with `await open(...)`, run
+    `serve` with `nursery.start`, `aclose` at shutdown (under a bounded shield)."""
+
+    def __init__(self, disk: _Disk, first_seq: int, reserved: int, *, flush_s: float,
+                 ring_events: int, ring_bytes: int) -> None:
+        self._disk = disk
+        self._limiter = trio.CapacityLimiter(1)
+        self._flush_s = flush_s
+        self._retention_events = disk.retention_events
+        self._next_seq = first_seq
+        self._reserved = reserved
+        self._flushed = first_seq - 1  # every seq up to here is on disk, or lost for good
+        self._oldest = disk.oldest
+        self._ring = Ring(ring_events, ring_bytes)
+        self._pending: list[Envelope] = []
+        self._wanted = trio.Event()
+        self._overrun_logged = False
+        self.flushes = 0
+
+    @classmethod
+    async def open(
+        cls, path: Path, *, retention_events: int, retention_bytes: int,
+        flush_ms: float, seq_floor: int = 0,
+    ) -> SqliteEventLog:
+        """`seq_floor`: a seq every new one must exceed (the seqs an older veild, whose
+        log was memory only, reserved in the store)."""
+        def _open() -> tuple[_Disk, int, int]:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA busy_timeout=5000")
+                conn.executescript(_SCHEMA)
+                disk = _Disk(conn, retention_events, retention_bytes)
+                latest = conn.execute("SELECT max(seq) FROM events").fetchone()[0] or 0
+                first = max(latest, disk.meta("reserved") or 0, seq_floor) + 1
+                # Reserve before anything is handed out: a crash from here on restarts
+                # above every seq this process may use before its first flush.
+                reserved = first - 1 + RESERVE_AHEAD
+                conn.execute("BEGIN IMMEDIATE")
+                if first - 1 > latest:
+                    disk.add_hole(latest + 1, first - 1)
+                conn.execute("COMMIT")
+                disk.write([], reserved)
+            except BaseException:
+                conn.close()
+                raise
+            return disk, first, reserved
+
+        try:
+            disk, first, reserved = await trio.to_thread.run_sync(_open)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"cannot open the event log at {path}: {exc}") from exc
+        return cls(disk, first, reserved, flush_s=flush_ms / 1000,
+                   ring_events=min(RING_EVENTS, retention_events),
+                   ring_bytes=min(RING_BYTES, retention_bytes))
+
+    # -- the EventLog port ------------------------------------------------------------
+
+    @property
+    def latest_seq(self) -> int:
+        return self._next_seq - 1
+
+    def retained_range(self) -> tuple[int, int]:
+        candidates = [s for s in (self._oldest, self._ring.oldest_seq) if s is not None]
+        return (min(candidates) if candidates else self._next_seq, self.latest_seq)
+
+    def take_seq(self) -> int:
+        seq = self._next_seq
+        if seq > self._reserved:
+            # No flush for RESERVE_AHEAD events: the disk is stuck. Go on (publishing
+            # never blocks); the next flush persists a bound past this seq.
+            if not self._overrun_logged:
+                log.error("event log: seq %d passed the persisted reservation; "
+                          "the disk has not accepted a flush for a while", seq)
+                self._overrun_logged = True
+            self._reserved = seq + RESERVE_AHEAD
+        self._next_seq = seq + 1
+        return seq
+
+    def append(self, env: Envelope) -> None:
+        self._ring.add(env, evictable_upto=self._flushed)
+        pending = self._pending
+        pending.append(env)
+        if len(pending) == 1:
+            self._wanted.set()
+        elif len(pending) > MAX_PENDING:
+            self._give_up(len(pending) // 2)
+
+    def replay(self, since: int) -> PagedReplay:
+        floor = retention_floor(self.latest_seq, self._retention_events, self._disk.holes)
+        return PagedReplay(since, self.latest_seq, self._ring.since(max(since, floor)),
+                           self._read, floor=floor)
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        task_status.started()
+        while True:
+            await self._wanted.wait()
+            await trio.sleep(self._flush_s)  # gather a batch: one transaction per tick
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write what is pending now (also called at close)."""
+        self._wanted = trio.Event()
+        batch, self._pending = self._pending, []
+        reserved = max(self._reserved, self._next_seq - 1 + RESERVE_AHEAD)
+        try:
+            oldest = await trio.to_thread.run_sync(
+                self._disk.write, batch, reserved, limiter=self._limiter
+            )
+        except sqlite3.Error as exc:
+            # Keep the batch for the next tick; a disk that stays broken is bounded by
+            # MAX_PENDING. A cancel while writing loses nothing either: the thread's
+            # transaction commits or rolls back on its own, and a re-write replaces.
+            log.error("event log: flush of %d events failed: %s", len(batch), exc)
+            self._requeue(batch)
+            return
+        except BaseException:
+            self._requeue(batch)
+            raise
+        self._reserved = reserved
+        self._oldest = oldest
+        if batch:
+            self._flushed = batch[-1].seq
+            self._ring.trim(self._flushed)
+        self.flushes += 1
+
+    async def aclose(self) -> None:
+        """Flush what is left, then record a clean stop at the latest seq."""
+        await self.flush()
+        latest = self.latest_seq
+
+        def _close() -> None:
+            disk = self._disk
+            if not self._pending:
+                disk.set_meta("reserved", latest)
+                disk.set_meta("clean", latest)
+            disk.conn.close()
+
+        await trio.to_thread.run_sync(_close, limiter=self._limiter)
+
+    # -- internals --------------------------------------------------------------------
+
+    async def _read(self, after: int, upto: int, limit: int) -> list[Envelope]:
+        try:
+            return await trio.to_thread.run_sync(
+                self._disk.read, after, upto, limit, limiter=self._limiter
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"event log read failed: {exc}") from exc
+
+    def _requeue(self, batch: list[Envelope]) -> None:
+        self._pending = batch + self._pending
+        if len(self._pending) > MAX_PENDING:
+            self._give_up(len(self._pending) - MAX_PENDING)
+        if self._pending:
+            self._wanted.set()
+
+    def _give_up(self, n: int) -> None:
+        """Drop the `n` oldest pending events from the disk's future: they stay
+        replayable while the ring holds them, then replay reports them as a gap."""
+        dropped, self._pending = self._pending[:n], self._pending[n:]
+        log.error("event log: gave up writing %d events (seq %d..%d)",
+                  len(dropped), dropped[0].seq, dropped[-1].seq)
+        self._flushed = dropped[-1].seq
+        self._ring.trim(self._flushed)

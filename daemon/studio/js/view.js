@@ -1,0 +1,566 @@
+// The open session: its past turns (HTTP), then its running turn and every live event.
+//
+// One Body renders one turn's events into blocks (user message, thinking, text, tool
+// calls). Streaming text goes into TextSinks (flush.js); a block that ends is rendered
+// once (markdown) and marked `done` (content-visibility: auto). A sub-agent's turn is a
+// ChildTurn inside the ToolCall that spawned it, with a Body of its own, so its own
+// tool calls (and their sub-agents) nest the same way.
+
+import { api } from './api.js';
+import { fmtCost, fmtDuration, fmtTime, fmtTokens, h, shortId } from './dom.js';
+import { TextSink } from './flush.js';
+import { renderMarkdown } from './markdown.js';
+
+const DELIVERY = /^\[veild delivery from (?:session (\S+) \(agent "([^"]*)"\)|outside[^\]]*)(?:: ([^\]]*))?\]$/;
+
+function triggerLabel(trigger) {
+  return {
+    http: 'chat', sse: 'chat', agent_spawn: 'spawned', agent_message: 'message',
+    async_inform: 'async message', wake: 'wake', schedule: 'schedule',
+  }[trigger] || trigger || 'turn';
+}
+
+function parseJson(text) {
+  try { return JSON.parse(text); } catch { return null; }
+}
+
+// -- blocks -------------------------------------------------------------------------
+
+class StreamBlock {
+  constructor(parent, kind) {
+    this.kind = kind;
+    if (kind === 'thinking') {
+      this.summary = h('summary', {}, h('span.label', { text: 'Thinking' }), h('span.spinner'));
+      this.textEl = h('div.thinking-text');
+      this.el = h('details.thinking.streaming', { 'data-testid': 'thinking', open: true },
+        this.summary, this.textEl);
+    } else {
+      this.textEl = h('div.md.streaming', { 'data-testid': 'assistant-text' });
+      this.el = this.textEl;
+    }
+    parent.append(this.el);
+    this.sink = new TextSink(this.textEl);
+  }
+
+  append(text) { this.sink.append(text); }
+
+  finish() {
+    this.sink.flush();
+    const text = this.sink.text;
+    if (this.kind === 'thinking') {
+      const words = text.trim() ? text.trim().split(/\s+/).length : 0;
+      this.summary.replaceChildren(h('span.label', { text: 'Thought' }), h('span.dim', { text: ` · ${words} words` }));
+      this.el.open = false;  // collapsed: the element and its text stay
+    } else {
+      this.textEl.innerHTML = renderMarkdown(text);
+    }
+    this.el.classList.remove('streaming');
+    this.el.classList.add('done');
+  }
+}
+
+function finishedText(parent, content) {
+  const el = h('div.md.done', { 'data-testid': 'assistant-text' });
+  el.innerHTML = renderMarkdown(content);
+  parent.append(el);
+  return el;
+}
+
+function userBubble(content, label = 'user') {
+  const lines = String(content).split('\n');
+  const first = lines[0].match(DELIVERY);
+  if (!first) return h('div.user-msg', {}, h('div.who', { text: label }), h('div.user-text', { text: content }));
+  const [, fromId, agent, kind] = first;
+  const who = fromId
+    ? h('div.who', {}, 'from ', h('a.session-link', { href: `#${fromId}`, 'data-open': fromId, text: `${agent} ${shortId(fromId)}` }), kind ? ` · ${kind}` : '')
+    : h('div.who', { text: 'delivered from outside' });
+  return h('div.user-msg.delivery', {}, who, h('div.user-text', { text: lines.slice(1).join('\n') }));
+}
+
+export class ToolCall {
+  constructor(view, parent, { id, name, args, live }) {
+    this.view = view;
+    this.id = id;
+    this.name = name;
+    this.children = new Map();
+    this.streams = { current: null, kind: null };
+    this.status = h('span.tool-status', { text: live ? 'running' : '' });
+    if (live) this.status.append(h('span.spinner'));
+    this.output = h('pre.tool-output', { 'data-testid': 'tool-output' });
+    this.kids = h('div.tool-children');
+    this.resultEl = h('div.tool-result', { hidden: true });
+    this.el = h('div.tool', { 'data-testid': 'tool-call', 'data-tool-call-id': id, 'data-tool-name': name },
+      h('div.tool-head', {}, h('span.tool-icon', { text: name === 'bash' ? '$' : name.startsWith('agent_') ? '⇢' : 'ƒ' }),
+        h('span.tool-name', { text: name }), this.summary(args), this.status),
+      this.argsDetail(args), this.kids, this.output, this.resultEl);
+    if (!live) this.el.classList.add('done');
+    parent.append(this.el);
+    view.toolCalls.set(id, this);
+  }
+
+  summary(args) {
+    if (this.name === 'bash' && args && typeof args.command === 'string') {
+      return h('code.tool-arg', { text: args.command });
+    }
+    if (this.name === 'agent_spawn' && args && typeof args === 'object') {
+      return h('span.tool-arg', {}, h('b', { text: args.agent || '?' }),
+        args.wait === false ? h('span.pill', { text: 'no wait' }) : null,
+        h('span.dim', { text: ` ${args.message || ''}` }));
+    }
+    if (this.name === 'agent_message' && args && typeof args === 'object') {
+      return h('span.tool-arg', {}, h('b', { text: shortId(args.sessionId || '') }),
+        h('span.dim', { text: ` ${args.message || ''}` }));
+    }
+    return h('code.tool-arg', { text: typeof args === 'string' ? args : JSON.stringify(args) });
+  }
+
+  argsDetail(args) {
+    const text = typeof args === 'string' ? args : JSON.stringify(args, null, 2);
+    return h('details.tool-args', {}, h('summary', { text: 'arguments' }), h('pre', { text }));
+  }
+
+  chunk(stream, content) {
+    if (this.streams.kind !== stream) {
+      const piece = h('span', { 'data-stream': stream, class: `out-${stream}` });
+      this.output.append(piece);
+      this.streams = { kind: stream, sink: new TextSink(piece) };
+    }
+    this.streams.sink.append(content);
+  }
+
+  result({ content, isError, durationMs }) {
+    if (this.streams.sink) this.streams.sink.flush();
+    this.status.replaceChildren(document.createTextNode(
+      [isError ? 'error' : 'ok', fmtDuration(durationMs)].filter(Boolean).join(' · ')));
+    this.el.classList.toggle('failed', Boolean(isError));
+    this.el.classList.add('done');
+    this.resultEl.hidden = false;
+    this.resultEl.className = `tool-result${isError ? ' error' : ''}`;
+    const label = isError ? 'error' : 'result';
+    if (this.output.childNodes.length || this.kids.childNodes.length) {
+      // The output (or the sub-agent's turn) was shown as it streamed: the result, which
+      // repeats it, folds away behind its last line.
+      const last = String(content).trim().split('\n').pop() || '';
+      this.resultEl.replaceChildren(h('details', {}, h('summary', {}, h('span.label', { text: label }),
+        h('span.dim', { text: ` ${last.slice(0, 120)}` })), h('pre', { text: content })));
+    } else {
+      this.resultEl.replaceChildren(h('div.label', { text: label }), h('pre', { text: content }));
+    }
+    if (this.name === 'agent_spawn') {
+      const answer = parseJson(content);
+      const sid = (answer && answer.sessionId) || (String(content).match(/session (ses_[\w-]+)/) || [])[1];
+      if (sid) this.view.spawned(this, sid, answer);
+    }
+  }
+
+  stopped() {
+    if (!this.el.classList.contains('done')) {
+      if (this.streams.sink) this.streams.sink.flush();
+      this.status.replaceChildren(document.createTextNode('stopped'));
+      this.el.classList.add('done', 'failed');
+    }
+  }
+
+  child(sessionId, agentName) {
+    let child = this.children.get(sessionId);
+    if (!child) {
+      child = new ChildTurn(this.view, this.kids, sessionId, agentName);
+      this.children.set(sessionId, child);
+      this.view.childTurns.set(sessionId, child);
+    }
+    return child;
+  }
+}
+
+class Body {
+  constructor(view, el, sessionId, who = 'user') {
+    this.view = view;
+    this.el = el;
+    this.sessionId = sessionId;
+    this.who = who;  // what a user message is, seen from here ('task' inside a sub-agent)
+    this.open = null;
+    this.prompted = false;
+    this.approvals = new Map();
+  }
+
+  finishOpen() {
+    if (this.open) {
+      this.open.finish();
+      this.open = null;
+    }
+  }
+
+  stream(kind, text) {
+    if (!this.open || this.open.kind !== kind) {
+      this.finishOpen();
+      this.open = new StreamBlock(this.el, kind);
+    }
+    this.open.append(text);
+  }
+
+  apply(e) {
+    const d = e.data || {};
+    switch (e.eventType) {
+      case 'thinking.chunk': this.stream('thinking', d.content); break;
+      case 'inference.chunk': this.stream('text', d.content); break;
+      case 'inference.tool':
+        this.finishOpen();
+        new ToolCall(this.view, this.el, { id: d.toolCallId, name: d.name, args: d.arguments, live: true });
+        break;
+      case 'tool.chunk': this.view.toolCalls.get(d.toolCallId)?.chunk(d.stream, d.content); break;
+      case 'tool.result': this.view.toolCalls.get(d.toolCallId)?.result(d); break;
+      case 'message':
+        if (d.role === 'user') {
+          this.finishOpen();
+          this.el.append(userBubble(d.content, this.who));
+        } else if (d.role === 'assistant') {
+          this.finishOpen();
+        }
+        break;
+      case 'approval.request': this.approval(e); break;
+      case 'approval.result': this.approvals.get(d.approvalId)?.remove(); this.approvals.delete(d.approvalId); break;
+      case 'done': case 'error': this.end(); break;
+      default: break;
+    }
+  }
+
+  approval(e) {
+    const d = e.data;
+    const decide = async (decision, button) => {
+      button.disabled = true;
+      try {
+        await api(`/sessions/${encodeURIComponent(e.sessionId)}/approvals/${encodeURIComponent(d.approvalId)}`,
+          { method: 'POST', body: { decision } });
+      } catch (err) {
+        button.disabled = false;
+        this.view.onError(err);
+      }
+    };
+    const approve = h('button.btn.primary', { type: 'button', 'data-testid': 'approve', text: 'Allow' });
+    const deny = h('button.btn.danger', { type: 'button', 'data-testid': 'deny', text: 'Deny' });
+    approve.addEventListener('click', () => decide('allow', approve));
+    deny.addEventListener('click', () => decide('deny', deny));
+    const el = h('div.approval', { 'data-testid': 'approval', 'data-approval-id': d.approvalId },
+      h('div.approval-text', {}, h('b', { text: `${d.toolName}` }), ' wants to run',
+        d.expiresAt ? h('span.dim', { text: ` · expires ${fmtTime(d.expiresAt)}` }) : null),
+      h('pre', { text: JSON.stringify(d.arguments, null, 2) }), h('div.approval-actions', {}, approve, deny));
+    const tool = this.view.toolCalls.get(d.toolCallId);
+    (tool ? tool.el : this.el).append(el);
+    this.approvals.set(d.approvalId, el);
+  }
+
+  end() {
+    this.finishOpen();
+    for (const el of this.approvals.values()) el.remove();
+    this.approvals.clear();
+    for (const tool of this.el.querySelectorAll('[data-testid=tool-call]:not(.done)')) {
+      this.view.toolCalls.get(tool.dataset.toolCallId)?.stopped();
+    }
+  }
+
+  /** A stored turn's messages (GET /sessions/{id}/messages), rendered finished. */
+  past(messages) {
+    for (const m of messages) {
+      if (m.role === 'user') this.el.append(userBubble(m.content));
+      else if (m.role === 'assistant') {
+        if (m.content) finishedText(this.el, m.content);
+        for (const call of m.toolCalls || []) {
+          new ToolCall(this.view, this.el, { id: call.id, name: call.name, args: call.arguments, live: false });
+        }
+      } else if (m.role === 'tool') {
+        this.view.toolCalls.get(m.toolCallId)?.result({ content: m.content, isError: null, durationMs: null });
+      }
+    }
+  }
+}
+
+function terminalBadge(kind, d) {
+  const bits = [];
+  if (d.durationMs !== undefined && d.durationMs !== null) bits.push(fmtDuration(d.durationMs));
+  const u = d.tokenUsage;
+  if (u) bits.push(`${fmtTokens((u.input || 0) + (u.output || 0))} tokens`);
+  if (u && u.cost) bits.push(fmtCost(u.cost));
+  if (d.model) bits.push(d.model);
+  if (kind === 'done') {
+    return h('div.terminal-badge.done', {}, h('b', { text: '✓ done' }), bits.length ? h('span.dim', { text: ` · ${bits.join(' · ')}` }) : null);
+  }
+  const reason = d.details && d.details.reason;
+  return h('div.terminal-badge.error', {}, h('b', { text: d.code || 'error' }),
+    reason ? h('span.reason', { text: ` ${reason}` }) : null,
+    d.message && d.code !== 'CANCELLED' ? h('span.msg', { text: ` · ${d.message}` }) : null,
+    bits.length ? h('span.dim', { text: ` · ${bits.join(' · ')}` }) : null);
+}
+
+class ChildTurn {
+  constructor(view, parent, sessionId, agentName) {
+    this.view = view;
+    this.sessionId = sessionId;
+    this.turnId = null;  // the spawn turn shown here; 'past' when shown from the store
+    this.statusEl = h('span.status-dot');
+    this.terminalEl = h('span.child-terminal');
+    const open = h('a.open-child', { href: `#${sessionId}`, 'data-open': sessionId, text: 'open ↗', title: 'open this session' });
+    this.bodyEl = h('div.child-body');
+    this.el = h('div.child-turn', { 'data-testid': 'child-turn', 'data-session-id': sessionId, 'data-status': 'idle' },
+      h('div.child-head', {}, this.statusEl, h('span.agent', { text: agentName || 'sub-agent' }),
+        h('span.sid', { text: shortId(sessionId) }), this.terminalEl, open),
+      this.bodyEl);
+    parent.append(this.el);
+    this.body = new Body(view, this.bodyEl, sessionId, 'task');
+    this.status(view.tree.get(sessionId));
+  }
+
+  status(s) {
+    if (!s) return;
+    this.el.dataset.status = s.status;
+    this.statusEl.className = `status-dot ${s.status}`;
+  }
+
+  apply(e) {
+    if (e.type !== 'session.stream') return;
+    if (this.turnId === null) {
+      if (e.eventType !== 'turn.start' || e.data.trigger !== 'agent_spawn') return;
+      this.turnId = e.turnId;
+    }
+    if (e.turnId !== this.turnId) return;
+    this.body.apply(e);
+    if (e.eventType === 'done' || e.eventType === 'error') {
+      const d = e.data;
+      this.el.dataset.terminal = e.eventType;
+      this.el.dataset.errorCode = e.eventType === 'error' ? d.code || '' : '';
+      this.el.dataset.cancelReason = (d.details && d.details.reason) || '';
+      this.terminalEl.replaceChildren(e.eventType === 'done'
+        ? h('span.badge.done', { text: 'done' })
+        : h('span.badge.error', { text: (d.details && d.details.reason) || d.code }));
+      this.el.classList.add('done');
+    }
+  }
+
+  /** Shown from the store: its final answer, from the spawn's result or its messages. */
+  async past(answer) {
+    this.turnId = 'past';
+    if (answer && typeof answer.content === 'string') {
+      finishedText(this.bodyEl, answer.content);
+      return;
+    }
+    try {
+      const { messages } = await api(`/sessions/${encodeURIComponent(this.sessionId)}/messages`);
+      const first = messages.length ? messages[0].turnId : null;
+      const answerMsg = messages.filter((m) => m.turnId === first && m.role === 'assistant' && m.content).pop();
+      if (answerMsg) finishedText(this.bodyEl, answerMsg.content);
+    } catch (err) {
+      this.view.onError(err);
+    }
+  }
+}
+
+class TurnView {
+  constructor(view, parent, turnId, meta) {
+    this.view = view;
+    this.turnId = turnId;
+    this.usage = null;
+    this.trigger = h('span.trigger');
+    this.from = h('span.from');
+    this.time = h('span.time');
+    this.footer = h('div.turn-foot');
+    this.bodyEl = h('div.turn-body');
+    this.el = h('article.turn', { 'data-testid': 'turn', 'data-turn-id': turnId, 'data-terminal': '', 'data-error-code': '', 'data-cancel-reason': '' },
+      h('div.turn-head', {}, this.trigger, this.from, this.time), this.bodyEl, this.footer);
+    parent.append(this.el);
+    this.body = new Body(view, this.bodyEl, view.sessionId);
+    this.meta(meta || {});
+  }
+
+  meta({ trigger, fromSessionId, startedAt }) {
+    if (trigger) this.trigger.textContent = triggerLabel(trigger);
+    if (fromSessionId) {
+      const from = this.view.tree.get(fromSessionId);
+      this.from.replaceChildren('from ', h('a.session-link', { href: `#${fromSessionId}`, 'data-open': fromSessionId, text: `${from ? from.agentName : 'session'} ${shortId(fromSessionId)}` }));
+    }
+    if (startedAt) this.time.textContent = fmtTime(startedAt);
+  }
+
+  get running() { return !this.el.dataset.terminal; }
+
+  terminal(kind, d) {
+    this.el.dataset.terminal = kind;
+    this.el.dataset.errorCode = kind === 'error' ? d.code || '' : '';
+    this.el.dataset.cancelReason = kind === 'error' ? (d.details && d.details.reason) || d.cancelReason || '' : '';
+    this.footer.replaceChildren(terminalBadge(kind, d));
+    this.el.classList.add('ended', 'done');
+  }
+
+  apply(e) {
+    const d = e.data || {};
+    if (e.eventType === 'turn.start') this.meta({ trigger: d.trigger, fromSessionId: d.fromSessionId, startedAt: e.ts });
+    else if (e.eventType === 'usage') {
+      this.usage = d;
+      this.view.budget(d);
+    }
+    this.body.apply(e);
+    if (e.eventType === 'done' || e.eventType === 'error') {
+      this.terminal(e.eventType, d);
+      if (this.gapped) this.view.reload();
+    }
+  }
+}
+
+// -- the view -------------------------------------------------------------------------
+
+export class View {
+  constructor({ el, tree, onError, onHeader }) {
+    this.el = el;
+    this.tree = tree;
+    this.onError = onError;
+    this.onHeader = onHeader;  // (session, view) => void: header, usage, controls
+    this.sessionId = null;
+    this.gen = 0;
+    this.reset();
+  }
+
+  reset() {
+    this.gapSeen = null;
+    this.turns = new Map();
+    this.pastTurns = new Set();
+    this.toolCalls = new Map();
+    this.childTurns = new Map();
+    this.budgetInfo = null;
+    this.el.replaceChildren();
+  }
+
+  close() {
+    this.gen += 1;
+    this.sessionId = null;
+    this.reset();
+    this.el.dataset.sessionId = '';
+    this.el.hidden = true;
+  }
+
+  /**
+   * Open a session: render its finished turns from HTTP; return the seq from which the
+   * bus must be replayed so that its running turns (and those of running sub-agents
+   * shown in past tool calls) are shown from their start. The caller replays from it.
+   */
+  async open(sessionId, cursor) {
+    const gen = ++this.gen;
+    this.sessionId = sessionId;
+    this.reset();
+    this.el.dataset.sessionId = sessionId;
+    this.el.hidden = false;
+    this.el.classList.add('loading');
+    const path = `/sessions/${encodeURIComponent(sessionId)}`;
+    const [{ turns }, { messages }] = await Promise.all([api(`${path}/turns`), api(`${path}/messages`)]);
+    if (gen !== this.gen) return null;
+    let since = cursor;
+    const byTurn = new Map();
+    for (const m of messages) {
+      if (!byTurn.has(m.turnId)) byTurn.set(m.turnId, []);
+      byTurn.get(m.turnId).push(m);
+    }
+    const known = new Set(turns.map((t) => t.turnId));
+    const legacy = [...byTurn.keys()].filter((id) => !known.has(id));
+    for (const id of legacy) {  // messages stored before turns were recorded with them
+      const turn = new TurnView(this, this.el, id || 'earlier', {});
+      turn.body.past(byTurn.get(id));
+      this.pastTurns.add(id);
+    }
+    for (const t of turns) {
+      if (t.terminal) {
+        const turn = new TurnView(this, this.el, t.turnId, t);
+        turn.body.past(byTurn.get(t.turnId) || []);
+        turn.terminal(t.terminal, { code: t.errorCode, cancelReason: t.cancelReason, details: t.cancelReason ? { reason: t.cancelReason } : null, tokenUsage: t.tokenUsage, model: t.model });
+        turn.el.classList.add('done');
+        this.pastTurns.add(t.turnId);
+      } else if (t.startSeq) {
+        since = Math.min(since, t.startSeq - 1);
+      }
+    }
+    // Running sub-agents shown inside past tool calls (a no-wait spawn outlives its turn).
+    for (const child of this.childTurns.values()) {
+      const s = this.tree.get(child.sessionId);
+      if (child.turnId === 'live' && s && s.status === 'running') {
+        try {
+          const r = await api(`/sessions/${encodeURIComponent(child.sessionId)}/turns`);
+          if (gen !== this.gen) return null;
+          const spawn = r.turns.find((t) => t.trigger === 'agent_spawn' && !t.terminal && t.startSeq);
+          if (spawn) since = Math.min(since, spawn.startSeq - 1);
+        } catch (err) {
+          this.onError(err);
+        }
+        child.turnId = null;
+      }
+    }
+    this.el.classList.remove('loading');
+    this.onHeader(this.tree.get(sessionId), this);
+    return Math.max(0, since);
+  }
+
+  /** A finished agent_spawn call named its child: show it there. */
+  spawned(tool, childId, answer) {
+    const s = this.tree.get(childId);
+    const child = tool.child(childId, s ? s.agentName : undefined);
+    // Live: the child's own events fill it. From the store: its answer, unless it still
+    // runs (a no-wait spawn outlives its turn): then open() replays its running turn.
+    if (!this.el.classList.contains('loading') || child.turnId !== null) return;
+    if (s && s.status === 'running' && !(answer && typeof answer.content === 'string')) {
+      child.turnId = 'live';
+    } else {
+      child.past(answer);
+    }
+  }
+
+  /** One bus event, in seq order, each at most once. */
+  apply(e) {
+    if (!this.sessionId || this.el.classList.contains('loading')) return;
+    if (e.sessionId === this.sessionId) {
+      if (e.type !== 'session.stream' || this.pastTurns.has(e.turnId)) return;
+      let turn = this.turns.get(e.turnId);
+      if (!turn) {
+        turn = new TurnView(this, this.el, e.turnId, {});
+        this.turns.set(e.turnId, turn);
+        if (e.eventType === 'turn.start') this.budgetInfo = null;
+        else if (this.gapSeen) this.markGapped(turn, this.gapSeen);  // its start is gone
+      }
+      turn.apply(e);
+      if (e.eventType === 'usage' || e.eventType === 'done' || e.eventType === 'error' || e.eventType === 'turn.start') {
+        this.onHeader(this.tree.get(this.sessionId), this);
+      }
+      return;
+    }
+    if (!e.spawnToolCallId) return;
+    const tool = this.toolCalls.get(e.spawnToolCallId);
+    if (!tool) return;
+    tool.child(e.sessionId, e.agentName).apply(e);
+  }
+
+  /** The bus could not replay some events: say so; a turn that had a hole reloads at its end. */
+  gap(g) {
+    this.gapSeen = g;
+    for (const turn of this.turns.values()) if (turn.running) this.markGapped(turn, g);
+  }
+
+  markGapped(turn, g) {
+    if (turn.gapped) return;
+    turn.gapped = true;
+    turn.bodyEl.prepend(h('div.notice', { text: `Part of this turn's live output (events ${g.from}–${g.to}) is no longer retained by the daemon; its stored transcript is shown when it ends.` }));
+  }
+
+  reload() {
+    if (this.sessionId) this.onReload?.(this.sessionId);
+  }
+
+  sessionChanged(s) {
+    const child = this.childTurns.get(s.id);
+    if (child) child.status(s);
+    if (s.id === this.sessionId) this.onHeader(s, this);
+  }
+
+  budget(usage) {
+    if (usage.budgetTokens) this.budgetInfo = usage;
+  }
+
+  /** The running turn's live usage (not yet in the session's totals). */
+  liveUsage() {
+    for (const turn of this.turns.values()) if (turn.running && turn.usage) return turn.usage.tokenUsage;
+    return null;
+  }
+}
