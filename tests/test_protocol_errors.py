@@ -50,13 +50,13 @@ async def _exchange(port: int, data: bytes) -> tuple[list[Response], bool]:
 
 
 @pytest.mark.parametrize(("request_bytes", "status", "code"), [
-    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
+    (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
      431, "BAD_REQUEST"),
-    (b"POST /agents/assistant/chat HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+    (b"POST /agents/assistant/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: gzip\r\n\r\n",
      501, "NOT_IMPLEMENTED"),
-    (b"POST /agents/assistant/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    (b"POST /agents/assistant/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n"
      b"Content-Length: 3\r\n\r\n{}", 400, "BAD_REQUEST"),
-    (b"GET /sessions?agent=\xff HTTP/1.1\r\nHost: x\r\n\r\n", 400, "BAD_REQUEST"),
+    (b"GET /sessions?agent=\xff HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 400, "BAD_REQUEST"),
     (b"NONSENSE\r\n\r\n", 400, "BAD_REQUEST"),
 ], ids=["431-big-header", "501-transfer-encoding", "400-double-content-length",
         "400-raw-bytes-in-target", "400-garbage"])
@@ -73,10 +73,10 @@ async def test_protocol_errors_carry_the_error_shape(daemon: Running, request_by
 
 
 @pytest.mark.parametrize("request_bytes", [
-    b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-    b"POST /sessions/ses_nope/cancel HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+    b"POST /sessions/ses_nope/cancel HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
     b"Content-Length: 2\r\n\r\n{}",
-    b"GET /health HTTP/1.0\r\n\r\n",
+    b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n",
 ], ids=["get-connection-close", "post-connection-close", "http-1.0"])
 async def test_connection_close_is_honoured(daemon: Running, request_bytes: bytes) -> None:
     [(status, _, body)], closed = await _exchange(daemon.daemon.port, request_bytes)
@@ -90,7 +90,7 @@ async def test_keep_alive_serves_two_requests_on_one_connection(daemon: Running)
     async with await trio.open_tcp_stream("127.0.0.1", daemon.daemon.port) as stream:
         for _ in range(2):
             await stream.send_all(conn.send(h11.Request(
-                method="GET", target="/health", headers=[("Host", "x")])) or b"")
+                method="GET", target="/health", headers=[("Host", "127.0.0.1")])) or b"")
             await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
             body = b""
             with trio.fail_after(10):

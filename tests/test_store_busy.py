@@ -57,6 +57,7 @@ async def test_busy_store_is_503_and_reads_go_on(tmp_path: Path, provider: Provi
                 nursery.start_soon(timed, "list", "GET", "/sessions")
                 nursery.start_soon(timed, "session", "GET", f"/sessions/{sid}")
                 nursery.start_soon(timed, "messages", "GET", f"/sessions/{sid}/messages")
+                nursery.start_soon(timed, "turns", "GET", f"/sessions/{sid}/turns")
 
             for name in ("new1", "new2", "deliver", "turn"):
                 r, took = answers[name]
@@ -66,7 +67,7 @@ async def test_busy_store_is_503_and_reads_go_on(tmp_path: Path, provider: Provi
                 # Each on its own clock: four writers queued one behind the other
                 # would take up to 4 x BUSY_S.
                 assert took < 1.75 * BUSY_S, (name, took)
-            for name in ("list", "session", "messages"):
+            for name in ("list", "session", "messages", "turns"):
                 r, took = answers[name]
                 assert r.status_code == 200, (name, r.text)
                 assert took < BUSY_S / 2, (name, took)  # not behind the stuck writer

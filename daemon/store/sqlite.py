@@ -384,7 +384,7 @@ class Store:
         """Every turn of a session, oldest first."""
 
         def _turns() -> list[TurnHistory]:
-            rows = self._conn.execute(
+            rows = self._rconn.execute(
                 "SELECT id, trigger, from_session_id, started_at, ended_at, terminal_code, "
                 "cancel_reason, input_tokens, output_tokens, cache_tokens, cost, model, "
                 "start_seq FROM turns WHERE session_id=? ORDER BY started_at, rowid",
@@ -396,7 +396,7 @@ class Store:
                 for r in rows
             ]
 
-        return await self._call(_turns)
+        return await self._read(_turns)
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         def _unfinished() -> list[TurnRecord]:
