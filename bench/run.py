@@ -288,6 +288,7 @@ async def main() -> None:
             f'[providers.mock]\ntype = "openai"\nbase_url = "{provider_url}"\n'
             '[agents.bench]\nprovider = "mock"\nmodel = "bench"\n'
             '[agents.boss]\nprovider = "mock"\nmodel = "boss"\ntools = ["agent_spawn"]\n'
+            'max_tool_calls = 64\n'  # 50 spawns from one answer
             + _claude_agent(provider_url.removesuffix("/v1"))
         )
         daemon = await trio.lowlevel.open_process(

@@ -45,6 +45,9 @@ class ServerConfig:
     # How long a lagged or closing client gets to take its close frame before its
     # connection is aborted (a client that never reads must not pin the daemon).
     client_close_grace_s: float = 5.0
+    # How long a store call may wait for the database (a lock another process holds)
+    # before the request that needs it answers 503 UNAVAILABLE.
+    store_busy_timeout_s: float = 5.0
     # CONTRACT §3.1: Host names (besides loopback and `host`) the daemon answers to,
     # exact origins (besides local ones) whose pages may use it, and the explicit
     # opt-out that lets a non-loopback `host` run without a token.
@@ -65,6 +68,10 @@ class ProviderConfig:
     type: str
     base_url: str = ""
     api_key_env: str | None = None
+    # Silence (no byte) before the response headers or mid-stream that ends the turn in
+    # PROVIDER_ERROR, and how long connecting may take (CONTRACT §5.8).
+    stall_timeout_s: float = 120.0
+    connect_timeout_s: float = 10.0
 
     @property
     def api_key(self) -> str | None:
@@ -81,6 +88,8 @@ class AgentConfig:
     tools: tuple[str, ...] = ()
     max_iterations: int = 20
     budget_tokens: int = 0
+    # Tool calls one LLM answer may run; each one past it gets an error result instead.
+    max_tool_calls: int = 32
     # bash tool limits: default timeout and how much output a result keeps.
     bash_timeout_s: float = 120.0
     bash_max_output_bytes: int = 256 * 1024
@@ -142,6 +151,12 @@ class _Reader:
             raise self.fail(key, f"expected {_kind_name(kind)}, got {type(value).__name__}")
         return value
 
+    def positive_seconds(self, key: str, default: float) -> float:
+        value = float(self.get(key, (int, float), default))
+        if not value > 0 or value == float("inf"):
+            raise self.fail(key, f"must be a positive number of seconds, got {value}")
+        return value
+
     def positive_int(self, key: str, default: int, *, minimum: int = 1) -> int:
         value: int = self.get(key, int, default)
         if value < minimum:
@@ -193,6 +208,7 @@ def _server(file: str, table: Any) -> ServerConfig:
         event_flush_ms=_positive_float(r, "event_flush_ms", 50.0),
         shutdown_grace_s=float(r.get("shutdown_grace_s", (int, float), 5.0)),
         client_close_grace_s=float(r.get("client_close_grace_s", (int, float), 5.0)),
+        store_busy_timeout_s=r.positive_seconds("store_busy_timeout_s", 5.0),
         allowed_hosts=_hosts(r, "allowed_hosts"),
         allowed_origins=_origins(r, "allowed_origins"),
         allow_unauthenticated=r.get("allow_unauthenticated", bool, False),
@@ -263,6 +279,8 @@ def _provider(file: str, name: str, table: Any) -> ProviderConfig:
     cfg = ProviderConfig(
         name=name, type=kind, base_url=base_url.rstrip("/"),
         api_key_env=r.get("api_key_env", str, None),
+        stall_timeout_s=r.positive_seconds("stall_timeout_s", 120.0),
+        connect_timeout_s=r.positive_seconds("connect_timeout_s", 10.0),
     )
     r.check_unknown()
     return cfg
@@ -311,6 +329,7 @@ def _agent(
         tools=tuple(tools),
         max_iterations=r.positive_int("max_iterations", 20),
         budget_tokens=r.positive_int("budget_tokens", 0, minimum=0),
+        max_tool_calls=r.positive_int("max_tool_calls", 32),
         bash_timeout_s=float(r.get("bash_timeout_s", (int, float), 120.0)),
         bash_max_output_bytes=r.positive_int("bash_max_output_bytes", 256 * 1024),
         max_tokens=r.positive_int("max_tokens", 8192),

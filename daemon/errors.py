@@ -9,10 +9,13 @@
     │   ├── NotFound             404 NOT_FOUND
     │   ├── Conflict             409 CONFLICT
     │   ├── PayloadTooLarge      413 PAYLOAD_TOO_LARGE
-    │   └── Unavailable          503 SHUTTING_DOWN
+    │   ├── Unavailable          503 SHUTTING_DOWN
+    │   └── ServiceUnavailable   503 UNAVAILABLE (the store is busy or unreachable)
     ├── ProviderError        the LLM provider failed (HTTP status, dropped stream, garbage)
     ├── MaxIterationsError   the turn used all its LLM calls
     └── StoreError           the embedded database failed
+        └── StoreUnavailable     ... because it is busy (locked past its timeout) or
+                                 cannot be read or written (I/O, full, read-only)
 
 A turn turns ProviderError / MaxIterationsError / anything else into its terminal
 `error` event; the API layer turns ApiError into `{"error": {...}}` with its status.
@@ -86,6 +89,11 @@ class Unavailable(ApiError):
     code = "SHUTTING_DOWN"
 
 
+class ServiceUnavailable(ApiError):
+    status = 503
+    code = "UNAVAILABLE"
+
+
 class ProviderError(VeildError):
     """The provider answered 4xx/5xx, dropped the stream, or sent something malformed."""
 
@@ -103,3 +111,7 @@ class MaxIterationsError(VeildError):
 
 class StoreError(VeildError):
     """The embedded database failed."""
+
+
+class StoreUnavailable(StoreError):
+    """The database is busy past the store's timeout, or cannot be read or written."""

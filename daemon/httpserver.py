@@ -6,17 +6,31 @@ that stops reading pins its connection task forever and no cancel scope can free
 The registry lets the daemon abort such a connection (close its socket, which wakes the
 stuck write with ClosedResourceError) once a grace period is over: after a WebSocket
 client lagged, and at shutdown for whatever is still open.
+
+Two more things below the app are ours, in small subclasses of hypercorn's classes:
+- Errors h11 finds before a request reaches the app (a malformed request or a double
+  Content-Length: 400, a header block over the limit: 431, an unsupported
+  Transfer-Encoding: 501) carry the contract's error shape instead of an empty body,
+  and still close the connection (`_H11Protocol._send_error_response`).
+- A connection that must close (the client sent `Connection: close`, HTTP/1.0, an
+  error above) is closed right after its response. Hypercorn closes it from the app's
+  task, which Quart-Trio has already cancelled by then, so the close was skipped and
+  the socket stayed open until the client hung up (`_TCPServer._close`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 from functools import partial
+from itertools import chain
 from typing import Any
 
+import h11
 import trio
 from hypercorn.config import Config as HyperConfig
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
@@ -24,6 +38,60 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import wrap_app
 
 log = logging.getLogger(__name__)
+
+# How long closing a finished connection may take (it never waits on the peer).
+CLOSE_GRACE_S = 1.0
+
+# Errors h11 raises before the app sees a request, as the error shape (CONTRACT §3).
+_PROTOCOL_ERRORS = {
+    400: ("BAD_REQUEST", "malformed HTTP request"),
+    413: ("PAYLOAD_TOO_LARGE", "the request is too large"),
+    431: ("BAD_REQUEST", "the request's header fields are too large"),
+    501: ("NOT_IMPLEMENTED", "unsupported Transfer-Encoding (only chunked is supported)"),
+}
+
+
+def protocol_error_body(status: int) -> bytes:
+    code, message = _PROTOCOL_ERRORS.get(
+        status, ("BAD_REQUEST" if status < 500 else "INTERNAL_ERROR", f"HTTP error {status}"))
+    return json.dumps({"error": {"code": code, "message": message}}).encode()
+
+
+class _H11Protocol(H11Protocol):
+    """Hypercorn's HTTP/1.1 protocol whose own error responses carry the error shape."""
+
+    async def _send_error_response(self, status_code: int) -> None:
+        body = protocol_error_body(status_code)
+        await self._send_h11_event(h11.Response(
+            status_code=status_code,
+            headers=list(chain(
+                [(b"content-type", b"application/json"),
+                 (b"content-length", str(len(body)).encode()), (b"connection", b"close")],
+                self.config.response_headers("h11"),
+            )),
+        ))
+        await self._send_h11_event(h11.Data(data=body))
+        await self._send_h11_event(h11.EndOfMessage())
+
+
+class _TCPServer(TCPServer):
+    """Hypercorn's Trio TCP server with `_H11Protocol` and a close that happens."""
+
+    async def _read_data(self) -> None:
+        # Called once the protocol is set up and before any byte is read: swap in ours.
+        wrapper = self.protocol
+        if type(wrapper.protocol) is H11Protocol:
+            wrapper.protocol = _H11Protocol(
+                wrapper.app, wrapper.config, wrapper.context, wrapper.task_group,
+                wrapper.state, wrapper.ssl, wrapper.client, wrapper.server, wrapper.send,
+            )
+        await super()._read_data()
+
+    async def _close(self) -> None:
+        # Reached from the app's task after the response, which may be cancelled by
+        # then; send_eof and aclose never wait on the peer, so a short shield is safe.
+        with trio.move_on_after(CLOSE_GRACE_S, shield=True):
+            await super()._close()
 
 
 class Connections:
@@ -129,7 +197,7 @@ class HttpServer:
                     self.connections,
                 )
                 tcp_server = partial(
-                    TCPServer, self._app, self.config, self._context, ConnectionState(state.copy())
+                    _TCPServer, self._app, self.config, self._context, ConnectionState(state.copy())
                 )
 
                 async def handler(stream: trio.SocketStream) -> None:

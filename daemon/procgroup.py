@@ -20,6 +20,19 @@ def kill_group(process: trio.Process) -> None:
         pass
 
 
+async def stop_gently(process: trio.Process, grace_s: float) -> None:
+    """SIGTERM first — a supervisor uses it to kill what it watches over and exit —
+    then, past `grace_s`, what `stop_group` does. Shielded and bounded."""
+    if process.returncode is None:
+        try:
+            process.send_signal(signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        with trio.move_on_after(grace_s, shield=True):
+            await process.wait()
+    await stop_group(process, grace_s)
+
+
 async def stop_group(process: trio.Process, grace_s: float) -> None:
     """Kill the group, reap the child and close its pipes; shielded and bounded, so it
     is safe in a `finally` under cancellation."""

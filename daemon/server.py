@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 import httpx
@@ -27,7 +28,7 @@ from daemon.eventlog.sqlite import SqliteEventLog
 from daemon.httpserver import Connections, HttpServer, bind_socket
 from daemon.llm.anthropic_client import AnthropicClient
 from daemon.llm.openai_client import OpenAIClient
-from daemon.llm.sse import default_timeout
+from daemon.llm.sse import provider_timeout
 from daemon.mock.provider import serve_mock_provider
 from daemon.runtime.bus import Bus
 from daemon.runtime.core import Runtime
@@ -63,14 +64,17 @@ class Daemon:
 
 
 def _engine_factory(
-    config: Config, http: httpx.AsyncClient, mock_roots: dict[str, str]
+    config: Config, clients: dict[str, httpx.AsyncClient], mock_roots: dict[str, str]
 ) -> Callable[[AgentConfig], Engine]:
     """Engines by agent. A mock provider (started in-process, root URL in `mock_roots`)
-    answers both the Chat Completions API (under /v1) and the Messages API."""
+    answers both the Chat Completions API (under /v1) and the Messages API. Each
+    provider has its own HTTP client: its own timeouts, and its own connection pool, so
+    a provider that holds every connection it has stalls no other provider's agents."""
     openai: dict[str, OpenAIClient] = {}
     anthropic: dict[str, AnthropicClient] = {}
     for name, provider in config.providers.items():
         key = provider.api_key
+        http = clients[name]
         if provider.type in ("openai", "mock"):
             url = f"{mock_roots[name]}/v1" if provider.type == "mock" else provider.base_url
             openai[name] = OpenAIClient(http, url, key)
@@ -128,7 +132,8 @@ async def serve_daemon(
             # First of all: a SIGTERM from here on is a graceful stop, never the default
             # action (no window between binding the socket and handling signals).
             await outer.start(_serve_signals, stop.set)
-        store = await Store.open(server.data_dir / "veild.db")
+        store = await Store.open(server.data_dir / "veild.db",
+                                 busy_timeout_s=server.store_busy_timeout_s)
         try:
             event_log = await SqliteEventLog.open(
                 server.data_dir / "events.db", retention_events=server.retention_events,
@@ -156,8 +161,14 @@ async def _serve(
     bus = Bus(event_log, queue_max=server.ws_queue_max)
     sessions: SessionManager | None = None
     http_server: HttpServer | None = None
-    async with httpx.AsyncClient(timeout=default_timeout()) as http, \
-            trio.open_nursery() as services:
+    async with AsyncExitStack() as clients_stack, trio.open_nursery() as services:
+        clients = {
+            name: await clients_stack.enter_async_context(httpx.AsyncClient(
+                timeout=provider_timeout(p.stall_timeout_s, p.connect_timeout_s),
+                follow_redirects=False,  # CONTRACT §5.8: a redirect is an error
+            ))
+            for name, p in config.providers.items()
+        }
         try:
             await services.start(event_log.serve)
             mock_roots: dict[str, str] = {}
@@ -169,7 +180,7 @@ async def _serve(
                 t.name: t for t in (BashTool(), AgentSpawnTool(), AgentMessageTool())
             }
             turn_services = TurnServices(
-                bus=bus, store=store, engine_for=_engine_factory(config, http, mock_roots),
+                bus=bus, store=store, engine_for=_engine_factory(config, clients, mock_roots),
                 tools=tools, workspaces=server.data_dir / "workspaces",
                 grace_s=server.shutdown_grace_s,
             )

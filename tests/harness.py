@@ -34,6 +34,7 @@ provider = "mock"
 model = "test-model"
 tools = ["bash", "agent_spawn", "agent_message"]
 max_iterations = 6
+max_tool_calls = 64  # test_scale spawns 50 children from one answer
 
 [agents.plain]
 engine = "openai"

@@ -30,6 +30,12 @@ def test_default_config_loads() -> None:
      "agents.a.provider"),
     ("[providers.p]\ntype = \"mock\"\n[agents.a]\nprovider = \"p\"\nmodel = \"m\"\n"
      "tools = [\"rm\"]\n", "agents.a.tools"),
+    ("[providers.p]\ntype = \"mock\"\nstall_timeout_s = 0\n", "providers.p.stall_timeout_s"),
+    ("[providers.p]\ntype = \"mock\"\nconnect_timeout_s = \"10\"\n",
+     "providers.p.connect_timeout_s"),
+    ("[server]\nstore_busy_timeout_s = -1\n", "server.store_busy_timeout_s"),
+    ("[providers.p]\ntype = \"mock\"\n[agents.a]\nprovider = \"p\"\nmodel = \"m\"\n"
+     "max_tool_calls = 0\n", "agents.a.max_tool_calls"),
 ])
 def test_errors_name_file_and_key(tmp_path: Path, text: str, key: str) -> None:
     path = tmp_path / "daemon.toml"
@@ -37,6 +43,17 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert info.value.key == key and info.value.file == str(path)
+
+
+def test_hardening_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "daemon.toml"
+    path.write_text("[providers.p]\ntype = \"mock\"\n[agents.a]\nprovider = \"p\"\n"
+                    "model = \"m\"\n")
+    config = load_config(path)
+    assert config.providers["p"].stall_timeout_s == 120
+    assert config.providers["p"].connect_timeout_s == 10
+    assert config.server.store_busy_timeout_s == 5
+    assert config.agents["a"].max_tool_calls == 32
 
 
 def test_cli_exits_2_on_a_config_error(tmp_path: Path) -> None:

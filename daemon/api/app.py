@@ -13,7 +13,13 @@ from daemon.api.guard import HostOriginGuard, HostPolicy
 from daemon.api.http import http_routes
 from daemon.api.studio import studio_routes
 from daemon.api.ws import ws_routes
-from daemon.errors import ApiError, PayloadTooLarge, Unauthorized
+from daemon.errors import (
+    ApiError,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    StoreUnavailable,
+    Unauthorized,
+)
 from daemon.httpserver import Connections
 from daemon.runtime.core import Runtime
 
@@ -60,6 +66,11 @@ def build_app(rt: Runtime, connections: Connections) -> QuartTrio:
     @app.errorhandler(ApiError)
     async def _api_error(err: ApiError) -> Response:
         return _error(err)
+
+    @app.errorhandler(StoreUnavailable)
+    async def _store_unavailable(err: StoreUnavailable) -> Response:
+        # CONTRACT §3: a store busy past its timeout is 503, not 500 (nothing changed).
+        return _error(ServiceUnavailable(str(err)))
 
     @app.errorhandler(HTTPException)
     async def _http_error(err: HTTPException) -> Response:

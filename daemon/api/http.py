@@ -15,7 +15,7 @@ from daemon.runtime import events as ev
 from daemon.runtime import inbox
 from daemon.runtime.bus import Filter
 from daemon.runtime.core import Runtime
-from daemon.runtime.turn import TurnOutcome
+from daemon.runtime.turn import STORE_UNAVAILABLE, TurnOutcome
 
 
 def _json(body: dict[str, Any], status: int = 200) -> Response:
@@ -44,7 +44,11 @@ def chat_result(outcome: TurnOutcome) -> dict[str, Any]:
 
 
 class TurnFailed(ApiError):
-    """A JSON-mode turn that ended in an `error` other than CANCELLED."""
+    """A JSON-mode turn that ended in an `error` other than CANCELLED.
+
+    A turn that failed because the store was unavailable (its terminal: INTERNAL_ERROR,
+    `details.reason` "store_unavailable") answers 503 UNAVAILABLE, as any request
+    that needs a busy store does (CONTRACT §3)."""
 
     def __init__(self, outcome: TurnOutcome) -> None:
         super().__init__(outcome.message, {
@@ -52,6 +56,8 @@ class TurnFailed(ApiError):
         })
         self.code = outcome.code or "INTERNAL_ERROR"
         self.status = 502 if self.code == "PROVIDER_ERROR" else 500
+        if (outcome.details or {}).get("reason") == STORE_UNAVAILABLE:
+            self.code, self.status = "UNAVAILABLE", 503
 
 
 def http_routes(rt: Runtime) -> Blueprint:

@@ -1,11 +1,15 @@
 """Request validation: turn untrusted input into typed values or a BadRequest.
 
-Validation happens before anything changes, so a bad request changes nothing.
+Validation happens before anything changes, so a bad request changes nothing. Every
+JSON body (and WebSocket op) passes `json_object`, which also refuses any string in it,
+keys included, that is not valid Unicode: `json.loads` accepts a lone surrogate escape
+(`"\\ud800"`), which no store, encoder or client can use (CONTRACT §3).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,8 +17,12 @@ from daemon.errors import BadRequest
 
 MAX_LIMIT = 1000
 
+# A code point in the surrogate range on its own: json.loads joins escaped pairs into one
+# character, so whatever of this range is left in a decoded string is a lone surrogate.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
-def json_object(raw: bytes, *, allow_empty: bool = False) -> dict[str, Any]:
+
+def json_object(raw: bytes | str, *, allow_empty: bool = False) -> dict[str, Any]:
     if not raw.strip():
         if allow_empty:
             return {}
@@ -25,7 +33,36 @@ def json_object(raw: bytes, *, allow_empty: bool = False) -> dict[str, Any]:
         raise BadRequest(f"malformed JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    check_unicode(body)
     return body
+
+
+def check_unicode(value: Any) -> None:
+    """BadRequest naming the top-level field if any string in `value` (a decoded JSON
+    value; object keys included) holds a lone surrogate."""
+    stack: list[tuple[str | None, Any]] = [(None, value)]
+    while stack:
+        field, item = stack.pop()
+        if isinstance(item, str):
+            _check_str(field, item)
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                _check_str(key if field is None else field, key)
+                stack.append((key if field is None else field, inner))
+        elif isinstance(item, list):
+            stack.extend((field, inner) for inner in item)
+
+
+def _check_str(field: str | None, text: str) -> None:
+    found = _SURROGATE.search(text)
+    if found is None:
+        return
+    name = None if field is None else _SURROGATE.sub("?", field)
+    what = "the body" if name is None else f"`{name}`"
+    raise BadRequest(
+        f"{what} is not valid Unicode: it holds a lone surrogate (\\u{ord(found.group()):04x})",
+        {"field": name} if name is not None else None,
+    )
 
 
 def _field(body: dict[str, Any], key: str, kind: type | tuple[type, ...], name: str) -> Any:

@@ -130,6 +130,7 @@ def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
                     raise BadRequest(f"not valid JSON: {exc}") from exc
                 if not isinstance(op, dict) or op.get("op") != "subscribe":
                     raise BadRequest("unknown op (known: subscribe)")
+                parse.check_unicode(op)
                 flt, since = _filter_from_op(op)
             except BadRequest as exc:
                 conn.sub.push_control(_error_frame(exc.message))

@@ -1,14 +1,28 @@
-"""The HTTP side every streaming LLM client shares: POST, check the status, read the
+"""The HTTP side every streaming LLM client shares: POST, check the answer, read the
 server-sent events' `data:` payloads — with every failure turned into ProviderError.
 
-An HTTP error status (with a bounded piece of its body), a transport error or an
-oversized line raise ProviderError; whether the stream was *complete* is the caller's
-to judge (each API marks its end its own way).
+What is refused (CONTRACT §5.8), each with a message naming what was wrong:
+- a status that is not 2xx (a redirect is never followed: the message names its
+  Location), with a bounded piece of its body;
+- a 2xx whose content type is not `text/event-stream` (a captive portal's HTML page);
+- silence: connecting longer than the provider's `connect_timeout_s`, or no byte for
+  `stall_timeout_s` before the response headers or mid-stream. The client's timeouts
+  (`provider_timeout`) are httpx's per-read deadlines: they cost nothing per token;
+- a transport error or an oversized line.
+Whether the stream was *complete* is the caller's to judge (each API marks its end its
+own way).
+
+A response that did not end cleanly never goes back to the connection pool: unless its
+body was read to its end and was not framed by Content-Length (bytes past a length
+would be read as the start of the next response on that connection), its socket is
+shut down here, so the pool discards the connection instead of handing it to the next
+request — of this turn or another agent's.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
@@ -21,41 +35,101 @@ from daemon.errors import ProviderError
 ERROR_BODY_MAX = 2048
 # A provider line longer than this is not a chunk we can trust.
 LINE_MAX = 4 * 1024 * 1024
+EVENT_STREAM = "text/event-stream"
+# Waiting for a free pooled connection (all of this provider's are streaming).
+POOL_TIMEOUT_S = 30.0
 
 
-def default_timeout() -> httpx.Timeout:
-    # Long reads: a reasoning model may think quietly for minutes. Deadlines for a
-    # whole turn belong to the caller.
-    return httpx.Timeout(30.0, read=600.0)
+def provider_timeout(stall_timeout_s: float, connect_timeout_s: float) -> httpx.Timeout:
+    """The httpx client timeouts of one provider. A read deadline is per socket read, so
+    it measures silence; whole-turn deadlines belong to the caller."""
+    return httpx.Timeout(connect=connect_timeout_s, read=stall_timeout_s,
+                         write=stall_timeout_s, pool=POOL_TIMEOUT_S)
+
+
+def discard_connection(response: httpx.Response) -> None:
+    """Make sure the pool never reuses `response`'s connection: shut its socket down (a
+    shut-down socket reads as closed, so the pool drops it when it next looks)."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed or reset: not reusable either
+
+
+async def _body_piece(response: httpx.Response) -> str:
+    raw = b""
+    async for part in response.aiter_bytes():
+        raw += part
+        if len(raw) >= ERROR_BODY_MAX:
+            break
+    return raw[:ERROR_BODY_MAX].decode("utf-8", "replace")
+
+
+async def _refuse(response: httpx.Response) -> None:
+    """ProviderError unless `response` is a 2xx event stream."""
+    status = response.status_code
+    if 300 <= status < 400:
+        location = response.headers.get("location", "(none)")
+        raise ProviderError(
+            f"provider answered HTTP {status}, a redirect to {location[:200]}: redirects "
+            f"are not followed (check base_url)", status=status)
+    if not 200 <= status < 300:
+        raise ProviderError(f"provider answered HTTP {status}: {await _body_piece(response)}",
+                            status=status)
+    content_type = response.headers.get("content-type", "")
+    if content_type.split(";", 1)[0].strip().lower() != EVENT_STREAM:
+        piece = (await _body_piece(response))[:200]
+        raise ProviderError(
+            f"provider answered HTTP {status} with content type "
+            f"{content_type[:100] or '(none)'!r}, not {EVENT_STREAM}: {piece!r}", status=status)
+
+
+def _translate(exc: httpx.HTTPError, timeout: httpx.Timeout, headers_in: bool) -> ProviderError:
+    if isinstance(exc, httpx.ConnectTimeout):
+        return ProviderError(f"could not connect to the provider within {timeout.connect:g}s "
+                             f"(connect_timeout_s)")
+    if isinstance(exc, httpx.ReadTimeout):
+        where = "mid-stream" if headers_in else "before the response headers"
+        return ProviderError(f"provider stalled: nothing received for {timeout.read:g}s "
+                             f"{where} (stall_timeout_s)")
+    if isinstance(exc, httpx.WriteTimeout):
+        return ProviderError(f"provider stalled: it took no part of the request for "
+                             f"{timeout.write:g}s (stall_timeout_s)")
+    if isinstance(exc, httpx.PoolTimeout):
+        return ProviderError(f"no free connection to the provider within {timeout.pool:g}s: "
+                             f"every pooled connection is busy")
+    return ProviderError(f"provider connection failed: {type(exc).__name__}: {exc}")
 
 
 async def data_lines(
     http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
 ) -> AsyncGenerator[str, None]:
     """The `data:` payloads of a streamed POST, in order."""
+    headers_in = False
     try:
         async with http.stream("POST", url, json=body, headers=headers) as response:
-            if response.status_code >= 400:
-                raw = b""
-                async for part in response.aiter_bytes():
-                    raw += part
-                    if len(raw) >= ERROR_BODY_MAX:
-                        break
-                text = raw[:ERROR_BODY_MAX].decode("utf-8", "replace")
-                raise ProviderError(
-                    f"provider answered HTTP {response.status_code}: {text}",
-                    status=response.status_code,
-                )
-            async with aclosing(response.aiter_lines()) as lines:  # type: ignore[type-var]
-                async for line in lines:
-                    if len(line) > LINE_MAX:
-                        raise ProviderError("provider sent an oversized line")
-                    if line.startswith("data:"):
-                        yield line[5:].strip()
-                    # Comments, blank lines and other fields (event:, id:) carry nothing
-                    # the payload does not.
+            headers_in = True
+            clean = False
+            try:
+                await _refuse(response)
+                async with aclosing(response.aiter_lines()) as lines:  # type: ignore[type-var]
+                    async for line in lines:
+                        if len(line) > LINE_MAX:
+                            raise ProviderError("provider sent an oversized line")
+                        if line.startswith("data:"):
+                            yield line[5:].strip()
+                        # Comments, blank lines and other fields (event:, id:) carry
+                        # nothing the payload does not.
+                clean = "content-length" not in response.headers
+            finally:
+                if not clean:  # an error, a cancel, a caller that stopped, a length
+                    discard_connection(response)
     except httpx.HTTPError as exc:
-        raise ProviderError(f"provider connection failed: {type(exc).__name__}: {exc}") from exc
+        raise _translate(exc, http.timeout, headers_in) from exc
 
 
 def json_object(raw: str | bytes, what: str) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import trio
 from daemon.clock import now_ms
 from daemon.config import AgentConfig
 from daemon.engines import base as eng
-from daemon.errors import MaxIterationsError, ProviderError, StoreError
+from daemon.errors import MaxIterationsError, ProviderError, StoreError, StoreUnavailable
 from daemon.runtime import events as ev
 from daemon.runtime import inbox
 from daemon.runtime.bus import Bus
@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 # Cancel reasons after which the session's waiting deliveries no longer wake it: Stop
 # means stop (CONTRACT §6). A shutdown is not a stop: what waits is drained at restart.
 STOP_REASONS = frozenset({"user_cancel", "parent_cancelled", "budget_exceeded"})
+# `details.reason` of an INTERNAL_ERROR terminal when the store was busy or unreachable.
+STORE_UNAVAILABLE = "store_unavailable"
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,8 @@ class Turn:
     delivered: list[InboxRecord] = field(default_factory=list)
     # Bytes of output so far per tool call an engine ran itself (tool.chunk offsets).
     _tool_offsets: dict[str, int] = field(default_factory=dict)
+    # Whether the store holds this turn's row (its start was stored).
+    start_stored: bool = False
 
     # -- the gate -------------------------------------------------------------------------
 
@@ -259,6 +263,7 @@ class Turn:
                 self.id, self.session.record.id, self.trigger, now_ms(), self.reply_to,
                 self.from_session_id, start_seq,
             ), record)
+            self.start_stored = True
             await self._append(MessageRecord(
                 "user", self.message, None, None, now_ms(), tuple(i.id for i in self.drained)
             ), 0)
@@ -402,6 +407,10 @@ class Turn:
             return "PROVIDER_ERROR", first.message, details
         if isinstance(first, MaxIterationsError):
             return "MAX_ITERATIONS", str(first), {"maxIterations": first.limit}
+        if isinstance(first, StoreUnavailable):
+            log.warning("turn %s failed: %s", self.id, first)
+            return "INTERNAL_ERROR", f"the store is unavailable: {first}", {
+                "reason": STORE_UNAVAILABLE}
         log.error("turn %s failed", self.id, exc_info=first)
         return "INTERNAL_ERROR", f"internal error: {type(first).__name__}", None
 
@@ -432,16 +441,22 @@ class Turn:
             tool_calls=tuple(self.tool_calls),
         )
         record = self.session.mark("idle", usage=self.usage, model=self.model)
-        with trio.move_on_after(self.services.grace_s, shield=True):
-            try:
-                self.delivered = await self.services.store.end_turn(
-                    self.id, code or "done", now_ms(), record, self._replies(code, message),
-                    self._quiet(code, details),
-                    cancel_reason=(details or {}).get("reason") if code == "CANCELLED" else None,
-                    usage=self.usage, model=stats.model,
-                )
-            except Exception:
-                log.exception("could not persist the end of turn %s", self.id)
+        replies, quiet = self._replies(code, message), self._quiet(code, details)
+        # A turn whose start never reached the store has no row to close: unless it owes
+        # replies, it does not wait for a store that just failed it a second time.
+        if self.start_stored or replies or quiet:
+            with trio.move_on_after(self.services.grace_s, shield=True):
+                try:
+                    self.delivered = await self.services.store.end_turn(
+                        self.id, code or "done", now_ms(), record, replies, quiet,
+                        cancel_reason=(details or {}).get("reason")
+                        if code == "CANCELLED" else None,
+                        usage=self.usage, model=stats.model,
+                    )
+                except StoreUnavailable as exc:
+                    log.error("could not persist the end of turn %s: %s", self.id, exc)
+                except Exception:
+                    log.exception("could not persist the end of turn %s", self.id)
         if code is None:
             self._plain("chat.response", {"event": {
                 "content": self.content, "toolCount": len(self.tool_calls),

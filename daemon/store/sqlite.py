@@ -1,10 +1,16 @@
-"""SQLite in WAL mode, reached from Trio through one worker thread.
+"""SQLite in WAL mode, reached from Trio through worker threads.
 
-Every public method is `async` and runs its statements in a thread under a
-CapacityLimiter(1), so the connection is only ever used by one thread at a time and
-the Trio thread never blocks on disk. Messages are one row each; chunks are never
-stored. Schema changes are numbered files in migrations/, tracked by
-`PRAGMA user_version`.
+Two connections, each used by one thread at a time (a CapacityLimiter(1) apiece), so
+the Trio thread never blocks on disk: the writer, for every statement that changes
+something, and a reader for the queries. In WAL mode readers never wait for a writer,
+so a read does not queue behind a write that waits for a lock another process holds.
+Messages are one row each; chunks are never stored. Schema changes are numbered files
+in migrations/, tracked by `PRAGMA user_version`.
+
+Busy: a call may wait `busy_timeout_s` in all — for its connection's turn, then for
+SQLite's locks (the busy timeout of each call is what is left) — and then raises
+StoreUnavailable, which the API answers 503 UNAVAILABLE. So does an I/O error, a full
+disk or a read-only file; other sqlite3 errors are StoreError.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from daemon.errors import StoreError
+from daemon.errors import StoreError, StoreUnavailable
 from daemon.store.models import (
     InboxRecord,
     MessageRecord,
@@ -30,6 +36,12 @@ from daemon.store.models import (
 )
 
 T = TypeVar("T")
+
+# SQLite primary result codes that mean "not now" or "not here", not "wrong".
+_UNAVAILABLE = {5: "busy", 6: "locked", 8: "read-only", 10: "I/O error", 13: "full",
+                14: "cannot open"}
+# The least busy timeout a call is given, whatever its queueing left it.
+_MIN_BUSY_MS = 10
 
 _SESSION_COLUMNS = (
     "id, agent_name, parent_session_id, root_session_id, depth, spawn_tool_call_id, "
@@ -87,42 +99,105 @@ def _session(row: tuple[Any, ...]) -> SessionRecord:
     )
 
 
-class Store:
+def _translate(exc: sqlite3.Error, busy_timeout_s: float) -> StoreError:
+    code = getattr(exc, "sqlite_errorcode", None)
+    kind = _UNAVAILABLE.get(code & 0xFF) if isinstance(code, int) else None
+    if kind in ("busy", "locked"):
+        return StoreUnavailable(
+            f"the database is busy: locked by another connection for more than "
+            f"{busy_timeout_s:g}s (store_busy_timeout_s)")
+    if kind is not None:
+        return StoreUnavailable(f"the database is unavailable ({kind}): {exc}")
+    return StoreError(str(exc))
+
+
+def _connect(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+    return conn
+
+
+class _Lane:
+    """One connection and the limiter that gives it to one thread at a time."""
+
     def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.limiter = trio.CapacityLimiter(1)
+        self.busy_ms = -1  # the busy timeout last set on the connection
+
+
+class Store:
+    def __init__(self, conn: sqlite3.Connection, reader: sqlite3.Connection | None = None,
+                 *, busy_timeout_s: float = 5.0) -> None:
         self._conn = conn
-        self._limiter = trio.CapacityLimiter(1)
+        self._writer = _Lane(conn)
+        self._reader = _Lane(reader) if reader is not None else self._writer
+        self._busy_timeout_s = busy_timeout_s
+
+    @property
+    def _rconn(self) -> sqlite3.Connection:
+        return self._reader.conn
 
     # -- plumbing -------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, path: Path) -> Store:
-        def _open() -> sqlite3.Connection:
+    async def open(cls, path: Path, *, busy_timeout_s: float = 5.0) -> Store:
+        def _open() -> tuple[sqlite3.Connection, sqlite3.Connection]:
             path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            conn = _connect(path, busy_timeout_s)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
-            conn.execute("PRAGMA busy_timeout=5000")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             for number, sql in _migrations():
                 if number > version:
                     conn.executescript(f"BEGIN;\n{sql}\nPRAGMA user_version={number};\nCOMMIT;")
-            return conn
+            reader = _connect(path, busy_timeout_s)
+            reader.execute("PRAGMA query_only=ON")
+            return conn, reader
 
         try:
-            conn = await trio.to_thread.run_sync(_open)
+            conn, reader = await trio.to_thread.run_sync(_open)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the database at {path}: {exc}") from exc
-        return cls(conn)
+        return cls(conn, reader, busy_timeout_s=busy_timeout_s)
 
     async def aclose(self) -> None:
         await self._call(self._conn.close)
+        if self._reader is not self._writer:
+            await self._read(self._reader.conn.close)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(*args)` on the writer's connection, in a thread."""
+        return await self._on(self._writer, fn, *args)
+
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a query on the reader's connection (which `fn` must use), in a thread."""
+        return await self._on(self._reader, fn, *args)
+
+    async def _on(self, lane: _Lane, fn: Callable[..., T], *args: Any) -> T:
+        deadline = trio.current_time() + self._busy_timeout_s
+        with trio.move_on_at(deadline) as waiting:
+            await lane.limiter.acquire()
+        if waiting.cancelled_caught:
+            raise StoreUnavailable(
+                f"the database is busy: its connection was not free within "
+                f"{self._busy_timeout_s:g}s (store_busy_timeout_s)")
         try:
-            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+            busy_ms = max(_MIN_BUSY_MS, int((deadline - trio.current_time()) * 1000))
+            return await trio.to_thread.run_sync(self._run, lane, busy_ms, fn, *args)
         except sqlite3.Error as exc:
-            raise StoreError(str(exc)) from exc
+            raise _translate(exc, self._busy_timeout_s) from exc
+        finally:
+            lane.limiter.release()
+
+    @staticmethod
+    def _run(lane: _Lane, busy_ms: int, fn: Callable[..., T], *args: Any) -> T:
+        # In the worker thread: what is left of the call's time is SQLite's busy timeout.
+        if abs(busy_ms - lane.busy_ms) > 50:
+            lane.conn.execute(f"PRAGMA busy_timeout={busy_ms}")
+            lane.busy_ms = busy_ms
+        return fn(*args)
 
     def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         conn = self._conn
@@ -184,12 +259,12 @@ class Store:
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         def _get() -> SessionRecord | None:
-            row = self._conn.execute(
+            row = self._rconn.execute(
                 f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id=?", (session_id,)
             ).fetchone()
             return _session(row) if row else None
 
-        return await self._call(_get)
+        return await self._read(_get)
 
     async def list_sessions(
         self, *, agent: str | None = None, parent: str | None = None, limit: int = 100
@@ -206,19 +281,19 @@ class Store:
             if where:
                 sql += " WHERE " + " AND ".join(where)
             sql += " ORDER BY created_at DESC, rowid DESC LIMIT ?"
-            return [_session(r) for r in self._conn.execute(sql, (*args, limit))]
+            return [_session(r) for r in self._rconn.execute(sql, (*args, limit))]
 
-        return await self._call(_list)
+        return await self._read(_list)
 
     async def children(self, session_id: str) -> list[str]:
         def _children() -> list[str]:
-            rows = self._conn.execute(
+            rows = self._rconn.execute(
                 "SELECT id FROM sessions WHERE parent_session_id=? ORDER BY created_at, rowid",
                 (session_id,),
             )
             return [r[0] for r in rows]
 
-        return await self._call(_children)
+        return await self._read(_children)
 
     # -- messages -------------------------------------------------------------------------
 
@@ -243,7 +318,7 @@ class Store:
 
     async def messages(self, session_id: str) -> list[MessageRecord]:
         def _messages() -> list[MessageRecord]:
-            rows = self._conn.execute(
+            rows = self._rconn.execute(
                 "SELECT role, content, tool_calls, tool_call_id, created_at, turn_id "
                 "FROM messages WHERE session_id=? ORDER BY id", (session_id,),
             )
@@ -253,7 +328,7 @@ class Store:
                 for r in rows
             ]
 
-        return await self._call(_messages)
+        return await self._read(_messages)
 
     # -- turns ----------------------------------------------------------------------------
 
@@ -309,7 +384,7 @@ class Store:
         """Every turn of a session, oldest first."""
 
         def _turns() -> list[TurnHistory]:
-            rows = self._conn.execute(
+            rows = self._rconn.execute(
                 "SELECT id, trigger, from_session_id, started_at, ended_at, terminal_code, "
                 "cancel_reason, input_tokens, output_tokens, cache_tokens, cost, model, "
                 "start_seq FROM turns WHERE session_id=? ORDER BY started_at, rowid",
@@ -321,24 +396,24 @@ class Store:
                 for r in rows
             ]
 
-        return await self._call(_turns)
+        return await self._read(_turns)
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         def _unfinished() -> list[TurnRecord]:
-            rows = self._conn.execute(
+            rows = self._rconn.execute(
                 "SELECT id, session_id, trigger, started_at, reply_to FROM turns "
                 "WHERE ended_at IS NULL ORDER BY started_at"
             )
             return [TurnRecord(*r) for r in rows]
 
-        return await self._call(_unfinished)
+        return await self._read(_unfinished)
 
     async def running_sessions(self) -> list[str]:
         def _running() -> list[str]:
-            rows = self._conn.execute("SELECT id FROM sessions WHERE status='running'")
+            rows = self._rconn.execute("SELECT id FROM sessions WHERE status='running'")
             return [r[0] for r in rows]
 
-        return await self._call(_running)
+        return await self._read(_running)
 
     # -- inbox ----------------------------------------------------------------------------
 
@@ -348,22 +423,22 @@ class Store:
 
     async def pending_inbox(self, session_id: str) -> list[InboxRecord]:
         def _pending() -> list[InboxRecord]:
-            rows = self._conn.execute(
+            rows = self._rconn.execute(
                 f"SELECT {_INBOX_COLUMNS} FROM inbox "
                 "WHERE session_id=? AND consumed_by_turn IS NULL ORDER BY id", (session_id,),
             )
             return [_inbox(r) for r in rows]
 
-        return await self._call(_pending)
+        return await self._read(_pending)
 
     async def sessions_to_wake(self) -> list[str]:
         """Sessions holding a waking delivery that no turn has taken yet."""
 
         def _waking() -> list[str]:
-            rows = self._conn.execute(
+            rows = self._rconn.execute(
                 "SELECT session_id FROM inbox WHERE consumed_by_turn IS NULL AND wakes=1 "
                 "GROUP BY session_id ORDER BY MIN(id)"
             )
             return [r[0] for r in rows]
 
-        return await self._call(_waking)
+        return await self._read(_waking)

@@ -1,9 +1,13 @@
 """`bash {command, timeoutS?}`: runs in the session's workspace and streams its output.
 
-The command runs in its own process group (a new session) so that cancel or timeout can
-kill everything it started, not just bash. stdout and stderr are read concurrently and
-each read is published at once as a `tool.chunk` with its byte offset. The result keeps
-at most `max_output_bytes` of output and says how much it dropped.
+The command runs under a per-call supervisor (`supervise.py`, a child subreaper in a
+session of its own, see docs/tools.md): the tool ends when bash exits — not when its
+pipes close, which a background job may hold for ever — and then, or on cancel
+(SIGTERM to the supervisor) or timeout, every process the command started is killed:
+background jobs, `setsid` and daemonised children too. stdout and stderr are read
+concurrently and each read is published at once as a `tool.chunk` with its byte
+offset. The result keeps at most `max_output_bytes` of output and says how much it
+dropped.
 """
 
 from __future__ import annotations
@@ -11,15 +15,21 @@ from __future__ import annotations
 import codecs
 import math
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import trio
 
-from daemon.procgroup import stop_group
+from daemon.procgroup import stop_gently
 from daemon.tools.base import ToolContext, ToolError, ToolOutcome
 
 READ_SIZE = 16 * 1024
 KILL_GRACE_S = 2.0
+# Once the supervisor has exited every writer of the pipes is dead: what is left in
+# them is read at once. This bounds it should something have passed an end on anyway.
+DRAIN_GRACE_S = 2.0
+SUPERVISOR = Path(__file__).with_name("supervise.py")
 
 
 class _Capture:
@@ -82,36 +92,47 @@ class BashTool:
         ctx.workspace.mkdir(parents=True, exist_ok=True)
         capture = _Capture(ctx.max_output_bytes)
         process = await trio.lowlevel.open_process(
-            ["bash", "-c", command],
+            [sys.executable, "-I", "-S", str(SUPERVISOR), command],
             cwd=ctx.workspace,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            start_new_session=True,  # own process group: killpg reaches every child
+            start_new_session=True,  # the supervisor's own group; bash gets another
         )
-        timed_out = False
+        exited = False
         try:
-            with trio.move_on_after(timeout) as deadline:
+            with trio.move_on_after(timeout):
                 async with trio.open_nursery() as nursery:
                     assert process.stdout is not None and process.stderr is not None
-                    nursery.start_soon(self._pump, ctx, process.stdout, "stdout", capture)
-                    nursery.start_soon(self._pump, ctx, process.stderr, "stderr", capture)
-                await process.wait()
-            timed_out = deadline.cancelled_caught
+                    drained = (trio.Event(), trio.Event())
+                    nursery.start_soon(self._pump, ctx, process.stdout, "stdout", capture,
+                                       drained[0])
+                    nursery.start_soon(self._pump, ctx, process.stderr, "stderr", capture,
+                                       drained[1])
+                    # The supervisor exits once bash has and every descendant is dead.
+                    await process.wait()
+                    exited = True
+                    with trio.move_on_after(DRAIN_GRACE_S):
+                        for event in drained:
+                            await event.wait()
+                    nursery.cancel_scope.cancel()
         finally:
-            # Cancel, timeout or a normal end: nothing the command started outlives it.
-            await stop_group(process, KILL_GRACE_S)
+            # Cancel or timeout: the supervisor kills everything the command started,
+            # then exits; past the grace, its group is killed (bash dies with it).
+            await stop_gently(process, KILL_GRACE_S)
         output = capture.text()
-        if timed_out:
-            return ToolOutcome(f"{output}\n[timed out after {timeout:g}s; process group killed]",
-                               is_error=True)
+        if not exited:
+            return ToolOutcome(
+                f"{output}\n[timed out after {timeout:g}s; every process it started was "
+                f"killed]", is_error=True)
         code = process.returncode
         return ToolOutcome(f"{output}\n[exit code {code}]" if output else f"[exit code {code}]",
                            is_error=code != 0)
 
     @staticmethod
     async def _pump(
-        ctx: ToolContext, stream: trio.abc.ReceiveStream, name: str, capture: _Capture
+        ctx: ToolContext, stream: trio.abc.ReceiveStream, name: str, capture: _Capture,
+        drained: trio.Event,
     ) -> None:
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         offset = 0
@@ -126,4 +147,5 @@ class BashTool:
                 # is recognisable even when a read split a UTF-8 character.
                 offset += len(text.encode())
             if final:
+                drained.set()
                 return

@@ -121,9 +121,13 @@ export class ToolCall {
 
   chunk(stream, content) {
     if (this.streams.kind !== stream) {
+      // A new piece enters the page with its first text: never shown empty for a frame.
       const piece = h('span', { 'data-stream': stream, class: `out-${stream}` });
-      this.output.append(piece);
       this.streams = { kind: stream, sink: new TextSink(piece) };
+      this.streams.sink.append(content);
+      this.streams.sink.flush();
+      this.output.append(piece);
+      return;
     }
     this.streams.sink.append(content);
   }

@@ -1,0 +1,157 @@
+"""A Chat Completions provider that misbehaves at the HTTP level: raw bytes on a socket.
+
+Each request (parsed by hand: request line, headers, a Content-Length body) is answered
+by the next behaviour in `plan`, or, once the plan is empty, by a well-formed chunked
+event stream saying "fine" (connection kept). It records every request target and how
+many connections it accepted, so a test can tell a new connection from a reused one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+# A behaviour answers one request on `stream`; it returns whether to keep the connection.
+Behaviour = Callable[["RawProvider", trio.SocketStream], Awaitable[bool]]
+MAX_HEAD = 64 * 1024
+
+
+def _chunk(delta: dict[str, object], finish: str | None = None) -> bytes:
+    body = {"id": "chatcmpl-raw", "object": "chat.completion.chunk", "model": "raw-model",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def sse_body(text: str = "fine") -> bytes:
+    """A complete stream: one content delta, the finish chunk, [DONE]."""
+    return _chunk({"role": "assistant", "content": text}) + _chunk({}, "stop") \
+        + b"data: [DONE]\n\n"
+
+
+def _chunked(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+async def ok(provider: RawProvider, stream: trio.SocketStream) -> bool:
+    await stream.send_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(sse_body()) + b"0\r\n\r\n")
+    return True
+
+
+async def stall_before_headers(provider: RawProvider, stream: trio.SocketStream) -> bool:
+    """Takes the request, then says nothing (until the connection is closed)."""
+    await stream.receive_some(1)
+    return False
+
+
+async def _stall_after(stream: trio.SocketStream, event: bytes) -> bool:
+    await stream.send_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(event))
+    await stream.receive_some(1)
+    return False
+
+
+async def stall_mid_stream(provider: RawProvider, stream: trio.SocketStream) -> bool:
+    """Headers and one event both APIs take (a Messages API ping; a Chat Completions
+    chunk without choices), then silence."""
+    return await _stall_after(stream, b'event: ping\ndata: {"type": "ping"}\n\n')
+
+
+async def stall_after_content(provider: RawProvider, stream: trio.SocketStream) -> bool:
+    """Headers and one Chat Completions content chunk, then silence."""
+    return await _stall_after(stream, _chunk({"role": "assistant", "content": "partial "}))
+
+
+async def redirect(provider: RawProvider, stream: trio.SocketStream) -> bool:
+    await stream.send_all(
+        f"HTTP/1.1 302 Found\r\nLocation: {provider.url}/elsewhere/chat/completions\r\n"
+        "Content-Length: 0\r\n\r\n".encode())
+    return True
+
+
+async def html(provider: RawProvider, stream: trio.SocketStream) -> bool:
+    page = b"<html><body>Please log in to the hotel Wi-Fi</body></html>"
+    await stream.send_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n"
+        b"Content-Length: " + str(len(page)).encode() + b"\r\n\r\n" + page)
+    return True
+
+
+async def past_content_length(provider: RawProvider, stream: trio.SocketStream) -> bool:
+    """A complete stream framed by a Content-Length, then bytes past it, in one write,
+    and the connection kept open as if it could serve another request."""
+    body = sse_body("counted")
+    junk = b"data: {\"junk\": true}\n\nHTTP/1.1 200 OK\r\n\r\nmore junk"
+    await stream.send_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body + junk)
+    return True
+
+
+@dataclass
+class RawProvider:
+    url: str
+    plan: list[Behaviour] = field(default_factory=list)
+    targets: list[str] = field(default_factory=list)
+    connections: int = 0
+
+
+async def _read_request(stream: trio.SocketStream, buffer: bytearray) -> str | None:
+    """The target of the next request (its body read and dropped); None at EOF."""
+    while b"\r\n\r\n" not in buffer:
+        data = await stream.receive_some(65536)
+        if not data or len(buffer) > MAX_HEAD:
+            return None
+        buffer += data
+    head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value.strip())
+    while len(rest) < length:
+        data = await stream.receive_some(65536)
+        if not data:
+            return None
+        rest += data
+    buffer[:] = rest[length:]
+    return lines[0].split(" ")[1]
+
+
+async def _serve_connection(provider: RawProvider, stream: trio.SocketStream) -> None:
+    provider.connections += 1
+    buffer = bytearray()
+    try:
+        while True:
+            target = await _read_request(stream, buffer)
+            if target is None:
+                return
+            provider.targets.append(target)
+            behaviour = provider.plan.pop(0) if provider.plan else ok
+            if not await behaviour(provider, stream):
+                return
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        await stream.aclose()
+
+
+@asynccontextmanager
+async def open_raw_provider() -> AsyncIterator[RawProvider]:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    provider = RawProvider(f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1")
+
+    async def handler(stream: trio.SocketStream) -> None:
+        await _serve_connection(provider, stream)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, handler, listeners)
+        yield provider
+        nursery.cancel_scope.cancel()
