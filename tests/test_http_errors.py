@@ -26,6 +26,9 @@ BIG = "x" * (1024 * 1024 + 10)
     ("POST", "/agents/assistant/chat", {"json": {"message": "hi", "budgetTokens": "9"}}, 400,
      "BAD_REQUEST"),
     ("POST", "/agents/assistant/chat", {"content": BIG.encode()}, 413, "PAYLOAD_TOO_LARGE"),
+    ("POST", "/agents/assistant/chat", {"content": b'{"message": ' + b"[" * 100_000
+                                        + b"]" * 100_000 + b"}"}, 400, "BAD_REQUEST"),
+    ("POST", "/sessions/ses_nope/messages", {"content": b"[" * 200_000}, 400, "BAD_REQUEST"),
     ("POST", "/agents/nobody/chat", {"json": {"message": "hi"}}, 404, "NOT_FOUND"),
     ("POST", "/agents/assistant/chat", {"json": {"message": "hi", "sessionId": "ses_nope"}},
      404, "NOT_FOUND"),

@@ -31,6 +31,8 @@ def json_object(raw: bytes | str, *, allow_empty: bool = False) -> dict[str, Any
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"malformed JSON: {exc}") from exc
+    except RecursionError as exc:  # e.g. 100,000 nested arrays: the decoder's own limit
+        raise BadRequest("malformed JSON: nested too deeply") from exc
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     check_unicode(body)

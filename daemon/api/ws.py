@@ -10,7 +10,6 @@ and closed with 1013 `lagged seq=N`; shutdown closes with 1001.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,13 +123,9 @@ def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
             try:
                 if len(data) > MAX_CLIENT_FRAME:
                     raise BadRequest("frame too large")
-                try:
-                    op = json.loads(data)
-                except ValueError as exc:
-                    raise BadRequest(f"not valid JSON: {exc}") from exc
-                if not isinstance(op, dict) or op.get("op") != "subscribe":
+                op = parse.json_object(data)  # also: valid Unicode, not nested too deep
+                if op.get("op") != "subscribe":
                     raise BadRequest("unknown op (known: subscribe)")
-                parse.check_unicode(op)
                 flt, since = _filter_from_op(op)
             except BadRequest as exc:
                 conn.sub.push_control(_error_frame(exc.message))
