@@ -243,10 +243,10 @@ class SessionManager:
         shutting down). Synchronous, so nothing can start a turn on the session between
         the check and the claim. Everything waiting in its inbox is handed to the turn
         (it goes in before the first LLM call). The caller starts it (`_launch`)."""
-        self._claimable(state)
+        agent = self._claimable(state)
         turn_id = turn_id or new_id("turn")
         return self._new_turn(
-            state, state.inbox.start_turn(turn_id), message, trigger, turn_id=turn_id,
+            state, agent, state.inbox.start_turn(turn_id), message, trigger, turn_id=turn_id,
             budget_tokens=budget_tokens, from_session_id=from_session_id, parent=inside,
             reply_to=reply_to,
         )
@@ -254,29 +254,31 @@ class SessionManager:
     def _claim_drain(self, state: SessionState) -> Turn:
         """Claim the session for a wake turn that takes everything queued at once (wakes
         that piled up coalesce into this one drain)."""
-        self._claimable(state)
+        agent = self._claimable(state)
         turn_id = new_id("turn")
         hold = state.inbox.start_drain(turn_id)
         message = "\n\n".join(i.content for i in hold.drained)
-        return self._new_turn(state, hold, message, "wake", turn_id=turn_id,
+        return self._new_turn(state, agent, hold, message, "wake", turn_id=turn_id,
                               from_session_id=hold.drained[0].from_session_id)
 
-    def _claimable(self, state: SessionState) -> None:
+    def _claimable(self, state: SessionState) -> AgentConfig:
+        """The session's agent, if a turn may be claimed on it now; else raise before
+        anything changes."""
         if self.closing or self._nursery is None:
             raise Unavailable("the daemon is shutting down")
         if state.running is not None:
             raise Conflict("the session is running a turn", {"sessionId": state.id})
         # A claim on a state this manager has forgotten would make a second inbox.
         assert self._sessions.get(state.id) is state, f"session {state.id} is not live"
+        return self.agent(state.record.agent_name)
 
-    def _new_turn(self, state: SessionState, hold: TurnHold, message: str, trigger: str, *,
-                  turn_id: str, budget_tokens: int | None = None,
+    def _new_turn(self, state: SessionState, agent: AgentConfig, hold: TurnHold, message: str,
+                  trigger: str, *, turn_id: str, budget_tokens: int | None = None,
                   from_session_id: str | None = None, parent: Turn | None = None,
                   reply_to: str | None = None) -> Turn:
-        agent = self.agent(state.record.agent_name)
         turn = Turn(
             id=turn_id, session=state, agent=agent, message=message, trigger=trigger,
-            services=self.services, inbox=hold, from_session_id=from_session_id,
+            services=self.services, inbox_hold=hold, from_session_id=from_session_id,
             budget_tokens=agent.budget_tokens if budget_tokens is None else budget_tokens,
             parent=parent, reply_to=reply_to,
         )
@@ -291,7 +293,7 @@ class SessionManager:
         first, so it holds every event of the turn."""
         if state.running is not None:
             return None
-        self._claimable(state)  # before subscribing: a refusal leaves nothing open
+        self._claimable(state)  # before subscribing, so a refusal leaves nothing open
         turn_id = new_id("turn")
         sub = self.bus.subscribe(
             Filter(session_ids=frozenset({state.id}), turn_id=turn_id, stream_only=True)
@@ -300,7 +302,10 @@ class SessionManager:
             turn = self.claim_turn(state, message, "sse" if sse else "http", turn_id=turn_id,
                                    budget_tokens=budget_tokens)
             assert self._nursery is not None
-            # The turn belongs to the daemon, not to the request (CONTRACT §3).
+            # The turn belongs to the daemon, not to the request (CONTRACT §3). Started
+            # without waiting, so that the claim stays one synchronous step: a turn that
+            # has not run yet is already the session's (cancel, shutdown and injections
+            # see it), and its scope, cancelled before it is entered, stops it at once.
             self._nursery.start_soon(self._run, turn)
         except BaseException:
             if sub is not None:
@@ -374,6 +379,7 @@ class SessionManager:
         state = await self.load(session_id)
         # The reserved place also keeps the session in memory until the entry arrives.
         if not state.inbox.reserve():
+            self._forget_if_idle(state)  # loaded only to be refused
             raise inbox_full(state.inbox)
         try:
             item = await self.store.deliver(InboxRecord(

@@ -36,7 +36,7 @@ class SessionState:
         the session manager again in case that path did not get so far)."""
         if self.running is turn:
             self.running = None
-            turn.inbox.release()
+            turn.inbox_hold.release()
 
     def mark(self, status: str, *, usage: TokenUsage | None = None,
              model: str | None = None) -> SessionRecord:

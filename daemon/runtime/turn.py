@@ -112,7 +112,7 @@ class Turn:
     message: str
     trigger: str
     services: TurnServices
-    inbox: TurnHold  # what this turn holds of its session's inbox
+    inbox_hold: TurnHold  # what this turn holds of its session's inbox
     from_session_id: str | None = None
     budget_tokens: int = 0
     parent: Turn | None = None  # the turn this one runs inside (a waiting spawn)
@@ -170,14 +170,14 @@ class Turn:
     def take_handed(self) -> list[MessageRecord]:
         """The entries handed to this turn, as the messages its engine appends next."""
         return [MessageRecord("user", i.content, None, None, now_ms(), (i.id,))
-                for i in self.inbox.take_handed()]
+                for i in self.inbox_hold.take_handed()]
 
     def _quiet(self, code: str | None, details: dict[str, Any] | None) -> list[int]:
         """After a stop, what this turn held and what waits in its session's inbox stops
         waking anything (it goes into the session's next turn); returns the ids."""
         if code != "CANCELLED" or (details or {}).get("reason") not in STOP_REASONS:
             return []
-        return self.inbox.quiet()
+        return self.inbox_hold.quiet()
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -212,7 +212,7 @@ class Turn:
                     raise passing from None
             finally:
                 self.ending = True
-                self.inbox.close()
+                self.inbox_hold.close()
                 await self._end(failure, started)
 
     async def _begin(self) -> None:
@@ -233,7 +233,7 @@ class Turn:
             ), record)
             await self._append(MessageRecord(
                 "user", self.message, None, None, now_ms(),
-                tuple(i.id for i in self.inbox.drained),
+                tuple(i.id for i in self.inbox_hold.drained),
             ), 0)
         if persisting.cancelled_caught:
             raise StoreError(f"could not store the start of turn {self.id} in time")
@@ -241,7 +241,7 @@ class Turn:
     async def _append(self, message: MessageRecord, iteration: int) -> None:
         await self.services.store.append_message(self.session.record.id, message, self.id)
         if message.inbox_ids:
-            self.inbox.consume(message.inbox_ids)
+            self.inbox_hold.consume(message.inbox_ids)
         data: dict[str, Any] = {"role": message.role, "content": message.content}
         if message.tool_calls:
             data["toolCalls"] = message.tool_calls
@@ -381,7 +381,7 @@ class Turn:
     def _replies(self, code: str | None, message: str) -> list[InboxRecord]:
         """What this turn delivers: its result to whoever is owed one. A stopped turn's
         reply is recorded but wakes nothing (Stop means stop, CONTRACT §6)."""
-        targets = [self.reply_to] + [i.reply_to for i in self.inbox.consumed]
+        targets = [self.reply_to] + [i.reply_to for i in self.inbox_hold.consumed]
         sid = self.session.record.id
         body = delivery_text.turn_result(code, message, self.content)
         kind = delivery_text.kind_of_reply(self.trigger)
