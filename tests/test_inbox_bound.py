@@ -50,12 +50,13 @@ def rows_of(tmp: Path, session_id: str) -> list[dict[str, Any]]:
 
 async def blocked_turn(daemon: Running, rec: Recorder, nursery: trio.Nursery,
                        script: str) -> tuple[str, str]:
-    """Start a chat whose turn waits in bash for its `go` file; (session, turn) ids."""
+    """Start a chat whose turn waits in bash for its `go` file; (session, turn) ids of
+    that chat's turn (depth 0: not one of the children it may spawn)."""
     before = {e["turnId"] for e in rec.stream()}
     nursery.start_soon(daemon.chat, script)
     chunk = await rec.wait_for(lambda evs: next((
-        e for e in evs if e.get("eventType") == "tool.chunk" and e["turnId"] not in before),
-        None))
+        e for e in evs if e.get("eventType") == "tool.chunk" and e["turnId"] not in before
+        and e["depth"] == 0), None))
     return chunk["sessionId"], chunk["turnId"]
 
 
@@ -170,7 +171,7 @@ async def test_an_owed_reply_is_accepted_past_the_bound(small: Running, tmp_path
         ]))
         child = await rec.wait_for(lambda evs: next((
             e for e in evs if e.get("eventType") == "tool.chunk"
-            and e["sessionId"] != parent), None))
+            and e["parentSessionId"] == parent), None))
         await fill(small, parent)
         refused(await small.http.post(f"/sessions/{parent}/messages",
                                       json={"message": "refused"}), parent)
