@@ -2,15 +2,18 @@
 
 A delivery is in exactly one place at a time:
 
-    reserved ──store──▶ queued ──start_turn / steer──▶ handed ──take──▶ taken ──consume──▶ gone
-                          │  ▲                                                 ▲
-                          │  └──────────── release (what a turn never stored) ─┤
-                          └──start_drain (a wake turn takes everything)──▶ drained
+    place      held by the turn   gets there by                     leaves by
+    reserved   no                 reserve (the store is writing)    arrive, unreserve
+    queued     no                 arrive, offer, release            start_turn, start_drain
+    handed     yes                start_turn, arrive/offer (steer)  take_handed, release
+    taken      yes                take_handed                       consume, release
+    drained    yes                start_drain                       consume, release
 
-`queued` waits for a turn; `handed`, `taken` and `drained` are held by the running turn
-(handed: for its next LLM call; taken: given to the engine; drained: the wake turn's own
-message); a held entry leaves only by `consume` (its message is stored) or `release`
-(the turn ended without storing it: it is queued again, in delivery order).
+`handed` waits for the running turn's next LLM call, `taken` was given to its engine,
+`drained` is the wake turn's own message. A held entry leaves only by `consume` (the
+message carrying it is stored: it is gone) or `release` (the turn ended without storing
+it: it is queued again, in delivery order). An owed reply skips `reserved`: it is
+offered, never refused.
 
 The transitions:
 
