@@ -31,6 +31,8 @@ class ServerConfig:
     data_dir: Path = Path("./var")
     auth_token_env: str | None = None
     max_depth: int = 4
+    # Deliveries one session's inbox holds before the next is refused (409, CONTRACT §6).
+    inbox_max: int = 1000
     # Per-connection queue of a WebSocket or SSE client, in events (CONTRACT §7).
     ws_queue_max: int = 4096
     # The durable event log (data_dir/events.db) keeps this many recent seqs for
@@ -202,6 +204,7 @@ def _server(file: str, table: Any) -> ServerConfig:
         data_dir=data_dir,
         auth_token_env=r.get("auth_token_env", str, None),
         max_depth=r.positive_int("max_depth", 4, minimum=0),
+        inbox_max=r.positive_int("inbox_max", 1000),
         ws_queue_max=r.positive_int("ws_queue_max", 4096),
         retention_events=r.positive_int("retention_events", 200_000),
         retention_bytes=r.positive_int("retention_bytes", 256 * 1024 * 1024),

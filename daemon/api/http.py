@@ -9,10 +9,9 @@ from quart import Blueprint, Response, jsonify, request
 from daemon import __version__
 from daemon.api import parse
 from daemon.api.sse import sse_response
-from daemon.clock import new_id
 from daemon.errors import ApiError
+from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
-from daemon.runtime import inbox
 from daemon.runtime.bus import Filter
 from daemon.runtime.core import Runtime
 from daemon.runtime.turn import STORE_UNAVAILABLE, TurnOutcome
@@ -86,28 +85,16 @@ def http_routes(rt: Runtime) -> Blueprint:
         agent = sessions.agent(name)
         req = parse.ChatRequest.parse(await body_object())
         state = await sessions.session_for_chat(agent, req.session_id)
-        if state.running is not None:
-            # Mid-turn: through the inbox (stored first), steered into the running turn.
+        claim = sessions.claim_chat(state, req.message, sse=req.sse,
+                                    budget_tokens=req.budget_tokens)
+        if claim is None:
+            # Mid-turn: through the inbox (stored first), steered into the running turn;
+            # 409 when that inbox is full.
             await sessions.deliver(state.id, req.message)
             return _json({"injected": True, "sessionId": state.id}, 202)
-        trigger = "sse" if req.sse else "http"
-        turn_id = new_id("turn")
-        # Subscribe before the turn starts, so the stream holds every one of its events.
-        # No await lies between the running check above and start_turn's claim, so no
-        # other request can start a turn on this session in between.
-        sub = rt.bus.subscribe(
-            Filter(session_ids=frozenset({state.record.id}), turn_id=turn_id, stream_only=True)
-        ) if req.sse else None
-        try:
-            turn = await sessions.start_turn(
-                state, req.message, trigger, turn_id=turn_id, budget_tokens=req.budget_tokens
-            )
-        except BaseException:
-            if sub is not None:
-                sub.close()
-            raise
-        if sub is not None:
-            return sse_response(sub, stop_at_terminal=True)
+        if claim.subscription is not None:
+            return sse_response(claim.subscription, stop_at_terminal=True)
+        turn = claim.turn
         await turn.finished.wait()
         assert turn.outcome is not None
         if turn.outcome.code is not None and not turn.outcome.cancelled:
@@ -123,7 +110,7 @@ def http_routes(rt: Runtime) -> Blueprint:
     async def post_message(session_id: str) -> Response:
         req = parse.MessageRequest.parse(await body_object())
         await sessions.deliver(
-            session_id, inbox.from_outside(session_id, req.message), delivery=req.delivery
+            session_id, delivery_text.from_outside(session_id, req.message), delivery=req.delivery
         )
         return _json({"queued": True}, 202)
 

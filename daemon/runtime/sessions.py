@@ -6,10 +6,16 @@ outlives the tool call that started it; wake drains), and the map session -> run
 turn that cancel and delivery use. A waiting spawn's turn runs in its caller turn's
 nursery instead (`inside=`), so Trio itself carries a cancel down to it.
 
-Inbox: a delivery is stored first, then offered to its session. A running turn takes
-`steer` entries before its next LLM call; an idle session with a waking entry starts a
-wake drain that takes everything queued. What a turn held but did not store goes back
-when it ends; a stopped turn's session keeps its entries, but they wake nothing.
+Inbox: each session's `Inbox` (runtime/inbox.py) is the state machine; this module does
+the store calls around its transitions. A delivery gets a place in the inbox (refused
+when it is full), is stored, then arrives: a running turn takes `steer` entries before
+its next LLM call; an idle session with a waking entry starts a wake drain that takes
+everything queued. What a turn held but did not store goes back when it ends; a stopped
+turn's session keeps its entries, but they wake nothing.
+
+A session's turn is claimed by one synchronous call (`claim_turn`, and `claim_chat` for
+the HTTP chat with its SSE subscription): the check that no turn runs and the claim
+cannot be separated by an await.
 
 Only sessions with something in flight (a running turn, a waking delivery) are held in
 memory; an idle session is forgotten when its turn ends and read back from the store
@@ -27,9 +33,10 @@ import trio
 from daemon.clock import new_id, now_ms
 from daemon.config import AgentConfig, Config
 from daemon.errors import Conflict, NotFound, StoreError, Unavailable
+from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
-from daemon.runtime import inbox
-from daemon.runtime.bus import Bus
+from daemon.runtime.bus import Bus, Filter, Subscription
+from daemon.runtime.inbox import Inbox, TurnHold
 from daemon.runtime.state import SessionState
 from daemon.runtime.subagents import TurnAgents
 from daemon.runtime.turn import Turn, TurnServices
@@ -46,6 +53,24 @@ class CancelReceipt:
 
     def wire(self) -> dict[str, Any]:
         return {"cancelled": self.cancelled, "seq": self.seq}
+
+
+@dataclass(frozen=True)
+class ChatClaim:
+    """A chat's turn, claimed and scheduled, with the SSE subscription that was taken
+    before it could publish anything (None in JSON mode)."""
+
+    turn: Turn
+    subscription: Subscription | None
+
+
+def inbox_full(inbox: Inbox) -> Conflict:
+    """409 for a delivery to a full inbox; the message names the bound."""
+    return Conflict(
+        f"the inbox of session {inbox.session_id} is full: {inbox.waiting} deliveries "
+        f"wait for a turn (inbox_max = {inbox.limit})",
+        {"sessionId": inbox.session_id, "inboxMax": inbox.limit},
+    )
 
 
 class SessionManager:
@@ -81,11 +106,12 @@ class SessionManager:
             message = "the daemon stopped while this turn ran"
             # A turn that owed its caller a result still answers (and wakes it).
             replies = [InboxRecord(
-                0, turn.reply_to, inbox.from_session(
-                    record.id, record.agent_name, inbox.kind_of_reply(turn.trigger),
-                    inbox.turn_result("INTERRUPTED", message, ""),
+                0, turn.reply_to, delivery_text.from_session(
+                    record.id, record.agent_name, delivery_text.kind_of_reply(turn.trigger),
+                    delivery_text.turn_result("INTERRUPTED", message, ""),
                 ), record.id, "steer", True, None, now_ms(),
             )] if turn.reply_to else []
+            # Owed replies are accepted past the bound (docs/subagents.md).
             self._offer(await self.store.end_turn(
                 turn.id, "INTERRUPTED", now_ms(), record, replies
             ))
@@ -134,7 +160,8 @@ class SessionManager:
             status="idle", created_at=now, updated_at=now, model=agent.model or None,
         )
         await self.store.create_session(record)
-        state = SessionState(record, ev.SessionRef.of(record, parent.ref if parent else None))
+        state = SessionState(record, ev.SessionRef.of(record, parent.ref if parent else None),
+                             self._new_inbox(sid))
         self._sessions[sid] = state
         self.bus.publish("session.created", state.ref, {"session": ev.session_wire(record)})
         return state
@@ -148,11 +175,16 @@ class SessionManager:
         record = await self._stored(session_id)
         ref = await self._ref(record)
         pending = await self.store.pending_inbox(session_id)
-        # Another task may have loaded it while we awaited: keep the first.
-        state = self._sessions.setdefault(session_id, SessionState(record, ref))
-        for item in pending:
-            state.add(item)
+        # Another task may have loaded it while we awaited: keep the first. (Offering an
+        # entry it already has is a no-op.)
+        state = self._sessions.setdefault(
+            session_id, SessionState(record, ref, self._new_inbox(session_id))
+        )
+        state.inbox.offer_all(pending)
         return state
+
+    def _new_inbox(self, session_id: str) -> Inbox:
+        return Inbox(session_id, self.config.server.inbox_max)
 
     async def _ref(self, record: SessionRecord) -> ev.SessionRef:
         """The session's place in the tree, without keeping its ancestors in memory."""
@@ -171,7 +203,7 @@ class SessionManager:
         return record
 
     def _forget_if_idle(self, state: SessionState) -> None:
-        if state.running is None and not state.wants_wake:
+        if state.running is None and state.inbox.at_rest:
             if self._sessions.get(state.id) is state:
                 del self._sessions[state.id]
 
@@ -202,48 +234,108 @@ class SessionManager:
 
     # -- turns ----------------------------------------------------------------------------
 
-    async def start_turn(
+    def claim_turn(
         self, state: SessionState, message: str, trigger: str, *, turn_id: str | None = None,
         budget_tokens: int | None = None, from_session_id: str | None = None,
         inside: Turn | None = None, reply_to: str | None = None,
     ) -> Turn:
-        """Start a turn; returns once it can be cancelled.
+        """Claim the session for a new turn, or raise (Conflict: a turn runs; Unavailable:
+        shutting down). Synchronous, so nothing can start a turn on the session between
+        the check and the claim. Everything waiting in its inbox is handed to the turn
+        (it goes in before the first LLM call). The caller starts it (`_launch`)."""
+        agent = self._claimable(state)
+        turn_id = turn_id or new_id("turn")
+        return self._new_turn(
+            state, agent, state.inbox.start_turn(turn_id), message, trigger, turn_id=turn_id,
+            budget_tokens=budget_tokens, from_session_id=from_session_id, parent=inside,
+            reply_to=reply_to,
+        )
 
-        It runs in `inside`'s nursery when given (a waiting spawn: a cancel of that turn
-        reaches this one through Trio), else in the manager's. Deliveries waiting in the
-        session's inbox go in before its first LLM call.
-        """
+    def _claim_drain(self, state: SessionState) -> Turn:
+        """Claim the session for a wake turn that takes everything queued at once (wakes
+        that piled up coalesce into this one drain)."""
+        agent = self._claimable(state)
+        turn_id = new_id("turn")
+        hold = state.inbox.start_drain(turn_id)
+        message = "\n\n".join(i.content for i in hold.drained)
+        return self._new_turn(state, agent, hold, message, "wake", turn_id=turn_id,
+                              from_session_id=hold.drained[0].from_session_id)
+
+    def _claimable(self, state: SessionState) -> AgentConfig:
+        """The session's agent, if a turn may be claimed on it now; else raise before
+        anything changes."""
         if self.closing or self._nursery is None:
             raise Unavailable("the daemon is shutting down")
         if state.running is not None:
             raise Conflict("the session is running a turn", {"sessionId": state.id})
-        turn = self._turn(state, message, trigger, turn_id=turn_id, budget_tokens=budget_tokens,
-                          from_session_id=from_session_id, parent=inside, reply_to=reply_to)
-        taken, state.inbox = state.inbox, []
-        turn.hand(taken)
+        # A claim on a state this manager has forgotten would make a second inbox.
+        assert self._sessions.get(state.id) is state, f"session {state.id} is not live"
+        return self.agent(state.record.agent_name)
+
+    def _new_turn(self, state: SessionState, agent: AgentConfig, hold: TurnHold, message: str,
+                  trigger: str, *, turn_id: str, budget_tokens: int | None = None,
+                  from_session_id: str | None = None, parent: Turn | None = None,
+                  reply_to: str | None = None) -> Turn:
+        turn = Turn(
+            id=turn_id, session=state, agent=agent, message=message, trigger=trigger,
+            services=self.services, inbox_hold=hold, from_session_id=from_session_id,
+            budget_tokens=agent.budget_tokens if budget_tokens is None else budget_tokens,
+            parent=parent, reply_to=reply_to,
+        )
+        state.running = turn
+        return turn
+
+    def claim_chat(self, state: SessionState, message: str, *, sse: bool,
+                   budget_tokens: int | None = None) -> ChatClaim | None:
+        """A chat's turn on `state`, claimed and scheduled in the manager's nursery, in
+        one synchronous step; None when the session is mid-turn (the chat is then an
+        injection through the inbox). In SSE mode the turn's subscription is taken
+        first, so it holds every event of the turn."""
+        if state.running is not None:
+            return None
+        self._claimable(state)  # before subscribing, so a refusal leaves nothing open
+        turn_id = new_id("turn")
+        sub = self.bus.subscribe(
+            Filter(session_ids=frozenset({state.id}), turn_id=turn_id, stream_only=True)
+        ) if sse else None
+        try:
+            turn = self.claim_turn(state, message, "sse" if sse else "http", turn_id=turn_id,
+                                   budget_tokens=budget_tokens)
+            assert self._nursery is not None
+            # The turn belongs to the daemon, not to the request (CONTRACT §3). Started
+            # without waiting, so that the claim stays one synchronous step: a turn that
+            # has not run yet is already the session's (cancel, shutdown and injections
+            # see it), and its scope, cancelled before it is entered, stops it at once.
+            self._nursery.start_soon(self._run, turn)
+        except BaseException:
+            if sub is not None:
+                sub.close()
+            raise
+        return ChatClaim(turn, sub)
+
+    async def start_turn(
+        self, state: SessionState, message: str, trigger: str, *,
+        from_session_id: str | None = None, inside: Turn | None = None,
+        reply_to: str | None = None,
+    ) -> Turn:
+        """Claim the session and start a turn on it; returns once it can be cancelled.
+
+        It runs in `inside`'s nursery when given (a waiting spawn: a cancel of that turn
+        reaches this one through Trio), else in the manager's.
+        """
+        turn = self.claim_turn(state, message, trigger, from_session_id=from_session_id,
+                               inside=inside, reply_to=reply_to)
         nursery = inside.nursery if inside is not None else self._nursery
         assert nursery is not None
         return await self._launch(turn, nursery)
 
-    def _turn(self, state: SessionState, message: str, trigger: str, *,
-              turn_id: str | None = None, budget_tokens: int | None = None,
-              from_session_id: str | None = None, parent: Turn | None = None,
-              reply_to: str | None = None) -> Turn:
-        agent = self.agent(state.record.agent_name)
-        return Turn(
-            id=turn_id or new_id("turn"), session=state, agent=agent, message=message,
-            trigger=trigger, services=self.services, from_session_id=from_session_id,
-            budget_tokens=agent.budget_tokens if budget_tokens is None else budget_tokens,
-            parent=parent, reply_to=reply_to,
-        )
-
     async def _launch(self, turn: Turn, nursery: trio.Nursery) -> Turn:
-        # Claimed synchronously with the caller's check that nothing runs.
-        turn.session.running = turn
         started: Turn = await nursery.start(self._run, turn)
         return started
 
-    async def _run(self, turn: Turn, *, task_status: trio.TaskStatus[Turn]) -> None:
+    async def _run(
+        self, turn: Turn, *, task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         try:
             await turn.run(task_status=task_status)
         finally:
@@ -251,9 +343,8 @@ class SessionManager:
         # Not reached when an enclosing scope (a stopped caller, shutdown) was cancelled:
         # then nothing starts by itself.
         try:
-            for item in turn.delivered:
-                if item.wakes:
-                    await self._accept(item)
+            for session_id in dict.fromkeys(i.session_id for i in turn.delivered if i.wakes):
+                await self._wake(session_id)
             await self._dispatch(turn.session)
         except StoreError:
             # Not this task's to crash the daemon over: every entry is stored, and the
@@ -261,22 +352,21 @@ class SessionManager:
             log.exception("after turn %s: could not hand over its deliveries", turn.id)
 
     def _settle(self, turn: Turn) -> None:
-        """A turn ended: give back what it held (quiet already, after a stop)."""
+        """A turn ended: give back what it held (quiet already, after a stop) and offer
+        its replies to their sessions."""
         state = turn.session
-        if state.running is turn:
-            state.running = None
-        for item in turn.leftovers():
-            state.add(item)
+        state.turn_ended(turn)
         self._offer(turn.delivered)
         self._forget_if_idle(state)
 
     def _offer(self, items: list[InboxRecord]) -> None:
         """Stored deliveries join the inbox of their session if it is in memory (one
-        read from the store later would find them anyway)."""
+        read from the store later would find them anyway). Never refused: these are
+        replies a turn owed, accepted past the bound."""
         for item in items:
             target = self._sessions.get(item.session_id)
             if target is not None:
-                target.add(item)
+                target.inbox.offer(item)
 
     # -- inbox ----------------------------------------------------------------------------
 
@@ -284,38 +374,36 @@ class SessionManager:
         self, session_id: str, content: str, *, from_session_id: str | None = None,
         delivery: str = "steer", reply_to: str | None = None,
     ) -> InboxRecord:
-        """Store a message in the session's inbox, then hand it over or wake the session."""
-        await self.record(session_id)  # NotFound before anything is stored
-        item = await self.store.deliver(InboxRecord(
-            0, session_id, content, from_session_id, delivery, True, reply_to, now_ms()
-        ))
-        await self._accept(item)
+        """Store a message in the session's inbox, then hand it over or wake the session.
+        NotFound or Conflict (the inbox is full) before anything is stored."""
+        state = await self.load(session_id)
+        # The reserved place also keeps the session in memory until the entry arrives.
+        if not state.inbox.reserve():
+            self._forget_if_idle(state)  # loaded only to be refused
+            raise inbox_full(state.inbox)
+        try:
+            item = await self.store.deliver(InboxRecord(
+                0, session_id, content, from_session_id, delivery, True, reply_to, now_ms()
+            ))
+        except BaseException:
+            state.inbox.unreserve()
+            self._forget_if_idle(state)
+            raise
+        state.inbox.arrive(item)  # a steer entry goes to the running turn right here
+        await self._dispatch(state)
         return item
 
-    async def _accept(self, item: InboxRecord) -> None:
-        state = await self.load(item.session_id)
-        state.add(item)
-        await self._dispatch(state)
+    async def _wake(self, session_id: str) -> None:
+        """Start a wake drain on the session if one is due (it is read from the store if
+        it is not in memory, with what its inbox holds)."""
+        await self._dispatch(await self.load(session_id))
 
     async def _dispatch(self, state: SessionState) -> None:
-        """Offer the session's inbox to its running turn, or start a wake drain."""
-        turn = state.running
-        if turn is not None:
-            if not turn.ending:
-                steer = [i for i in state.inbox if i.delivery == "steer"]
-                if steer:
-                    state.inbox = [i for i in state.inbox if i.delivery != "steer"]
-                    turn.hand(steer)
-            return
-        if self.closing or self._nursery is None or not state.wants_wake:
+        """Start a wake drain if one is due; else let the session go if it is at rest."""
+        if self.closing or self._nursery is None or not state.inbox.wake_due:
             self._forget_if_idle(state)
             return
-        # One drain takes everything queued: wakes that piled up coalesce.
-        items, state.inbox = state.inbox, []
-        turn = self._turn(state, "\n\n".join(i.content for i in items), "wake",
-                          from_session_id=items[0].from_session_id)
-        turn.drain(items)
-        await self._launch(turn, self._nursery)
+        await self._launch(self._claim_drain(state), self._nursery)
 
     # -- cancel ---------------------------------------------------------------------------
 

@@ -1,14 +1,15 @@
 """Per-session in-memory state: the record, its place in the tree, its running turn and
-the inbox entries no turn holds yet."""
+its inbox (runtime/inbox.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from daemon.clock import now_ms
 from daemon.runtime.events import SessionRef
-from daemon.store.models import InboxRecord, SessionRecord, TokenUsage
+from daemon.runtime.inbox import Inbox
+from daemon.store.models import SessionRecord, TokenUsage
 
 if TYPE_CHECKING:
     from daemon.runtime.turn import Turn
@@ -18,28 +19,24 @@ if TYPE_CHECKING:
 class SessionState:
     record: SessionRecord
     ref: SessionRef
+    # A mirror of the store's unconsumed deliveries for this session, and which of them
+    # the running turn holds.
+    inbox: Inbox
+    # Set together with the inbox's hold (SessionManager.claim_turn) and cleared with
+    # its release (`turn_ended`): the session's one running turn.
     running: Turn | None = None
-    # Unconsumed deliveries not handed to a turn, in delivery order (a mirror of the
-    # store's pending rows for this session, minus what the running turn holds).
-    inbox: list[InboxRecord] = field(default_factory=list)
 
     @property
     def id(self) -> str:
         return self.record.id
 
-    def add(self, item: InboxRecord) -> bool:
-        """Add a delivery unless it is already here or held by the running turn."""
-        if any(i.id == item.id for i in self.inbox):
-            return False
-        if self.running is not None and self.running.holds(item.id):
-            return False
-        self.inbox.append(item)
-        self.inbox.sort(key=lambda i: i.id)
-        return True
-
-    @property
-    def wants_wake(self) -> bool:
-        return any(i.wakes for i in self.inbox)
+    def turn_ended(self, turn: Turn) -> None:
+        """`turn` no longer runs: the session is free, and what the turn held but never
+        stored goes back to the inbox. Idempotent (the turn's exit path calls it, and
+        the session manager again in case that path did not get so far)."""
+        if self.running is turn:
+            self.running = None
+            turn.inbox_hold.release()
 
     def mark(self, status: str, *, usage: TokenUsage | None = None,
              model: str | None = None) -> SessionRecord:

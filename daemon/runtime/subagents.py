@@ -3,7 +3,9 @@
 A waiting call runs the target's turn in the calling turn's nursery (`inside=`): the
 caller's cancel reaches it through Trio, and its `error(parent_cancelled)` comes first.
 A call that returns at once (no-wait spawn, async inform) runs the turn in the manager's
-nursery with `reply_to` set: the result comes back through the caller's inbox.
+nursery with `reply_to` set: the result comes back through the caller's inbox. Such a
+call is refused while that inbox is full (`inbox_max`): the reply it would owe is
+accepted past the bound, so a full inbox must stop new ones from being owed.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from daemon.errors import ApiError
-from daemon.runtime import inbox
+from daemon.runtime import delivery_text
 from daemon.runtime.turn import Turn
 from daemon.tools.base import ToolError
 
@@ -38,6 +40,8 @@ class TurnAgents:
                 f"cannot spawn: a child of this session would be at depth "
                 f"{caller.record.depth + 1}, over max_depth {max_depth}"
             )
+        if not wait:
+            self._check_reply_room("spawn without waiting")
         try:
             child = await manager.create_session(config, caller, self._call_id)
             if not wait:
@@ -56,17 +60,20 @@ class TurnAgents:
         manager, caller = self._manager, self._turn.session
         if session_id == caller.id:
             raise ToolError("agent_message cannot address the calling session itself")
+        if async_inform:
+            self._check_reply_room("send with asyncInform")
         try:
             target = await manager.load(session_id)
             if async_inform:
                 if target.running is None:
                     await manager.start_turn(target, message, "async_inform",
                                              from_session_id=caller.id, reply_to=caller.id)
-                else:  # busy: it reads the message when its inbox is drained, then answers
+                else:  # busy: it reads the message when its inbox is drained, then answers;
+                    # refused (nothing stored) when the target's inbox is full
                     await manager.deliver(
                         session_id,
-                        inbox.from_session(caller.id, caller.record.agent_name,
-                                           inbox.MESSAGE, message),
+                        delivery_text.from_session(caller.id, caller.record.agent_name,
+                                                   delivery_text.MESSAGE, message),
                         from_session_id=caller.id, delivery=delivery, reply_to=caller.id,
                     )
                 return {"queued": True}
@@ -80,6 +87,15 @@ class TurnAgents:
         except ApiError as exc:
             raise ToolError(f"cannot message session {session_id}: {exc.message}") from exc
         return {"sessionId": session_id, "content": await _content_of(turn)}
+
+    def _check_reply_room(self, what: str) -> None:
+        inbox = self._turn.session.inbox
+        if inbox.full:
+            raise ToolError(
+                f"cannot {what}: the answer would come to this session's inbox, which is "
+                f"full ({inbox.waiting} deliveries wait; inbox_max = {inbox.limit}); wait "
+                "for the answer instead, or try again after this turn"
+            )
 
 
 async def _content_of(turn: Turn) -> str:

@@ -16,7 +16,8 @@ remember to emit it and no path can skip it.
 Inbox entries reach a turn in two ways: as its own message (a wake drain) or handed to
 it while it runs (injected before its next LLM call). Either way the entry is consumed
 in the transaction that stores the message carrying it; what the turn did not get to
-store goes back to the session's inbox when it ends (`leftovers`).
+store goes back to the session's inbox when it ends. The turn's part of the inbox is its
+`TurnHold` (runtime/inbox.py), claimed with the session by SessionManager.claim_turn.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from daemon.clock import now_ms
 from daemon.config import AgentConfig
 from daemon.engines import base as eng
 from daemon.errors import MaxIterationsError, ProviderError, StoreError, StoreUnavailable
+from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
-from daemon.runtime import inbox
 from daemon.runtime.bus import Bus
+from daemon.runtime.inbox import TurnHold
 from daemon.runtime.state import SessionState
 from daemon.store.models import (
     InboxRecord,
@@ -112,6 +114,7 @@ class Turn:
     message: str
     trigger: str
     services: TurnServices
+    inbox_hold: TurnHold  # what this turn holds of its session's inbox
     from_session_id: str | None = None
     budget_tokens: int = 0
     parent: Turn | None = None  # the turn this one runs inside (a waiting spawn)
@@ -130,13 +133,6 @@ class Turn:
     tool_calls: list[ev.ToolCallStat] = field(default_factory=list)
     nursery: trio.Nursery | None = None
 
-    # Inbox entries: taken as this turn's own message (a wake drain) ...
-    drained: tuple[InboxRecord, ...] = ()
-    # ... or handed to it while it runs, not yet given to the engine,
-    handed: list[InboxRecord] = field(default_factory=list)
-    # and every entry it holds that no stored message has consumed yet, by id.
-    unconsumed: dict[int, InboxRecord] = field(default_factory=dict)
-    consumed: list[InboxRecord] = field(default_factory=list)
     # Stopped descendants whose terminals must precede ours (CONTRACT §5.6).
     before_end: list[Turn] = field(default_factory=list)
     # What this turn delivered to other inboxes when it ended (with their ids).
@@ -175,40 +171,17 @@ class Turn:
 
     # -- inbox ----------------------------------------------------------------------------
 
-    def drain(self, items: list[InboxRecord]) -> None:
-        """Take these entries as this turn's own message (a wake drain)."""
-        self.drained = tuple(items)
-        self.unconsumed.update((i.id, i) for i in items)
-
-    def hand(self, items: list[InboxRecord]) -> None:
-        """Give entries to the running turn: they go in before its next LLM call."""
-        self.handed.extend(items)
-        self.unconsumed.update((i.id, i) for i in items)
-
-    def holds(self, inbox_id: int) -> bool:
-        return inbox_id in self.unconsumed or any(i.id == inbox_id for i in self.consumed)
-
     def take_handed(self) -> list[MessageRecord]:
-        taken, self.handed = self.handed, []
-        return [MessageRecord("user", i.content, None, None, now_ms(), (i.id,)) for i in taken]
-
-    def leftovers(self) -> list[InboxRecord]:
-        """Entries this turn held but never stored: they go back to the inbox."""
-        left = sorted(self.unconsumed.values(), key=lambda i: i.id)
-        self.unconsumed.clear()
-        self.handed.clear()
-        return left
+        """The entries handed to this turn, as the messages its engine appends next."""
+        return [MessageRecord("user", i.content, None, None, now_ms(), (i.id,))
+                for i in self.inbox_hold.take_handed()]
 
     def _quiet(self, code: str | None, details: dict[str, Any] | None) -> list[int]:
         """After a stop, what this turn held and what waits in its session's inbox stops
         waking anything (it goes into the session's next turn); returns the ids."""
         if code != "CANCELLED" or (details or {}).get("reason") not in STOP_REASONS:
             return []
-        state = self.session
-        loud = [i for i in (*self.unconsumed.values(), *state.inbox) if i.wakes]
-        self.unconsumed = {k: replace(i, wakes=False) for k, i in self.unconsumed.items()}
-        state.inbox = [replace(i, wakes=False) for i in state.inbox]
-        return [i.id for i in loud]
+        return self.inbox_hold.quiet()
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -244,6 +217,7 @@ class Turn:
                     raise passing from None
             finally:
                 self.ending = True
+                self.inbox_hold.close()
                 await self._end(failure, started)
 
     async def _begin(self) -> None:
@@ -265,15 +239,16 @@ class Turn:
             ), record)
             self.start_stored = True
             await self._append(MessageRecord(
-                "user", self.message, None, None, now_ms(), tuple(i.id for i in self.drained)
+                "user", self.message, None, None, now_ms(),
+                tuple(i.id for i in self.inbox_hold.drained),
             ), 0)
         if persisting.cancelled_caught:
             raise StoreError(f"could not store the start of turn {self.id} in time")
 
     async def _append(self, message: MessageRecord, iteration: int) -> None:
         await self.services.store.append_message(self.session.record.id, message, self.id)
-        for inbox_id in message.inbox_ids:
-            self.consumed.append(self.unconsumed.pop(inbox_id))
+        if message.inbox_ids:
+            self.inbox_hold.consume(message.inbox_ids)
         data: dict[str, Any] = {"role": message.role, "content": message.content}
         if message.tool_calls:
             data["toolCalls"] = message.tool_calls
@@ -417,10 +392,11 @@ class Turn:
     def _replies(self, code: str | None, message: str) -> list[InboxRecord]:
         """What this turn delivers: its result to whoever is owed one. A stopped turn's
         reply is recorded but wakes nothing (Stop means stop, CONTRACT §6)."""
-        targets = [self.reply_to] + [i.reply_to for i in self.consumed]
+        targets = [self.reply_to] + [i.reply_to for i in self.inbox_hold.consumed]
         sid = self.session.record.id
-        body = inbox.turn_result(code, message, self.content)
-        text = inbox.from_session(sid, self.agent.name, inbox.kind_of_reply(self.trigger), body)
+        body = delivery_text.turn_result(code, message, self.content)
+        kind = delivery_text.kind_of_reply(self.trigger)
+        text = delivery_text.from_session(sid, self.agent.name, kind, body)
         return [
             InboxRecord(0, target, text, sid, "steer", code != "CANCELLED", None, now_ms())
             for target in dict.fromkeys(t for t in targets if t and t != sid)
@@ -466,8 +442,7 @@ class Turn:
             self._stream(ev.DONE, ev.done_data(record, stats))
         else:
             self._stream(ev.ERROR, ev.error_data(code, message, details, record, stats))
-        if self.session.running is self:
-            self.session.running = None
+        self.session.turn_ended(self)
         self._plain("session.updated", {"session": ev.session_wire(record)})
         self.outcome = TurnOutcome(self.id, code, message, details, self.content, stats, record)
         self.finished.set()
