@@ -32,10 +32,11 @@ from daemon.llm.sse import provider_timeout
 from daemon.mock.provider import serve_mock_provider
 from daemon.runtime.bus import Bus
 from daemon.runtime.core import Runtime
+from daemon.runtime.ports import Store
 from daemon.runtime.sessions import SessionManager
 from daemon.runtime.turn import TurnServices
 from daemon.sdnotify import notify, serve_watchdog
-from daemon.store.sqlite import Store
+from daemon.store import open_store
 from daemon.tools.agents import AgentMessageTool, AgentSpawnTool
 from daemon.tools.base import Tool
 from daemon.tools.bash import BashTool
@@ -132,8 +133,7 @@ async def serve_daemon(
             # First of all: a SIGTERM from here on is a graceful stop, never the default
             # action (no window between binding the socket and handling signals).
             await outer.start(_serve_signals, stop.set)
-        store = await Store.open(server.data_dir / "veild.db",
-                                 busy_timeout_s=server.store_busy_timeout_s)
+        store: Store = await open_store(server)
         try:
             event_log = await SqliteEventLog.open(
                 server.data_dir / "events.db", retention_events=server.retention_events,

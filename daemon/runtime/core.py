@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from daemon.config import Config
 from daemon.runtime.bus import Bus
+from daemon.runtime.ports import Store
 from daemon.runtime.sessions import SessionManager
-from daemon.store.sqlite import Store
 
 
 @dataclass(frozen=True)

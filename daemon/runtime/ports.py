@@ -4,17 +4,72 @@ The runtime imports these protocols, never a concrete backend: the embedded defa
 (SQLite store, SQLite event log) and the cluster's (PostgreSQL, Redis Streams) are files
 behind the same protocol, tested by the same suite.
 
+    Store      sessions, messages, turns and inboxes, in domain terms; each method one
+               transaction where the runtime needs one (a message and the inbox entries
+               it consumes; a turn's end and the replies it owes)
     EventLog   seqs and retention: take a seq, append the event, replay since a seq
     Replay     one subscriber's replay, read page by page as the subscriber takes it
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import trio
 
 from daemon.runtime.events import Envelope, Gap
+from daemon.store.models import (
+    InboxRecord,
+    MessageRecord,
+    SessionRecord,
+    TokenUsage,
+    TurnHistory,
+    TurnRecord,
+)
+
+
+class Store(Protocol):
+    """What the runtime keeps. Errors: StoreError, StoreUnavailable (busy: 503)."""
+
+    async def aclose(self) -> None: ...
+
+    # sessions
+    async def create_session(self, s: SessionRecord) -> None: ...
+    async def save_session(self, s: SessionRecord) -> None: ...
+    async def set_engine_session(self, session_id: str,
+                                 engine_session_id: str | None) -> None: ...
+    async def get_session(self, session_id: str) -> SessionRecord | None: ...
+    async def list_sessions(self, *, agent: str | None = None, parent: str | None = None,
+                            limit: int = 100) -> list[SessionRecord]: ...
+    async def children(self, session_id: str) -> list[str]: ...
+    async def running_sessions(self) -> list[str]: ...
+
+    # messages: stored with the inbox entries they consume, in one transaction
+    async def append_message(self, session_id: str, m: MessageRecord,
+                             turn_id: str | None = None) -> None: ...
+    async def messages(self, session_id: str) -> list[MessageRecord]: ...
+
+    # turns: the start marks the session running; the end records the replies it owes
+    # and quiets the entries a stop leaves, in one transaction
+    async def start_turn(self, t: TurnRecord, session: SessionRecord) -> None: ...
+    async def end_turn(
+        self, turn_id: str, code: str, ended_at: int, session: SessionRecord,
+        deliveries: Sequence[InboxRecord] = (), quiet: Sequence[int] = (),
+        *, cancel_reason: str | None = None, usage: TokenUsage | None = None,
+        model: str | None = None,
+    ) -> list[InboxRecord]: ...
+    async def unfinished_turns(self) -> list[TurnRecord]: ...
+    async def turns(self, session_id: str) -> list[TurnHistory]: ...
+
+    # inboxes
+    async def deliver(self, d: InboxRecord) -> InboxRecord: ...
+    async def pending_inbox(self, session_id: str) -> list[InboxRecord]: ...
+    async def sessions_to_wake(self) -> list[str]: ...
+
+    # the seq floor the event log mirrors here (runtime/ports.EventLog)
+    async def seq_reserved(self) -> int | None: ...
+    async def set_seq_reserved(self, value: int) -> None: ...
 
 
 class Replay(Protocol):

@@ -37,11 +37,11 @@ from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Bus, Filter, Subscription
 from daemon.runtime.inbox import Inbox, TurnHold
+from daemon.runtime.ports import Store
 from daemon.runtime.state import SessionState
 from daemon.runtime.subagents import TurnAgents
 from daemon.runtime.turn import Turn, TurnServices
 from daemon.store.models import InboxRecord, SessionRecord, TokenUsage
-from daemon.store.sqlite import Store
 
 log = logging.getLogger(__name__)
 

@@ -39,6 +39,7 @@ from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Bus
 from daemon.runtime.inbox import TurnHold
+from daemon.runtime.ports import Store
 from daemon.runtime.state import SessionState
 from daemon.store.models import (
     InboxRecord,
@@ -47,7 +48,6 @@ from daemon.store.models import (
     TokenUsage,
     TurnRecord,
 )
-from daemon.store.sqlite import Store
 from daemon.tools.base import SubAgents, Tool, ToolContext, ToolError, ToolOutcome
 
 log = logging.getLogger(__name__)
