@@ -392,3 +392,19 @@ InboxMachine.TestCase.settings = settings(
     max_examples=300, stateful_step_count=60, deadline=None
 )
 TestInboxMachine = InboxMachine.TestCase
+
+
+def test_a_delivery_read_back_before_it_arrives_is_there_once() -> None:
+    """The store commits a delivery; before its own `arrive`, a read-back of the store's
+    pending entries (a turn's end, a drain) offers it: it is queued once, its reserved
+    place is given back, and the late `arrive` changes nothing else (this race was a 500
+    answer to a concurrent chat)."""
+    inbox = Inbox(SESSION, 3)
+    assert inbox.reserve()
+    record = InboxRecord(1, SESSION, "hi", None, "steer", True, None, 0)
+    assert inbox.offer(record)
+    inbox.arrive(record)
+    assert [i.id for i in inbox.queued] == [1]
+    assert inbox.waiting == 1
+    with pytest.raises(InboxError):
+        inbox.unreserve()  # the place was given back once, by the arrive
