@@ -33,6 +33,9 @@ class ServerConfig:
     max_depth: int = 4
     # Deliveries one session's inbox holds before the next is refused (409, CONTRACT §6).
     inbox_max: int = 1000
+    # CONTRACT §6: at most this many turns run at once; another waits for a slot (a
+    # waiting spawn's child runs in its parent's slot, so a tree cannot deadlock).
+    max_running_turns: int = 4096
     # Per-connection queue of a WebSocket or SSE client, in events (CONTRACT §7).
     ws_queue_max: int = 4096
     # The durable event log (data_dir/events.db) keeps this many recent seqs for
@@ -205,6 +208,7 @@ def _server(file: str, table: Any) -> ServerConfig:
         auth_token_env=r.get("auth_token_env", str, None),
         max_depth=r.positive_int("max_depth", 4, minimum=0),
         inbox_max=r.positive_int("inbox_max", 1000),
+        max_running_turns=r.positive_int("max_running_turns", 4096),
         ws_queue_max=r.positive_int("ws_queue_max", 4096),
         retention_events=r.positive_int("retention_events", 200_000),
         retention_bytes=r.positive_int("retention_bytes", 256 * 1024 * 1024),

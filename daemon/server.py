@@ -28,7 +28,7 @@ from daemon.eventlog.sqlite import SqliteEventLog
 from daemon.httpserver import Connections, HttpServer, bind_socket
 from daemon.llm.anthropic_client import AnthropicClient
 from daemon.llm.openai_client import OpenAIClient
-from daemon.llm.sse import provider_timeout
+from daemon.llm.sse import provider_limits, provider_timeout
 from daemon.mock.provider import serve_mock_provider
 from daemon.runtime.bus import Bus
 from daemon.runtime.core import Runtime
@@ -165,6 +165,7 @@ async def _serve(
         clients = {
             name: await clients_stack.enter_async_context(httpx.AsyncClient(
                 timeout=provider_timeout(p.stall_timeout_s, p.connect_timeout_s),
+                limits=provider_limits(),
                 follow_redirects=False,  # CONTRACT §5.8: a redirect is an error
             ))
             for name, p in config.providers.items()
@@ -183,6 +184,7 @@ async def _serve(
                 bus=bus, store=store, engine_for=_engine_factory(config, clients, mock_roots),
                 tools=tools, workspaces=server.data_dir / "workspaces",
                 grace_s=server.shutdown_grace_s,
+                slots=trio.CapacityLimiter(server.max_running_turns),
             )
             sessions = SessionManager(config, store, bus, turn_services)
             await core.start(sessions.serve)

@@ -40,6 +40,15 @@ EVENT_STREAM = "text/event-stream"
 POOL_TIMEOUT_S = 30.0
 
 
+# Connections to a provider are not capped (turns are, by max_running_turns); the idle
+# ones kept for reuse are few: httpcore scans its pool per request.
+KEEPALIVE_CONNECTIONS = 32
+
+
+def provider_limits() -> httpx.Limits:
+    return httpx.Limits(max_connections=None, max_keepalive_connections=KEEPALIVE_CONNECTIONS)
+
+
 def provider_timeout(stall_timeout_s: float, connect_timeout_s: float) -> httpx.Timeout:
     """The httpx client timeouts of one provider. A read deadline is per socket read, so
     it measures silence; whole-turn deadlines belong to the caller."""

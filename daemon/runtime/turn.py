@@ -71,6 +71,8 @@ class TurnServices:
     grace_s: float
     # agent_spawn / agent_message as seen from one tool call of one turn
     sub_agents: Callable[[Turn, str], SubAgents] | None = None
+    # [server] max_running_turns: a top-level turn holds a slot until its terminal
+    slots: trio.CapacityLimiter | None = None
 
 
 @dataclass(frozen=True)
@@ -201,10 +203,19 @@ class Turn:
     async def run(self, *, task_status: trio.TaskStatus[Turn] = trio.TASK_STATUS_IGNORED) -> None:
         started = trio.current_time()
         failure: BaseException | None = None
+        # [server] max_running_turns: a top-level turn holds a slot from before its first
+        # LLM call until its terminal is out; it waits (running, cancellable) rather
+        # than failing. A waiting spawn's child runs in its parent's slot, so a tree
+        # never waits for a slot its own ancestor holds.
+        slots = self.services.slots if self.parent is None else None
+        holding = False
         with self.scope:
             task_status.started(self)
             try:
                 await self._begin()
+                if slots is not None:
+                    await slots.acquire()
+                    holding = True
                 async with trio.open_nursery() as nursery:
                     self.nursery = nursery
                     await self._drive()
@@ -218,7 +229,12 @@ class Turn:
             finally:
                 self.ending = True
                 self.inbox_hold.close()
-                await self._end(failure, started)
+                try:
+                    await self._end(failure, started)
+                finally:
+                    if holding:
+                        assert slots is not None
+                        slots.release()
 
     async def _begin(self) -> None:
         record = self.session.mark("running")
