@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 import trio
 
@@ -283,58 +283,61 @@ class Turn:
                 await self._handle(event)
 
     async def _handle(self, event: eng.EngineEvent) -> None:
-        if isinstance(event, eng.ContentDelta):
-            self._chunk(ev.INFERENCE_CHUNK, {"content": event.text})
-        elif isinstance(event, eng.ThinkingDelta):
-            self._chunk(ev.THINKING_CHUNK, {"content": event.text})
-        elif isinstance(event, eng.ModelNamed):
-            self.model = event.model
-        elif isinstance(event, eng.UsageReport):
-            self.usage = self.usage + event.usage
-            self.iterations = max(self.iterations, event.iteration)
-            self._stream(ev.USAGE, {
-                "tokenUsage": ev.usage_wire(self.usage),
-                "budgetTokens": self.budget_tokens or None,
-                "iteration": event.iteration,
-            })
-            if self.budget_tokens and self.usage.total > self.budget_tokens:
-                self.cancel("budget_exceeded")
-                await trio.lowlevel.checkpoint()  # raises Cancelled: no further call or tool
-        elif isinstance(event, eng.ToolStarted):
-            self._stream(ev.INFERENCE_TOOL, {
-                "toolCallId": event.call_id, "name": event.name, "arguments": event.arguments,
-            })
-            self._plain("chat.inference_tool", {"event": {
-                "name": event.name, "timestamp": now_ms(),
-            }})
-        elif isinstance(event, eng.ToolFinished):
-            self.tool_calls.append(ev.ToolCallStat(
-                event.call_id, event.name, event.arguments, event.outcome.is_error,
-                event.duration_ms,
-            ))
-            self._stream(ev.TOOL_RESULT, {
-                "toolCallId": event.call_id, "toolName": event.name,
-                "isError": event.outcome.is_error, "content": event.outcome.content,
-                "durationMs": event.duration_ms,
-            })
-        elif isinstance(event, eng.ToolOutput):
-            offset = self._tool_offsets.get(event.call_id, 0)
-            self._tool_offsets[event.call_id] = offset + len(event.text.encode())
-            self._emit_tool_chunk(event.call_id, event.name, event.text, "stdout", offset)
-        elif isinstance(event, eng.EngineSessionNamed):
-            record = self.session.record
-            if record.engine_session_id != event.session_id:
-                await self.services.store.set_engine_session(record.id, event.session_id)
-                self.session.record = replace(
-                    self.session.record, engine_session_id=event.session_id)
-        elif isinstance(event, eng.MessageAppended):
-            self.iterations = max(self.iterations, event.iteration)
-            await self._append(event.message, event.iteration)
-        elif isinstance(event, eng.Finished):
-            self.content = event.content
-            self.iterations = max(self.iterations, event.iterations)
-            if event.cost:
-                self.usage = self.usage + TokenUsage(cost=event.cost)
+        match event:
+            case eng.ContentDelta():
+                self._chunk(ev.INFERENCE_CHUNK, {"content": event.text})
+            case eng.ThinkingDelta():
+                self._chunk(ev.THINKING_CHUNK, {"content": event.text})
+            case eng.ModelNamed():
+                self.model = event.model
+            case eng.UsageReport():
+                self.usage = self.usage + event.usage
+                self.iterations = max(self.iterations, event.iteration)
+                self._stream(ev.USAGE, {
+                    "tokenUsage": ev.usage_wire(self.usage),
+                    "budgetTokens": self.budget_tokens or None,
+                    "iteration": event.iteration,
+                })
+                if self.budget_tokens and self.usage.total > self.budget_tokens:
+                    self.cancel("budget_exceeded")
+                    await trio.lowlevel.checkpoint()  # raises Cancelled: no further call or tool
+            case eng.ToolStarted():
+                self._stream(ev.INFERENCE_TOOL, {
+                    "toolCallId": event.call_id, "name": event.name, "arguments": event.arguments,
+                })
+                self._plain("chat.inference_tool", {"event": {
+                    "name": event.name, "timestamp": now_ms(),
+                }})
+            case eng.ToolFinished():
+                self.tool_calls.append(ev.ToolCallStat(
+                    event.call_id, event.name, event.arguments, event.outcome.is_error,
+                    event.duration_ms,
+                ))
+                self._stream(ev.TOOL_RESULT, {
+                    "toolCallId": event.call_id, "toolName": event.name,
+                    "isError": event.outcome.is_error, "content": event.outcome.content,
+                    "durationMs": event.duration_ms,
+                })
+            case eng.ToolOutput():
+                offset = self._tool_offsets.get(event.call_id, 0)
+                self._tool_offsets[event.call_id] = offset + len(event.text.encode())
+                self._emit_tool_chunk(event.call_id, event.name, event.text, "stdout", offset)
+            case eng.EngineSessionNamed():
+                record = self.session.record
+                if record.engine_session_id != event.session_id:
+                    await self.services.store.set_engine_session(record.id, event.session_id)
+                    self.session.record = replace(
+                        self.session.record, engine_session_id=event.session_id)
+            case eng.MessageAppended():
+                self.iterations = max(self.iterations, event.iteration)
+                await self._append(event.message, event.iteration)
+            case eng.Finished():
+                self.content = event.content
+                self.iterations = max(self.iterations, event.iterations)
+                if event.cost:
+                    self.usage = self.usage + TokenUsage(cost=event.cost)
+            case _:
+                assert_never(event)  # a new engine event must be handled here
 
     @property
     def workspace(self) -> Path:
