@@ -30,7 +30,7 @@ async def test_sigterm_within_10_s_with_a_client_that_never_reads(
     async with spawn_daemon(config) as proc, \
             httpx.AsyncClient(base_url=proc.url, timeout=30) as http, \
             open_websocket_url(proc.ws_url, message_queue_size=1) as stuck, \
-            open_recorder(proc.ws_url, "types=turn.start,error,done") as rec, \
+            open_recorder(proc.ws_url, "batch=1&types=turn.start,tool.chunk,error,done") as rec, \
             trio.open_nursery() as nursery:
         json.loads(await stuck.get_message())  # hello; from here on it reads nothing
 
@@ -43,16 +43,14 @@ async def test_sigterm_within_10_s_with_a_client_that_never_reads(
 
         nursery.start_soon(chat)
         turn_id = await rec.turn_of()
-        # Wait until the flood has filled the stuck client's socket: several MB sent.
+        # Once a reading client has had 20 MB of the flood, the stuck one was offered
+        # the same: far more than its socket buffers hold, so its write is stuck.
         r = await http.get("/health")
         assert r.status_code == 200
         with trio.fail_after(30):
-            while True:
-                stat = await trio.Path(f"/proc/{proc.process.pid}/io").read_text()
-                written = int(stat.split("wchar: ")[1].split()[0])
-                if written > 20_000_000:
-                    break
-                await trio.sleep(0.05)  # polling the kernel's counter, not synchronising
+            await rec.wait_for(lambda evs: sum(
+                len(e["data"]["content"]) for e in evs
+                if e.get("eventType") == "tool.chunk") > 20_000_000)
         started = trio.current_time()
         proc.process.send_signal(signal.SIGTERM)
         with trio.fail_after(15):

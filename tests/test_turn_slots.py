@@ -58,3 +58,34 @@ async def test_a_waiting_spawn_runs_in_its_parents_slot(tmp_path: Path, provider
         assert r.status_code == 200 and r.json()["content"] == "parent done"
         ends = [e for e in rec.stream() if e["eventType"] in TERMINALS]
         assert [e["eventType"] for e in ends] == ["done", "done"]
+
+
+async def test_a_turn_cancelled_while_waiting_for_a_slot_ends_once(
+    tmp_path: Path, provider: Provider
+) -> None:
+    """§5.2/§5.3 for a turn that never got a slot: a cancel ends it with one terminal
+    (user_cancel), last, and no chunk; the turn holding the slot goes on to done."""
+    go = tmp_path / "go"
+    held = mock(say=5, pause_after=2, pause_until=str(go))
+    async with open_daemon(tmp_path, provider, server="max_running_turns = 1") as d, \
+            open_recorder(d.ws_url) as rec:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(d.chat, held)
+            with trio.fail_after(30):
+                first = await rec.wait_for(lambda evs: next((
+                    e["turnId"] for e in evs if e.get("eventType") == "inference.chunk"), None))
+            nursery.start_soon(d.chat, mock(say="never streamed"))
+            with trio.fail_after(30):
+                waiting = await rec.wait_for(lambda evs: next((
+                    t for t in rec.turn_ids() if t != first), None))
+            sid = rec.stream(waiting)[0]["sessionId"]
+            receipt = await d.cancel(sid, "turn")
+            assert receipt["cancelled"] == [{"sessionId": sid, "turnId": waiting}]
+            terminal = await rec.terminal(waiting)
+            go.touch()
+            done = await rec.terminal(first)
+        stream = rec.stream(waiting)
+        assert assert_one_terminal_last(stream) is stream[-1]
+        assert terminal["data"]["details"]["reason"] == "user_cancel"
+        assert not [e for e in stream if e["eventType"].endswith(".chunk")]
+        assert done["eventType"] == "done"

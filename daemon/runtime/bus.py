@@ -176,10 +176,6 @@ class Bus:
         return self.log.latest_seq
 
     @property
-    def oldest_retained_seq(self) -> int:
-        return self.log.retained_range()[0]
-
-    @property
     def subscriber_count(self) -> int:
         return len(self._all)
 
