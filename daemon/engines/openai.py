@@ -1,4 +1,4 @@
-"""The Chat Completions loop: stream a call, run the tools it asked for, call again.
+"""The Chat Completions engine: its side of the shared tool loop (engines/toolround.py).
 
 Per LLM call: reasoning and content deltas are yielded as they arrive; tool calls are
 assembled from their deltas (arguments may be split across many chunks); the provider's
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from daemon.clock import now_ms
@@ -21,14 +21,12 @@ from daemon.engines.base import (
     ContentDelta,
     EngineContext,
     EngineEvent,
-    Finished,
-    MessageAppended,
     ModelNamed,
     ThinkingDelta,
+    ToolFinished,
     UsageReport,
 )
-from daemon.engines.toolround import run_tool_calls
-from daemon.errors import MaxIterationsError
+from daemon.engines.toolround import Answer, tool_loop
 from daemon.llm import openai_client as llm
 from daemon.store.models import MessageRecord, TokenUsage
 from daemon.tools.base import schema
@@ -39,12 +37,6 @@ class _PendingCall:
     id: str = ""
     name: str = ""
     arguments: str = ""
-
-
-@dataclass
-class _CallResult:
-    content: list[str] = field(default_factory=list)
-    calls: dict[int, _PendingCall] = field(default_factory=dict)
 
 
 def to_openai_messages(system: str, history: list[MessageRecord]) -> list[dict[str, Any]]:
@@ -79,67 +71,72 @@ def _parse_arguments(raw: str) -> Any:
         return raw  # the tool gets a string and answers with an error result
 
 
+class _ChatConversation:
+    """The Chat Completions side of the tool loop: a list of role messages."""
+
+    def __init__(self, agent: AgentConfig, client: llm.OpenAIClient, ctx: EngineContext
+                 ) -> None:
+        self.agent = agent
+        self.client = client
+        self.history = list(ctx.history)
+        self.tools = [schema(t) for t in ctx.tools]
+
+    def add_injected(self, message: MessageRecord) -> None:
+        self.history.append(message)
+
+    async def stream(self, iteration: int, answer: Answer) -> AsyncGenerator[EngineEvent, None]:
+        body: dict[str, Any] = {
+            "model": self.agent.model,
+            "messages": to_openai_messages(self.agent.system, self.history),
+        }
+        if self.tools:
+            body["tools"] = self.tools
+        content: list[str] = []
+        calls: dict[int, _PendingCall] = {}
+        async with aclosing(self.client.stream_chat(body)) as deltas:
+            async for delta in deltas:
+                if isinstance(delta, llm.ContentDelta):
+                    content.append(delta.text)
+                    yield ContentDelta(delta.text)
+                elif isinstance(delta, llm.ReasoningDelta):
+                    yield ThinkingDelta(delta.text)
+                elif isinstance(delta, llm.ToolCallDelta):
+                    pending = calls.setdefault(delta.index, _PendingCall())
+                    pending.id = pending.id or (delta.id or "")
+                    pending.name = pending.name or (delta.name or "")
+                    pending.arguments += delta.arguments
+                elif isinstance(delta, llm.UsageDelta):
+                    usage = TokenUsage(
+                        delta.prompt_tokens, delta.completion_tokens,
+                        delta.cached_tokens, delta.cost,
+                    )
+                    yield UsageReport(usage, iteration)
+                elif isinstance(delta, llm.ModelDelta):
+                    yield ModelNamed(delta.model)
+        answer.text = "".join(content)
+        answer.calls = [
+            {
+                "id": c.id or f"call_{iteration}_{i}",
+                "name": c.name,
+                "arguments": _parse_arguments(c.arguments),
+            }
+            for i, c in sorted(calls.items())
+        ]
+
+    def add_answer(self, assistant: MessageRecord) -> None:
+        self.history.append(assistant)
+
+    def add_results(self, results: list[ToolFinished]) -> None:
+        self.history.extend(
+            MessageRecord("tool", r.outcome.content, None, r.call_id, now_ms())
+            for r in results)
+
+
 class OpenAIEngine:
     def __init__(self, agent: AgentConfig, client: llm.OpenAIClient) -> None:
         self.agent = agent
         self.client = client
 
-    async def run(self, ctx: EngineContext) -> AsyncGenerator[EngineEvent, None]:
-        history = list(ctx.history)
-        tools = [schema(t) for t in ctx.tools]
-        iteration = 0
-        while True:
-            iteration += 1
-            for injected in ctx.take_injected():
-                history.append(injected)
-                yield MessageAppended(injected, iteration)
-            if iteration > self.agent.max_iterations:
-                raise MaxIterationsError(self.agent.max_iterations)
-            body: dict[str, Any] = {
-                "model": self.agent.model,
-                "messages": to_openai_messages(self.agent.system, history),
-            }
-            if tools:
-                body["tools"] = tools
-            result = _CallResult()
-            async with aclosing(self.client.stream_chat(body)) as deltas:
-                async for delta in deltas:
-                    if isinstance(delta, llm.ContentDelta):
-                        result.content.append(delta.text)
-                        yield ContentDelta(delta.text)
-                    elif isinstance(delta, llm.ReasoningDelta):
-                        yield ThinkingDelta(delta.text)
-                    elif isinstance(delta, llm.ToolCallDelta):
-                        pending = result.calls.setdefault(delta.index, _PendingCall())
-                        pending.id = pending.id or (delta.id or "")
-                        pending.name = pending.name or (delta.name or "")
-                        pending.arguments += delta.arguments
-                    elif isinstance(delta, llm.UsageDelta):
-                        usage = TokenUsage(
-                            delta.prompt_tokens, delta.completion_tokens,
-                            delta.cached_tokens, delta.cost,
-                        )
-                        yield UsageReport(usage, iteration)
-                    elif isinstance(delta, llm.ModelDelta):
-                        yield ModelNamed(delta.model)
-
-            content = "".join(result.content)
-            calls = [
-                {
-                    "id": c.id or f"call_{iteration}_{i}",
-                    "name": c.name,
-                    "arguments": _parse_arguments(c.arguments),
-                }
-                for i, c in sorted(result.calls.items())
-            ]
-            assistant = MessageRecord("assistant", content, calls or None, None, now_ms())
-            history.append(assistant)
-            yield MessageAppended(assistant, iteration)
-            if not calls:
-                yield Finished(content, iteration)
-                return
-            async with aclosing(run_tool_calls(ctx, calls, iteration)) as round_:
-                async for event in round_:
-                    if isinstance(event, MessageAppended):
-                        history.append(event.message)
-                    yield event
+    def run(self, ctx: EngineContext) -> AsyncGenerator[EngineEvent, None]:
+        conversation = _ChatConversation(self.agent, self.client, ctx)
+        return tool_loop(ctx, conversation, self.agent.max_iterations)

@@ -67,7 +67,7 @@ class OpenAIClient:
         model_seen: str | None = None
         async with aclosing(data_lines(self._http, self._url, body, self._headers)) as lines:
             async for payload in lines:
-                if payload == "[DONE]":
+                if payload == b"[DONE]":
                     # Read on to the end of the body rather than break: httpx's
                     # generators are only cleaned up when exhausted.
                     finished = done = True
@@ -91,7 +91,7 @@ class OpenAIClient:
 _FINISH = object()
 
 
-def _parse_chunk(payload: str) -> dict[str, Any]:
+def _parse_chunk(payload: bytes) -> dict[str, Any]:
     chunk = json_object(payload, "chunk from the provider")
     if "error" in chunk:
         err = chunk["error"]

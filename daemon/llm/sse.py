@@ -21,13 +21,13 @@ request — of this turn or another agent's.
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
 import httpx
+import orjson
 
 from daemon.errors import ProviderError
 
@@ -114,25 +114,60 @@ def _translate(exc: httpx.HTTPError, timeout: httpx.Timeout, headers_in: bool) -
     return ProviderError(f"provider connection failed: {type(exc).__name__}: {exc}")
 
 
-async def data_lines(
+def split_payloads(buffer: bytearray, piece: bytes) -> list[bytes]:
+    """Append `piece` to `buffer`; take out the `data:` payloads of every line it completes.
+
+    Lines end in LF, CRLF or a lone CR (the event-stream grammar). A CR that ends `piece`
+    may be the first half of a CRLF: the empty line that would make is ignored like every
+    blank line. Comments, blank lines and other fields (event:, id:) carry nothing the
+    payload does not.
+    """
+    buffer += piece
+    if b"\r" in piece:
+        buffer[:] = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    end = buffer.rfind(b"\n")
+    if end < 0:
+        if len(buffer) > LINE_MAX:
+            raise ProviderError("provider sent an oversized line")
+        return []
+    lines = bytes(buffer[:end]).split(b"\n")
+    del buffer[:end + 1]
+    if len(buffer) > LINE_MAX:
+        raise ProviderError("provider sent an oversized line")
+    out: list[bytes] = []
+    for line in lines:
+        if line.startswith(b"data:"):
+            if len(line) > LINE_MAX:
+                raise ProviderError("provider sent an oversized line")
+            out.append(line[5:].strip())
+    return out
+
+
+async def data_batches(
     http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
-) -> AsyncGenerator[str, None]:
-    """The `data:` payloads of a streamed POST, in order."""
+) -> AsyncGenerator[list[bytes], None]:
+    """The `data:` payloads of a streamed POST, in order, grouped by the read that
+    completed them: what arrives together can travel together (one event per read, not
+    per token), and nothing waits for a timer — each read's payloads are yielded at once.
+    Never yields an empty list."""
     headers_in = False
     try:
-        async with http.stream("POST", url, json=body, headers=headers) as response:
+        async with http.stream("POST", url, content=dumps(body), headers={
+                **headers, "Content-Type": "application/json"}) as response:
             headers_in = True
             clean = False
             try:
                 await _refuse(response)
-                async with aclosing(response.aiter_lines()) as lines:  # type: ignore[type-var]
-                    async for line in lines:
-                        if len(line) > LINE_MAX:
-                            raise ProviderError("provider sent an oversized line")
-                        if line.startswith("data:"):
-                            yield line[5:].strip()
-                        # Comments, blank lines and other fields (event:, id:) carry
-                        # nothing the payload does not.
+                buffer = bytearray()
+                async with aclosing(response.aiter_bytes()) as pieces:  # type: ignore[type-var]
+                    async for piece in pieces:
+                        payloads = split_payloads(buffer, piece)
+                        if payloads:
+                            yield payloads
+                if buffer:  # a last line with no line ending
+                    payloads = split_payloads(buffer, b"\n")
+                    if payloads:
+                        yield payloads
                 clean = "content-length" not in response.headers
             finally:
                 if not clean:  # an error, a cancel, a caller that stopped, a length
@@ -141,11 +176,25 @@ async def data_lines(
         raise _translate(exc, http.timeout, headers_in) from exc
 
 
+async def data_lines(
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
+) -> AsyncGenerator[bytes, None]:
+    """The `data:` payloads of a streamed POST, one at a time."""
+    async with aclosing(data_batches(http, url, body, headers)) as batches:
+        async for batch in batches:
+            for payload in batch:
+                yield payload
+
+
+def dumps(value: Any) -> bytes:
+    return orjson.dumps(value)
+
+
 def json_object(raw: str | bytes, what: str) -> dict[str, Any]:
     """`raw` as a JSON object, else ProviderError: "malformed WHAT: …"."""
     try:
-        value = json.loads(raw)
-    except ValueError as exc:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
         raise ProviderError(f"malformed {what}: {raw[:200]!r}") from exc
     if not isinstance(value, dict):
         raise ProviderError(f"malformed {what} (not a JSON object): {raw[:200]!r}")
