@@ -158,7 +158,8 @@ async def _serve(
     stop: trio.Event, task_status: trio.TaskStatus[Daemon],
 ) -> None:
     server = config.server
-    bus = Bus(event_log, queue_max=server.ws_queue_max)
+    bus = Bus(event_log, queue_bytes=server.stream_queue_bytes,
+              coalesce_after=server.stream_coalesce_after)
     sessions: SessionManager | None = None
     http_server: HttpServer | None = None
     async with AsyncExitStack() as clients_stack, trio.open_nursery() as services:

@@ -269,3 +269,89 @@ def error_data(
     data.update(session=session_wire(session), **stats.wire())
     data["cancelled"] = code == "CANCELLED"
     return data
+
+
+# -- a slow client's chunks, merged (CONTRACT §7) ---------------------------------------
+
+
+def _loads(text: str) -> Any:
+    import orjson  # here, so that this section stands on its own in the module
+
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        # An event escaped to ASCII for a lone surrogate (see `build`): orjson refuses
+        # that escape, the stdlib reads it back to the very string that was published.
+        return json.loads(text)
+
+
+class ChunkRun:
+    """Adjacent chunk events of one turn, `eventType` and (tool.chunk) `toolCallId` and
+    `stream`, waiting in one slow client's queue to go out as one event.
+
+    The published envelopes are shared with other subscribers and the log, so they are
+    only read. The contents are kept as parts and joined once, by `envelope()`, when the
+    client takes the run: a long run costs its length, not one re-encode per chunk.
+    `size` estimates what the merged event will cost (as `Envelope.size` counts).
+    """
+
+    __slots__ = ("_first", "_key", "_obj", "_parts", "_ts", "first_seq", "nbytes", "seq",
+                 "size")
+
+    def __init__(self, first: Envelope) -> None:
+        obj = _loads(first.json)
+        data = obj["data"]
+        self._first = first
+        self._obj = obj
+        self._key = _tool_key(first.event_type, data)
+        self._parts: list[str] = [data["content"]]
+        self._ts: int = obj["ts"]
+        self.first_seq = self.seq = first.seq
+        self.nbytes = len(first.data)  # the merged event's JSON, as estimated
+        # "seqFrom":N, added once.
+        self.size = first.size + 3 * (len(str(first.seq)) + 11)
+
+    def add(self, env: Envelope, max_bytes: int) -> bool:
+        """Merge `env` in if it belongs to this run and the merged event stays within
+        `max_bytes` of JSON; False (nothing changed) otherwise."""
+        first = self._first
+        if env.turn_id != first.turn_id or env.event_type != first.event_type:
+            return False
+        obj = _loads(env.json)
+        data = obj["data"]
+        if _tool_key(env.event_type, data) != self._key:
+            return False
+        content: str = data["content"]
+        # UTF-8 length; surrogatepass so that a lone surrogate counts instead of raising.
+        grows = len(content.encode("utf-8", "surrogatepass"))
+        if self.nbytes + grows > max_bytes:
+            return False
+        self._parts.append(content)
+        self._ts = obj["ts"]
+        self.seq = env.seq
+        self.nbytes += grows
+        # str, bytes and the SSE frame each hold the added content once (Envelope.size).
+        self.size += 3 * grows
+        return True
+
+    def envelope(self) -> Envelope:
+        """The merged event: content concatenated, seq and ts of the last chunk, seqFrom
+        of the first, everything else (a tool.chunk's `offset` too) of the first."""
+        if len(self._parts) == 1:
+            return self._first
+        obj = self._obj
+        first = self._first
+        ref = SessionRef(
+            obj["sessionId"], obj["agentName"], obj["parentSessionId"], obj["rootSessionId"],
+            obj["depth"], obj["spawnToolCallId"], first.lineage,
+        )
+        data = {**obj["data"], "content": "".join(self._parts)}
+        return build(self.seq, self._ts, first.type, ref, {"data": data,
+                     "seqFrom": self.first_seq}, turn_id=first.turn_id,
+                     event_type=first.event_type)
+
+
+def _tool_key(event_type: str | None, data: dict[str, Any]) -> tuple[Any, Any] | None:
+    if event_type == TOOL_CHUNK:
+        return (data.get("toolCallId"), data.get("stream"))
+    return None
