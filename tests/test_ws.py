@@ -6,9 +6,6 @@ with 1013 `lagged seq=N` while another keeps receiving and /health answers; auth
 from __future__ import annotations
 
 import json
-import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +13,7 @@ import pytest
 import trio
 from trio_websocket import (
     ConnectionClosed,
-    WebSocketConnection,
     open_websocket_url,
-    wrap_client_stream,
 )
 
 from daemon.runtime.bus import MERGED_MAX_BYTES
@@ -28,7 +23,9 @@ from tests.harness import (
     assert_seqs_unique_increasing,
     mock,
     open_daemon,
+    open_held_websocket,
     open_recorder,
+    sockets_hold,
 )
 
 
@@ -97,31 +94,6 @@ async def test_batch_frames_are_arrays_in_seq_order(daemon: Running) -> None:
         assert_seqs_unique_increasing(rec.events)
 
 
-def _socket_absorbs(rcvbuf: int) -> int:
-    """At most how many bytes the loopback sockets between the daemon and a client whose
-    receive buffer is fixed at `rcvbuf` can hold (the kernel doubles SO_RCVBUF; the
-    daemon's send buffer grows at most to tcp_wmem's max)."""
-    wmem_max = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
-    return wmem_max + 2 * rcvbuf
-
-
-@asynccontextmanager
-async def open_stuck_client(url: str, rcvbuf: int) -> AsyncIterator[WebSocketConnection]:
-    """A WebSocket client with a small fixed receive buffer (no autotuning), which reads
-    only when the test calls get_message."""
-    host, port = url.removeprefix("ws://").split("/")[0].split(":")
-    sock = trio.socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    await sock.connect((host, int(port)))
-    async with trio.open_nursery() as nursery:
-        ws = await wrap_client_stream(nursery, trio.SocketStream(sock), host, "/ws",
-                                      message_queue_size=1, max_message_size=1 << 22)
-        try:
-            yield ws
-        finally:
-            await ws.aclose()
-
-
 async def test_a_client_that_never_reads_is_closed_1013(tmp_path: Path, provider: Provider) -> None:
     """Deterministic by construction: what is published for the stuck client is more than
     its sockets, its own client buffer and its queue bound can hold together, so its queue
@@ -131,13 +103,13 @@ async def test_a_client_that_never_reads_is_closed_1013(tmp_path: Path, provider
     rcvbuf = 64 * 1024
     # + the client's one buffered message and its partial next one (at most a merged
     # chunk each, bus.MERGED_MAX_BYTES) + the queue bound itself, with a margin.
-    flood = _socket_absorbs(rcvbuf) + 2 * MERGED_MAX_BYTES + queue_bytes + (1 << 20)
+    flood = sockets_hold(rcvbuf) + 2 * MERGED_MAX_BYTES + queue_bytes + (1 << 20)
     server = (f"stream_queue_bytes = {queue_bytes}\nstream_coalesce_after = 4\n"
               "client_close_grace_s = 60")
     command = f"head -c {flood} /dev/zero | tr '\\0' a"
     async with open_daemon(tmp_path, provider, server=server) as daemon:
         quiet = (await daemon.chat(mock(say=1))).json()["sessionId"]
-        async with open_stuck_client(daemon.ws_url, rcvbuf) as stuck:
+        async with open_held_websocket(daemon.ws_url, rcvbuf) as stuck:
             hello = json.loads(await stuck.get_message())  # then it stops reading
             async with open_recorder(daemon.ws_url, f"sessionIds={quiet}") as reader:
                 r = await daemon.chat(mock(tools=[{"name": "bash",
