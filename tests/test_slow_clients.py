@@ -9,9 +9,11 @@ published; an unfiltered client's events, merged or not, cover every published s
 and in order, and each merged one is exactly its chunks merged (CONTRACT §4, §7).
 Reads are explicit steps of the example, never timing.
 
-Through a real daemon (one run): a WebSocket client and an SSE chat client that do not
-read until the turn has ended — past what their sockets hold, so their queues must fill
-and merge — get the provider's text exactly, with merged events among what they got.
+Through a real daemon: a WebSocket client and an SSE chat client that do not read until
+the turn has ended — past what their sockets hold, so their queues must fill and merge —
+get the tool's output exactly, with merged events among what they got; an SSE stream
+client that never reads is ended with `: lagged seq=N` and resumes from N with nothing
+lost (the WebSocket twin, 1013, is in test_ws.py).
 """
 
 from __future__ import annotations
@@ -245,3 +247,56 @@ async def test_clients_that_fall_behind_get_merged_chunks_and_every_byte(
         assert [e["eventType"] for e in mine].count("done") == 1, name
         if name != "watcher":
             assert any("seqFrom" in e for e in mine), f"{name}: fell behind, nothing merged"
+
+
+async def test_an_sse_client_that_never_reads_gets_lagged_then_resumes(
+    tmp_path: Path, provider: Provider,
+) -> None:
+    """As test_ws's 1013 test, on GET /sessions/{id}/stream: what is published for the
+    held client is more than its sockets and its queue bound hold, so it must lag; it
+    gets `: lagged seq=N` as the last line, N the last seq it was sent, and resuming
+    with Last-Event-ID: N loses nothing."""
+    rcvbuf = 64 * 1024
+    queue_bytes = 256 * 1024
+    flood = sockets_hold(rcvbuf) + queue_bytes + (1 << 20)
+    server = f"stream_queue_bytes = {queue_bytes}\nclient_close_grace_s = 60\n"
+    command = f"head -c {flood} /dev/zero | tr '\\0' a"
+    async with open_daemon(tmp_path, provider, server=server) as daemon:
+        sid = (await daemon.chat(mock(say=1))).json()["sessionId"]
+        held = await open_held_socket(daemon.url, rcvbuf)
+        await held.send_all(
+            f"GET /sessions/{sid}/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "Last-Event-ID: 0\r\nConnection: close\r\n\r\n".encode())
+        raw = bytearray()
+        while b"\r\n\r\n" not in raw:  # the response has begun: the client is subscribed
+            raw += await held.receive_some(4096)
+        r = await daemon.chat(mock(tools=[{"name": "bash", "arguments": {"command": command}}]),
+                              sessionId=sid)
+        assert r.status_code == 200
+        flood_turn = r.json()["turnId"]
+        with trio.fail_after(60):
+            while data := await held.receive_some(1 << 16):
+                raw += data
+        await held.aclose()
+        head, _, chunked = bytes(raw).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        body = _dechunk(chunked).decode()
+        before, lagged, after = body.rpartition(": lagged seq=")
+        assert lagged and after.endswith("\n\n") and after[:-2].isdigit(), body[-200:]
+        resume = int(after[:-2])
+        got = _sse_events(before.encode())
+        assert got and resume == got[-1]["seq"]
+        again: list[dict[str, Any]] = []
+        async with daemon.http.stream("GET", f"/sessions/{sid}/stream",
+                                      headers={"Last-Event-ID": str(resume)}) as s:
+            async for line in s.aiter_lines():
+                if line.startswith("data: "):
+                    again.append(json.loads(line[6:]))
+                    if again[-1]["eventType"] == "done" and again[-1]["turnId"] == flood_turn:
+                        break
+    assert again[0]["seq"] == resume + 1
+    seqs = [e["seq"] for e in got + again]
+    assert seqs == sorted(set(seqs))
+    output = "".join(e["data"]["content"] for e in got + again
+                     if e["eventType"] == "tool.chunk" and e["turnId"] == flood_turn)
+    assert output == "a" * flood
