@@ -124,12 +124,15 @@ class Subscription:
         self._offered = env.seq
         queue = self._queue
         if len(queue) > self._coalesce_after and env.event_type in CHUNK_TYPES:
+            # Behind: this path runs for every chunk while the client stays behind.
             tail = queue[-1]
-            if isinstance(tail, ChunkRun):
+            if type(tail) is ChunkRun:
                 before = tail.size
                 if tail.add(env, MERGED_MAX_BYTES):
                     self._bus.coalesced += 1
-                    self._grew(tail.size - before)
+                    self._bytes += tail.size - before
+                    if self._bytes > self._max_bytes:
+                        self._end("lagged")
                     return
             elif (isinstance(tail, Envelope) and tail.event_type == env.event_type
                   and tail.turn_id == env.turn_id):

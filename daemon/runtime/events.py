@@ -290,44 +290,44 @@ class ChunkRun:
     `stream`, waiting in one slow client's queue to go out as one event.
 
     The published envelopes are shared with other subscribers and the log, so they are
-    only read. The contents are kept as parts and joined once, by `envelope()`, when the
-    client takes the run: a long run costs its length, not one re-encode per chunk.
-    `size` estimates what the merged event will cost (as `Envelope.size` counts).
+    only read, and only when the client takes the run (`envelope()`): a client that
+    does not read costs an append per chunk, and a long run is joined once, not
+    re-encoded per chunk. `nbytes` estimates the merged event's JSON: a chunk's
+    envelope around its content is the same for every chunk of a run (same session,
+    turn and type; only seq and ts digits vary), so each added chunk adds its own JSON
+    less that envelope. `size` is the same estimate as `Envelope.size` counts it.
     """
 
-    __slots__ = ("_first", "_key", "_obj", "_parts", "_ts", "first_seq", "nbytes", "seq",
-                 "size")
+    __slots__ = ("_around", "_envs", "_tool", "first_seq", "nbytes", "seq", "size")
 
     def __init__(self, first: Envelope) -> None:
         obj = _loads(first.json)
         data = obj["data"]
-        self._first = first
-        self._obj = obj
-        self._key = _tool_key(first.event_type, data)
-        self._parts: list[str] = [data["content"]]
-        self._ts: int = obj["ts"]
+        self._envs = [first]
+        self._tool = _tool_key(first.event_type, data)
+        # `first` without its content: what every chunk of the run carries around it.
+        self._around = len(first.data) - len(encode(data["content"]).encode(
+            "utf-8", "surrogatepass"))
         self.first_seq = self.seq = first.seq
-        self.nbytes = len(first.data)  # the merged event's JSON, as estimated
-        # "seqFrom":N, added once.
-        self.size = first.size + 3 * (len(str(first.seq)) + 11)
+        self.nbytes = len(first.data) + len(str(first.seq)) + 11  # + "seqFrom":N
+        self.size = first.size + 3 * (self.nbytes - len(first.data))
 
     def add(self, env: Envelope, max_bytes: int) -> bool:
         """Merge `env` in if it belongs to this run and the merged event stays within
-        `max_bytes` of JSON; False (nothing changed) otherwise."""
-        first = self._first
+        about `max_bytes` of JSON; False (nothing changed) otherwise."""
+        envs = self._envs
+        first = envs[0]
         if env.turn_id != first.turn_id or env.event_type != first.event_type:
             return False
-        obj = _loads(env.json)
-        data = obj["data"]
-        if _tool_key(env.event_type, data) != self._key:
+        if self._tool is not None and _tool_key(
+                env.event_type, _loads(env.json)["data"]) != self._tool:
             return False
-        content: str = data["content"]
-        # UTF-8 length; surrogatepass so that a lone surrogate counts instead of raising.
-        grows = len(content.encode("utf-8", "surrogatepass"))
+        grows = len(env.data) - self._around
+        if grows < 0:
+            grows = 0
         if self.nbytes + grows > max_bytes:
             return False
-        self._parts.append(content)
-        self._ts = obj["ts"]
+        envs.append(env)
         self.seq = env.seq
         self.nbytes += grows
         # str, bytes and the SSE frame each hold the added content once (Envelope.size).
@@ -337,18 +337,20 @@ class ChunkRun:
     def envelope(self) -> Envelope:
         """The merged event: content concatenated, seq and ts of the last chunk, seqFrom
         of the first, everything else (a tool.chunk's `offset` too) of the first."""
-        if len(self._parts) == 1:
-            return self._first
-        obj = self._obj
-        first = self._first
+        envs = self._envs
+        first = envs[0]
+        if len(envs) == 1:
+            return first
+        objs = [_loads(e.json) for e in envs]
+        obj = objs[0]
         ref = SessionRef(
             obj["sessionId"], obj["agentName"], obj["parentSessionId"], obj["rootSessionId"],
             obj["depth"], obj["spawnToolCallId"], first.lineage,
         )
-        data = {**obj["data"], "content": "".join(self._parts)}
-        return build(self.seq, self._ts, first.type, ref, {"data": data,
-                     "seqFrom": self.first_seq}, turn_id=first.turn_id,
-                     event_type=first.event_type)
+        data = {**obj["data"], "content": "".join(o["data"]["content"] for o in objs)}
+        return build(self.seq, objs[-1]["ts"], first.type, ref,
+                     {"data": data, "seqFrom": self.first_seq},
+                     turn_id=first.turn_id, event_type=first.event_type)
 
 
 def _tool_key(event_type: str | None, data: dict[str, Any]) -> tuple[Any, Any] | None:
