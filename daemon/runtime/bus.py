@@ -107,7 +107,6 @@ class Subscription:
         self.last_seq = last_seq
         self._offered = -1  # the last seq queued: an event reached twice is queued once
         self.end_reason: str | None = None  # "lagged" | "shutdown" | "closed"
-        self.ended = trio.Event()
         # Called once, synchronously, when the subscription lags (a transport's hook to
         # bound how long its close may take).
         self.on_lagged: Callable[[], None] | None = None
@@ -130,9 +129,7 @@ class Subscription:
                 before = tail.size
                 if tail.add(env, MERGED_MAX_BYTES):
                     self._bus.coalesced += 1
-                    self._bytes += tail.size - before
-                    if self._bytes > self._max_bytes:
-                        self._end("lagged")
+                    self._grew(tail.size - before)
                     return
             elif (isinstance(tail, Envelope) and tail.event_type == env.event_type
                   and tail.turn_id == env.turn_id):
@@ -179,7 +176,6 @@ class Subscription:
             self._bytes = 0
             self._replay = None
         self._receiver.unpark_all()
-        self.ended.set()
         if reason == "lagged" and self.on_lagged is not None:
             self.on_lagged()
 
