@@ -300,3 +300,4 @@ async def test_an_sse_client_that_never_reads_gets_lagged_then_resumes(
     output = "".join(e["data"]["content"] for e in got + again
                      if e["eventType"] == "tool.chunk" and e["turnId"] == flood_turn)
     assert output == "a" * flood
+
