@@ -214,7 +214,7 @@ async def test_clients_that_fall_behind_get_merged_chunks_and_every_byte(
     message = mock(tools=[{"name": "bash", "arguments": {"command": f"seq 1 {lines}"}}])
     async with open_daemon(tmp_path, provider, server=server) as daemon:
         async with open_recorder(daemon.ws_url) as watcher, \
-                open_held_websocket(daemon.ws_url, rcvbuf) as held_ws:
+                open_held_websocket(daemon.ws_url + "?batch=1", rcvbuf) as held_ws:
             hello = json.loads(await held_ws.get_message())
             sse = await open_held_socket(daemon.url, rcvbuf)
             body = json.dumps({"message": message, "sse": True}).encode()
@@ -230,13 +230,16 @@ async def test_clients_that_fall_behind_get_merged_chunks_and_every_byte(
                     raw += data
                 await sse.aclose()
                 ws_events: list[dict[str, Any]] = []
+                ws_frames: list[Any] = []
                 while not any(e.get("eventType") == "done" for e in ws_events):
                     frame = json.loads(await held_ws.get_message())
+                    ws_frames.append(frame)
                     ws_events.extend(frame if isinstance(frame, list) else [frame])
     head, _, chunked = bytes(raw).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200")
     sse_events = _sse_events(_dechunk(chunked))
     assert hello["type"] == "hello"
+    assert any(isinstance(f, list) for f in ws_frames), "batch=1: array frames"
     for name, got in (("ws", ws_events), ("sse", sse_events), ("watcher", watcher.events)):
         mine = [e for e in got if e.get("turnId") == turn]
         seqs = [e["seq"] for e in mine]
