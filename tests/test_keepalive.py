@@ -5,7 +5,7 @@ What was seen: a load run's sessions posted over reused keep-alive connections s
 pool scans every pooled connection for every queued request on each pool event, and
 retries a request it assigned to a connection that was not free yet — with 100
 connections kept alive, 400 chats cost ~5,900 send attempts and 8 M `is_idle` calls,
-and the first byte of a reused-connection wave came 1.5–2.4 s late where a fresh client's
+and the first byte of a reused-connection wave came 1.5 to 2.4 s late where a fresh client's
 came in 150 ms (docs/operations.md has the figures). A client that writes the same
 requests on the same sockets itself sees no difference. So the daemon's side is proved
 here with plain sockets — every request on a reused connection answered on that

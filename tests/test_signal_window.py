@@ -39,22 +39,26 @@ async def test_sigterm_while_startup_waits_on_the_store_is_a_clean_stop(
     config.write_text(f'[server]\nport = 0\ndata_dir = "{data}"\nstore_busy_timeout_s = 30\n')
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")  # the daemon's first write waits on this
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "daemon", "serve", "--config", str(config)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        with trio.fail_after(30):
-            while not _has_open(proc.pid, db):  # it reached its store: signals are set
-                assert proc.poll() is None, proc.communicate()
-                await trio.sleep(0.01)
-        proc.send_signal(signal.SIGTERM)
-        holder.execute("ROLLBACK")
-        holder.close()
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    err_path = tmp_path / "stderr"
+    with err_path.open("wb") as err_file:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "daemon", "serve", "--config", str(config)],
+            stdout=subprocess.DEVNULL, stderr=err_file)
+        try:
+            with trio.fail_after(30):
+                while not _has_open(proc.pid, db):  # it reached its store: signals are set
+                    assert proc.returncode is None, err_path.read_text()
+                    await trio.sleep(0.01)
+            proc.send_signal(signal.SIGTERM)
+            holder.execute("ROLLBACK")
+            holder.close()
+            with trio.fail_after(30):
+                await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    err = err_path.read_text()
     assert proc.returncode == 0, (proc.returncode, err)
     assert "received SIGTERM" in err, err
     assert "Traceback" not in err, err

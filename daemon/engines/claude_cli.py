@@ -301,7 +301,8 @@ class ClaudeCliEngine:
                     yield event
             code = await process.wait()
             if code != 0:
-                stderr_tail = _tail(stderr_path)
+                # Off the Trio thread: a disk read can block (a CLI that wrote a lot).
+                stderr_tail = await trio.to_thread.run_sync(_tail, stderr_path)
                 if ctx.engine_session_id and "No conversation found" in stderr_tail:
                     # Its HOME lost that conversation: say so, and let the next turn
                     # start a new one instead of failing on it forever.
@@ -314,8 +315,12 @@ class ClaudeCliEngine:
 
 
 def _tail(path: Path) -> str:
+    """The last lines of the CLI's stderr file; reads only its last STDERR_TAIL bytes."""
     try:
-        data = path.read_bytes()[-STDERR_TAIL:]
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - STDERR_TAIL))
+            data = f.read(STDERR_TAIL)
     except OSError:
         return ""
     lines = deque(data.decode("utf-8", "replace").strip().splitlines(), maxlen=5)
