@@ -40,9 +40,11 @@ async def add(a: int, b: int) -> str:
 
 
 @app.tool()
-async def steps(count: int, ctx: Context) -> str:
-    """Report `count` progress steps, then finish."""
+async def steps(count: int, ctx: Context, pause_s: float = 0) -> str:
+    """Report `count` progress steps (`pause_s` apart), then finish."""
     for i in range(count):
+        if i and pause_s:
+            await anyio.sleep(pause_s)
         await ctx.report_progress(i + 1, count, f"step {i + 1} of {count}")
     return f"did {count} steps"
 
@@ -75,6 +77,19 @@ async def crash() -> str:
 async def where() -> str:
     """The server's cwd and MCP_TEST_ECHO."""
     return f"cwd={os.getcwd()} echo={os.environ.get('MCP_TEST_ECHO', '')}"
+
+
+@app.tool()
+async def grow(ctx: Context) -> str:
+    """Add a tool named `grown` and tell the client the tool list changed."""
+
+    async def grown() -> str:
+        """A tool that was not there at first."""
+        return "grown here"
+
+    app.add_tool(grown, name="grown")
+    await ctx.session.send_tool_list_changed()
+    return "grew"
 
 
 @app.tool(name="odd.name with spaces")

@@ -166,6 +166,19 @@ async def test_progress_streams_before_the_result_and_is_error_is_kept(
     assert "no way" in contents[1]
 
 
+async def test_the_tool_list_is_followed_when_it_changes(
+        tmp_path: Path, provider: Provider, record: Path) -> None:
+    async with stdio_daemon(tmp_path, provider, record) as d:
+        server = await wait_status(d, "t", "ready")
+        assert "t__grown" not in server["tools"]
+        await chat(d, call("t__grow"))
+        await wait_status(d, "t", lambda s: "t__grown" in s["tools"])
+        body = await chat(d, call("t__grown"))
+        assert await tool_messages(d, body["sessionId"]) == ["grown here"]
+    offered = [t["function"]["name"] for t in provider.served[-2].tools or []]
+    assert "t__grown" in offered
+
+
 async def test_cancel_sends_cancelled_and_publishes_no_result(
         tmp_path: Path, provider: Provider, record: Path) -> None:
     async with stdio_daemon(tmp_path, provider, record) as d:
