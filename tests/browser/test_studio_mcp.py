@@ -41,11 +41,12 @@ async def test_an_mcp_call_streams_its_progress_and_result(
                     const t = window.__t.turn(id);
                     const ok = t.querySelector('{steps}');
                     const bad = t.querySelector('{CALL.format(name="t__refuse")}');
+                    const res = (el) => el.querySelector('.tool-result');
                     return {{ args: ok.querySelector('.tool-args pre').textContent,
-                              result: ok.querySelector('.tool-result').textContent,
-                              okError: ok.querySelector('.tool-result').classList.contains('error'),
-                              badError: bad.querySelector('.tool-result').classList.contains('error'),
-                              badResult: bad.querySelector('.tool-result').textContent }}; }}""",
+                              result: res(ok).textContent,
+                              okError: res(ok).classList.contains('error'),
+                              badError: res(bad).classList.contains('error'),
+                              badResult: res(bad).textContent }}; }}""",
                                      turn)
                 await tab.screenshot("mcp-call")
     assert output == [["stdout", "step 1 of 3\nstep 2 of 3\nstep 3 of 3\n"]]
