@@ -37,7 +37,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from daemon.clock import now_ms
 from daemon.config import McpServerConfig
 from daemon.mcp.names import model_name
-from daemon.tools.base import ToolOutcome
+from daemon.tools.base import ToolContext, ToolOutcome
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class McpServerTool:
         self.description = tool.description or ""
         self.parameters: dict[str, Any] = dict(tool.inputSchema)
 
-    async def run(self, ctx: Any, args: dict[str, Any]) -> ToolOutcome:
+    async def run(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         offset = 0
 
         def on_progress(text: str) -> None:
