@@ -12,12 +12,13 @@ not JSON or not shaped like one — raises ProviderError. There is no partial su
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import msgspec
 
 from daemon.errors import ProviderError
 from daemon.llm.jsonload import load_object
@@ -56,6 +57,31 @@ class ModelDelta:
 
 
 Delta = ContentDelta | ReasoningDelta | ToolCallDelta | UsageDelta | ModelDelta
+
+
+# The hot path's view of a chunk: msgspec decodes straight into these, skipping every
+# field we do not read. A chunk they do not fit (another shape, an `error`, a lone
+# surrogate) takes the general path (`_State._chunk` over a dict), which judges it.
+class _WireDelta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[Any] | None = None
+
+
+class _WireChoice(msgspec.Struct):
+    delta: _WireDelta | None = None
+    finish_reason: str | None = None
+
+
+class _WireChunk(msgspec.Struct):
+    model: str | None = None
+    choices: list[_WireChoice] | None = None
+    usage: dict[str, Any] | None = None
+    error: Any = msgspec.UNSET
+
+
+_decode_chunk = msgspec.json.Decoder(_WireChunk).decode
 
 
 class OpenAIClient:
@@ -106,7 +132,7 @@ class _State:
                     self.finished = self.done = True
                     break
                 if payload:
-                    self._chunk(_parse_chunk(payload))
+                    self._payload(payload)
         except ProviderError as exc:
             self.failure = exc
         self._end_run()
@@ -130,7 +156,36 @@ class _State:
             self.kind = None
             self.run = []
 
+    def _payload(self, payload: bytes) -> None:
+        try:
+            chunk = _decode_chunk(payload)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            self._chunk(_parse_chunk(payload))
+            return
+        if chunk.error is not msgspec.UNSET:
+            self._chunk(_parse_chunk(payload))
+            return
+        model = chunk.model
+        if model and model != self.model:
+            self.model = model
+            self._other(ModelDelta(model))
+        for choice in chunk.choices or ():
+            delta = choice.delta
+            if delta is not None:
+                reasoning = delta.reasoning_content or delta.reasoning
+                if reasoning:
+                    self._text(ReasoningDelta, reasoning)
+                if delta.content:
+                    self._text(ContentDelta, delta.content)
+                if delta.tool_calls:
+                    self._shaped(self._tool_calls, delta.tool_calls)
+            if choice.finish_reason:
+                self.finished = True
+        if chunk.usage:
+            self._shaped(self._usage, chunk.usage)
+
     def _chunk(self, chunk: dict[str, Any]) -> None:
+        """The general path: any chunk, as a dict."""
         model = chunk.get("model")
         if model and model != self.model and isinstance(model, str):
             self.model = model
@@ -144,27 +199,40 @@ class _State:
                 content = delta.get("content")
                 if content:
                     self._text(ContentDelta, str(content))
-                for tc in delta.get("tool_calls") or ():
-                    fn = tc.get("function") or {}
-                    self._other(ToolCallDelta(
-                        index=int(tc.get("index", 0)),
-                        id=tc.get("id"),
-                        name=fn.get("name"),
-                        arguments=fn.get("arguments") or "",
-                    ))
+                self._tool_calls(delta.get("tool_calls") or ())
                 if choice.get("finish_reason"):
                     self.finished = True
             usage = chunk.get("usage")
             if usage:
-                details = usage.get("prompt_tokens_details") or {}
-                self._other(UsageDelta(
-                    prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                    completion_tokens=int(usage.get("completion_tokens") or 0),
-                    cached_tokens=int(details.get("cached_tokens") or 0),
-                    cost=float(usage.get("cost") or 0.0),
-                ))
+                self._usage(usage)
         except (AttributeError, TypeError, ValueError) as exc:
             raise ProviderError(f"provider sent a chunk of the wrong shape: {exc}") from exc
+
+    @staticmethod
+    def _shaped(part: Callable[[Any], None], value: Any) -> None:
+        try:
+            part(value)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ProviderError(f"provider sent a chunk of the wrong shape: {exc}") from exc
+
+    def _tool_calls(self, calls: Any) -> None:
+        for tc in calls:
+            fn = tc.get("function") or {}
+            self._other(ToolCallDelta(
+                index=int(tc.get("index", 0)),
+                id=tc.get("id"),
+                name=fn.get("name"),
+                arguments=fn.get("arguments") or "",
+            ))
+
+    def _usage(self, usage: Any) -> None:
+        details = usage.get("prompt_tokens_details") or {}
+        self._other(UsageDelta(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            cached_tokens=int(details.get("cached_tokens") or 0),
+            cost=float(usage.get("cost") or 0.0),
+        ))
 
 
 def _parse_chunk(payload: bytes) -> dict[str, Any]:
