@@ -222,11 +222,11 @@ class ChunkEncoder:
         if tool is not None:
             head["data"] = {"toolCallId": tool[0], "toolName": tool[1]}
         self._mid: bytes | None = None  # None: every envelope goes through build
-        self._tail = b"}}"
+        self._tail = b""  # tool.chunk: what goes between the content and the offset
         try:
             constant = orjson.dumps(head)
             if tool is not None:
-                self._tail = b',"stream":' + orjson.dumps(tool[2]) + b',"offset":%d}}'
+                self._tail = b',"stream":' + orjson.dumps(tool[2]) + b',"offset":'
         except (orjson.JSONEncodeError, TypeError):
             return
         if tool is None:
@@ -255,11 +255,14 @@ class ChunkEncoder:
         if mid is None:
             return build(seq, ts, STREAM, self.ref, {"data": self.data(content, offset)},
                          turn_id=self.turn_id, event_type=self.event_type)
-        tail = self._tail if self._tool is None else self._tail % offset
+        if self._tool is None:
+            data = b'{"seq":%d,"type":"session.stream","ts":%d%b%b}}' % (seq, ts, mid, text)
+        else:
+            data = b'{"seq":%d,"type":"session.stream","ts":%d%b%b%b%d}}' % (
+                seq, ts, mid, text, self._tail, offset)
         ref = self.ref
-        return Envelope(
-            seq, STREAM, ref.session_id, ref.lineage, self.turn_id, self.event_type, None,
-            b'{"seq":%d,"type":"session.stream","ts":%d%b%b%b' % (seq, ts, mid, text, tail))
+        return Envelope(seq, STREAM, ref.session_id, ref.lineage, self.turn_id,
+                        self.event_type, None, data)
 
 
 # -- payloads ---------------------------------------------------------------------------
