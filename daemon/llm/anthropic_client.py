@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import msgspec
 
 from daemon.errors import ProviderError
 from daemon.llm.jsonload import load_object
@@ -59,6 +60,26 @@ Event = MessageStart | BlockStart | BlockDelta | MessageEnd
 _DELTA_FIELDS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", "thinking"),
                  "signature_delta": ("signature", "signature"),
                  "input_json_delta": ("input_json", "partial_json")}
+
+
+# The hot path's view of an event: msgspec decodes a content_block_delta straight into
+# these (skipping what we do not read). Any other event, or one they do not fit, takes
+# the general path over a dict, which judges it.
+class _WireDelta(msgspec.Struct):
+    type: str
+    text: str | None = None
+    thinking: str | None = None
+    signature: str | None = None
+    partial_json: str | None = None
+
+
+class _WireEvent(msgspec.Struct):
+    type: str
+    index: int | None = None
+    delta: _WireDelta | None = None
+
+
+_decode_event = msgspec.json.Decoder(_WireEvent).decode
 
 
 class AnthropicClient:
@@ -123,7 +144,23 @@ class _State:
         self._end_run()
         self.out.append(event)
 
+    def _delta(self, index: int, kind: str, text: str) -> None:
+        if self.run and (index != self.run_index or kind != self.run_kind):
+            self._end_run()
+        self.run_index, self.run_kind = index, kind
+        self.run.append(text)
+
     def _event(self, payload: bytes) -> None:
+        try:
+            wire = _decode_event(payload)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            wire = None
+        if (wire is not None and wire.type == "content_block_delta"
+                and wire.index is not None and wire.delta is not None):
+            field = _DELTA_FIELDS.get(wire.delta.type)
+            if field is not None:
+                self._delta(wire.index, field[0], getattr(wire.delta, field[1]) or "")
+            return
         event = load_object(payload, "event from the provider")
         try:
             kind = event["type"]
@@ -131,11 +168,7 @@ class _State:
                 delta = event["delta"]
                 field = _DELTA_FIELDS.get(delta["type"])
                 if field is not None:
-                    index = int(event["index"])
-                    if self.run and (index != self.run_index or field[0] != self.run_kind):
-                        self._end_run()
-                    self.run_index, self.run_kind = index, field[0]
-                    self.run.append(str(delta.get(field[1]) or ""))
+                    self._delta(int(event["index"]), field[0], str(delta.get(field[1]) or ""))
             elif kind == "message_start":
                 message = event["message"]
                 usage = message.get("usage") or {}
