@@ -21,6 +21,7 @@ import trio
 from tests.harness import (
     CHUNKS,
     Provider,
+    Running,
     assert_one_terminal_last,
     open_daemon,
     open_recorder,
@@ -35,6 +36,16 @@ base_url = "{url}"
 [agents.raw]
 engine = "openai"
 provider = "raw"
+model = "raw-model"
+tools = []
+
+[providers.rawmessages]
+type = "anthropic"
+base_url = "{root}"
+
+[agents.messages]
+engine = "anthropic"
+provider = "rawmessages"
 model = "raw-model"
 tools = []
 """
@@ -89,6 +100,21 @@ def stepped(steps: Sequence[Step]) -> Any:
     return behaviour
 
 
+def _agents(rawp: RawProvider) -> str:
+    return AGENTS.format(url=rawp.url, root=rawp.url.removesuffix("/v1"))
+
+
+def event(obj: dict[str, Any]) -> bytes:
+    """A Messages API server-sent event."""
+    return f"event: {obj['type']}\ndata: {json.dumps(obj)}\n\n".encode()
+
+
+def block_deltas(index: int, kind: str, *texts: str) -> bytes:
+    field = {"text_delta": "text", "thinking_delta": "thinking"}[kind]
+    return b"".join(event({"type": "content_block_delta", "index": index,
+                           "delta": {"type": kind, field: t}}) for t in texts)
+
+
 @pytest.fixture
 async def rawp() -> AsyncIterator[RawProvider]:
     async with open_raw_provider() as p:
@@ -111,7 +137,7 @@ async def test_one_read_is_one_event_and_a_lone_delta_goes_at_once(
     quiet, later = trio.Event(), trio.Event()
     rawp.plan = [stepped([content(*words), quiet, content("alone "), later,
                           content("é😀 ", "\"q\"\n") + END])]
-    async with open_daemon(tmp_path, provider, extra=AGENTS.format(url=rawp.url)) as daemon, \
+    async with open_daemon(tmp_path, provider, extra=_agents(rawp)) as daemon, \
             open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
         with trio.fail_after(GUARD_S):
             nursery.start_soon(daemon.chat, "hi", "raw")
@@ -145,7 +171,7 @@ async def test_kinds_keep_their_order_within_one_read(
     rawp.plan = [stepped([
         reasoning("t1 ", "t2 ", "t3 ") + content("c1 ", "c2 ") + reasoning("t4 ")
         + content("c3 ", "c4 ", "c5") + END])]
-    async with open_daemon(tmp_path, provider, extra=AGENTS.format(url=rawp.url)) as daemon, \
+    async with open_daemon(tmp_path, provider, extra=_agents(rawp)) as daemon, \
             open_recorder(daemon.ws_url) as rec:
         with trio.fail_after(GUARD_S):
             body = (await daemon.chat("hi", "raw")).json()
@@ -162,7 +188,7 @@ async def test_a_cancel_drops_what_the_daemon_holds(
     release = trio.Event()
     rawp.plan = [stepped([content("a ", "b ", "c "), release,
                           content(*[f"late{i} " for i in range(50)]) + END])]
-    async with open_daemon(tmp_path, provider, extra=AGENTS.format(url=rawp.url)) as daemon, \
+    async with open_daemon(tmp_path, provider, extra=_agents(rawp)) as daemon, \
             open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
         with trio.fail_after(GUARD_S):
             nursery.start_soon(daemon.chat, "hi", "raw")
@@ -188,7 +214,7 @@ async def test_a_budget_cancel_drops_the_rest_of_its_read(
                                "total_tokens": 103})
     rawp.plan = [stepped([content("a ", "b ", "c ") + usage
                           + content(*[f"over{i} " for i in range(20)]) + END])]
-    async with open_daemon(tmp_path, provider, extra=AGENTS.format(url=rawp.url)) as daemon, \
+    async with open_daemon(tmp_path, provider, extra=_agents(rawp)) as daemon, \
             open_recorder(daemon.ws_url) as rec:
         with trio.fail_after(GUARD_S):
             body = (await daemon.chat("hi", "raw", budgetTokens=10)).json()
@@ -203,3 +229,44 @@ async def test_a_budget_cancel_drops_the_rest_of_its_read(
         usage_seq = next(e["seq"] for e in stream if e["eventType"] == "usage")
         assert not [e for e in stream if e["eventType"] in CHUNKS and e["seq"] > usage_seq]
 
+
+
+async def test_messages_api_deltas_of_one_read_are_one_event_per_block_and_kind(
+        tmp_path: Path, provider: Provider, rawp: RawProvider) -> None:
+    start = event({"type": "message_start", "message": {
+        "model": "raw-model", "usage": {"input_tokens": 5}}})
+    more = trio.Event()
+    rawp.plan = [stepped([
+        start + event({"type": "content_block_start", "index": 0,
+                       "content_block": {"type": "thinking", "thinking": ""}})
+        + block_deltas(0, "thinking_delta", "t1 ", "t2 ")
+        + event({"type": "content_block_stop", "index": 0})
+        + event({"type": "content_block_start", "index": 1,
+                 "content_block": {"type": "text", "text": ""}})
+        + block_deltas(1, "text_delta", *[f"m{i} " for i in range(30)]),
+        more,
+        block_deltas(1, "text_delta", "end")
+        + event({"type": "content_block_stop", "index": 1})
+        + event({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                 "usage": {"output_tokens": 33}})
+        + event({"type": "message_stop"})])]
+    answers: list[dict[str, Any]] = []
+
+    async def chat(daemon: Running) -> None:
+        answers.append((await daemon.chat("hi", "messages")).json())
+
+    async with open_daemon(tmp_path, provider, extra=_agents(rawp)) as daemon, \
+            open_recorder(daemon.ws_url) as rec:
+        with trio.fail_after(GUARD_S):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(chat, daemon)
+                turn_id = await _turn_id(rec)
+                await rec.wait_for(lambda evs: ("inference.chunk", "m0 ") in [
+                    (k, c[:3]) for k, c in _chunks(evs, turn_id)])
+                more.set()  # the last delta comes in a read of its own
+            body = answers[0]
+            await rec.terminal(body["turnId"])
+        words = "".join(f"m{i} " for i in range(30))
+        assert body["content"] == words + "end"
+        assert _chunks(rec.stream(body["turnId"]), body["turnId"]) == [
+            ("thinking.chunk", "t1 t2 "), ("inference.chunk", words), ("inference.chunk", "end")]
