@@ -27,8 +27,11 @@ lint: $(STAMP)
 
 # The peers' packages are installed here only; one that cannot install is a row that
 # says so (bench/peers.py), so the install may fail without stopping the bench.
-bench: $(STAMP)
-	$(PY) -m pip install --quiet -e '.[bench]' || echo "bench: the peers did not install"
+$(VENV)/.bench-installed: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]' && touch $@ \
+		|| echo "bench: the peers did not install; their rows will say so"
+
+bench: $(VENV)/.bench-installed
 	$(PY) -m bench.run
 
 screenshots: $(STAMP)
