@@ -86,8 +86,12 @@ async def _measure(name: str, provider: str, tokens: int) -> dict[str, object]:
     return {"rate": tokens / (last - first), "cpu_s": _cpu() - cpu, "text": "".join(pieces)}
 
 
-async def peer_rows(provider: str, ledger: Ledger, ours: float, bare: float) -> list[Row]:
-    """One row per peer: its tokens/s and CPU; `ours`/`bare`: P1's rates, same run."""
+async def peer_rows(provider: str, ledger: Ledger, p1: list[Row]) -> list[Row]:
+    """Two rows per peer: its tokens/s and its CPU per token, next to the bare client's
+    (and veild's) from P1's rows of the same run."""
+    rate_row = next((r for r in p1 if r.name.startswith("P1 ") and "tokens/s" in r.name),
+                    None)
+    cpu_row = next((r for r in p1 if r.name.startswith("P1 ") and "CPU" in r.name), None)
     rows = []
     for name, (label, _) in PEERS.items():
         result = await trio.run_process(
@@ -99,12 +103,22 @@ async def peer_rows(provider: str, ledger: Ledger, ours: float, bare: float) -> 
             continue
         got = json.loads(result.stdout)
         ledger.check(f"peer {name}", 1, str(got["text"]), words(TOKENS))
-        rate = float(got["rate"])
-        rows.append(Row(f"peer: {label}, tokens/s", f"{rate:,.0f}", f"{bare:,.0f}",
-                        f"{rate / bare:.2f}x",
-                        note=f"{TOKENS:,} tokens; its CPU {got['cpu_s'] / TOKENS * 1e6:.0f} "
-                             f"µs/token; veild's P1 rate is {ours / rate:.1f}x this"))
+        rate, us = float(got["rate"]), float(got["cpu_s"]) / TOKENS * 1e6
+        rows.append(_beside(f"peer: {label}, tokens/s", rate, rate_row, ",.0f", "its process"))
+        rows.append(_beside(f"peer: {label}, CPU µs per token", us, cpu_row, ".1f",
+                            "getrusage of its process while it streamed"))
     return rows
+
+
+def _beside(name: str, figure: float, p1: Row | None, fmt: str, how: str) -> Row:
+    """A peer's figure with the bare client's (and veild's) of P1 beside it."""
+    if p1 is None or not p1.bare:
+        return Row(name, format(figure, fmt), note=f"{TOKENS:,} tokens, {how}")
+    bare = float(p1.bare.replace(",", ""))
+    ours = float(p1.figure.replace(",", ""))
+    return Row(name, format(figure, fmt), p1.bare, f"{figure / bare:.2f}x",
+               note=f"{TOKENS:,} tokens, {how}; veild's P1 figure {p1.figure} "
+                    f"({ours / figure:.2f}x this)")
 
 
 if __name__ == "__main__":

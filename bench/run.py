@@ -75,11 +75,7 @@ async def main() -> int:
             await _phase("extras", lambda: extras.extra_rows(daemon, ledger), ledger, extra)
         await _phase("P5 publish", lambda: publish.filtered(ledger), ledger, rows)
         await _phase("durable log", lambda: publish.durable_log(ledger), ledger, extra)
-        p1 = next((r for r in rows if r.name.startswith("P1 ") and r.bare), None)
-        ours = float(p1.figure.replace(",", "")) if p1 else 0.0
-        bare = float(p1.bare.replace(",", "")) if p1 else 0.0
-        await _phase("peers", lambda: peers.peer_rows(mock.url, ledger, ours, bare), ledger,
-                     rows)
+        await _phase("peers", lambda: peers.peer_rows(mock.url, ledger, rows), ledger, rows)
     print(render([*rows, Row("-- extras (no target) --", ""), *extra], header))
     if ledger.losses:
         print(f"LOST: {len(ledger.losses)} problems in {ledger.turns} turns checked:")
