@@ -31,6 +31,7 @@ from bench.procs import open_daemon, open_mock
 from bench.table import Ledger, Row, render
 
 Phase = Callable[[], Awaitable[list[Row]]]
+PHASE_LIMIT_S = 600
 
 
 async def _phase(name: str, run: Phase, ledger: Ledger, rows: list[Row]) -> None:
@@ -39,7 +40,11 @@ async def _phase(name: str, run: Phase, ledger: Ledger, rows: list[Row]) -> None
     started = time.perf_counter()
     print(f"bench: {name} …", file=sys.stderr, flush=True)
     try:
-        rows.extend(await run())
+        with trio.fail_after(PHASE_LIMIT_S):  # a lost terminal must not hang the bench
+            rows.extend(await run())
+    except trio.TooSlowError:
+        rows.append(Row(name, "FAILED", note=f"not done after {PHASE_LIMIT_S} s"))
+        ledger.lost(f"{name}: not done after {PHASE_LIMIT_S} s (a turn that never ended?)")
     except Exception as exc:
         rows.append(Row(name, "FAILED", note=f"{type(exc).__name__}: {exc}"[:300]))
         ledger.lost(f"{name} failed: {type(exc).__name__}: {exc}")
@@ -82,7 +87,8 @@ async def main() -> int:
         for loss in ledger.losses[:30]:
             print(f"  {loss}")
         return 1
-    print(f"every run: {ledger.turns:,} turns checked, each with exactly one terminal; "
+    print(f"every run: {ledger.turns:,} turns and bare/peer streams checked, each with "
+          "exactly one terminal; "
           f"{ledger.tokens:,} tokens, each delivered once, in order, as the mock sent it")
     return 0
 
