@@ -4,7 +4,10 @@ A collector subscribes once (`batch=1`, as Studio and `veild tail` do) and, for 
 turn it sees, keeps the content of its inference chunks, its terminals, when its first
 and last chunk arrived, and, for stamped words (daemon.mock.script `stamp`), the delay
 from the mock writing each word to this process receiving the frame that held it.
-Per event it does little, so that it is not what limits the rate it measures.
+Per event it does little, so that it is not what limits the rate it measures. Closed
+with 1013 (it fell behind, CONTRACT §7) it resumes as a client should, with `since=` the
+last seq it holds, and counts that; replay has no gap and no double, so the per-turn
+records stay whole (a `stream.gap` frame is counted too, and shows as lost words).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ MAX_MESSAGE = 256 * 1024 * 1024
 class TurnRecord:
     session_id: str
     parent_session_id: str | None
+    root_session_id: str
     depth: int
     pieces: list[str] = field(default_factory=list)
     terminals: list[dict[str, Any]] = field(default_factory=list)
@@ -49,6 +53,9 @@ class Collector:
     chunk_events: int = 0
     latencies_ns: list[int] = field(default_factory=list)
     stamped: bool = False
+    last_seq: int | None = None
+    resumes: int = 0  # reconnections after a 1013 (lagged)
+    gaps: int = 0
     closed: ConnectionClosed | None = None
     _changed: trio.Event = field(default_factory=trio.Event)
 
@@ -56,13 +63,16 @@ class Collector:
         turn = self.turns.get(e["turnId"])
         if turn is None:
             turn = self.turns[e["turnId"]] = TurnRecord(
-                e["sessionId"], e["parentSessionId"], e["depth"])
+                e["sessionId"], e["parentSessionId"], e["rootSessionId"], e["depth"])
         return turn
 
     def _take(self, frame: Any, now: float, now_ns: int) -> None:
         for e in frame if isinstance(frame, list) else (frame,):
+            if "seq" in e and e.get("type") != "hello":
+                self.last_seq = e["seq"]
             kind = e.get("eventType")
             if kind is None:
+                self.gaps += e.get("type") == "stream.gap"
                 continue
             turn = self._record(e)
             if kind == "inference.chunk":
@@ -97,7 +107,27 @@ class Collector:
                 self._changed = trio.Event()
         except ConnectionClosed as exc:
             self.closed = exc
-            self._changed.set()
+
+    async def serve(self, ws_url: str, *,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Subscribe (ready once the first hello arrived), then take frames; after a
+        1013, subscribe again from the last seq taken."""
+        since = ""
+        while True:
+            async with open_websocket_url(ws_url + since, max_message_size=MAX_MESSAGE,
+                                          message_queue_size=64) as ws:
+                hello = json.loads(await ws.get_message())
+                assert hello["type"] == "hello", hello
+                if not since:
+                    task_status.started()
+                await self._pump(ws)
+            reason = self.closed.reason if self.closed is not None else None
+            if reason is None or reason.code != 1013:
+                self._changed.set()
+                return
+            self.closed = None
+            self.resumes += 1
+            since = f"&since={self.last_seq or 0}"
 
     async def wait(self, predicate: Callable[[], bool]) -> None:
         """Until `predicate()` holds (checked once per frame received)."""
@@ -111,16 +141,11 @@ class Collector:
 async def open_collector(url: str, *, stamped: bool = False, types: str = TYPES,
                          session_ids: str = "") -> AsyncIterator[Collector]:
     query = f"batch=1&types={types}" + (f"&sessionIds={session_ids}" if session_ids else "")
-    ws_url = url.replace("http://", "ws://") + "/ws?" + query
-    async with open_websocket_url(ws_url, max_message_size=MAX_MESSAGE,
-                                  message_queue_size=64) as ws:
-        hello = json.loads(await ws.get_message())
-        assert hello["type"] == "hello", hello
-        col = Collector(stamped=stamped)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(col._pump, ws)
-            yield col
-            nursery.cancel_scope.cancel()
+    col = Collector(stamped=stamped)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(col.serve, url.replace("http://", "ws://") + "/ws?" + query)
+        yield col
+        nursery.cancel_scope.cancel()
 
 
 def script(**spec: Any) -> str:

@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -46,10 +47,19 @@ async def _phase(name: str, run: Phase, ledger: Ledger, rows: list[Row]) -> None
         rows.append(Row(name, "FAILED", note=f"not done after {PHASE_LIMIT_S} s"))
         ledger.lost(f"{name}: not done after {PHASE_LIMIT_S} s (a turn that never ended?)")
     except Exception as exc:
-        rows.append(Row(name, "FAILED", note=f"{type(exc).__name__}: {exc}"[:300]))
-        ledger.lost(f"{name} failed: {type(exc).__name__}: {exc}")
+        traceback.print_exc()
+        what = "; ".join(f"{type(e).__name__}: {e}" for e in _leaves(exc))
+        rows.append(Row(name, "FAILED", note=what[:300]))
+        ledger.lost(f"{name} failed: {what}")
     print(f"bench: {name} took {time.perf_counter() - started:.0f} s", file=sys.stderr,
           flush=True)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions themselves, out of the nurseries' groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
 
 
 def _header() -> str:

@@ -51,6 +51,7 @@ async def p1(daemon: Proc, mock: Proc, ledger: Ledger) -> list[Row]:
     expected = words(P1_TOKENS)
     message = script(say=P1_TOKENS)
     ours, theirs, reader_cpu, bare_cpu, daemon_cpu = [], [], [], [], []
+    resumes = 0
     for run in range(P1_RUNS):  # alternating, so that load on the machine hits both alike
         cpu = self_cpu_seconds()
         s = await bare.one_stream(mock.url, message)
@@ -62,6 +63,7 @@ async def p1(daemon: Proc, mock: Proc, ledger: Ledger) -> list[Row]:
             await chats(daemon, [message], col)
             reader_cpu.append(self_cpu_seconds() - cpu)
             daemon_cpu.append(cpu_seconds(daemon.pid) - ours_cpu)
+        resumes += col.resumes
         (turn,) = col.turns.values()
         ledger.check(f"P1 daemon run {run}", len(turn.terminals), turn.content, expected)
         ours.append(P1_TOKENS / (turn.last_chunk - turn.first_chunk))
@@ -73,7 +75,8 @@ async def p1(daemon: Proc, mock: Proc, ledger: Ledger) -> list[Row]:
             f"{a / b:.2f}x", "≥ 1.5x", a / b >= 1.5,
             f"{P1_TOKENS:,} one-token chunks, median of {P1_RUNS} alternating runs; "
             f"daemon {', '.join(f'{x:,.0f}' for x in ours)}; "
-            f"bare {', '.join(f'{x:,.0f}' for x in theirs)}"),
+            f"bare {', '.join(f'{x:,.0f}' for x in theirs)}"
+            + (f"; the /ws reader fell behind and resumed {resumes} times" if resumes else "")),
         Row("P1 one stream: CPU µs per token", f"{us_ours:.1f}", f"{us_bare:.1f}",
             f"{us_ours / us_bare:.2f}x",
             note="daemon process (/proc) against the bare client's own (getrusage); the "
@@ -106,7 +109,9 @@ async def p2(daemon: Proc, mock: Proc, ledger: Ledger) -> list[Row]:
         Row("P2 100 paced streams: CPU s (user+sys)", f"{cpu:.2f}", f"{res.cpu_s:.2f}",
             f"{cpu / res.cpu_s:.2f}x", "≤ 1.0x", cpu / res.cpu_s <= 1.0,
             f"{P2_STREAMS} x {P2_TOKENS} tokens at {1000 // P2_DELAY_MS} tok/s; "
-            f"{cpu / words_ * 1e6:.1f} vs {res.cpu_s / words_ * 1e6:.1f} µs CPU per token"),
+            f"{cpu / words_ * 1e6:.1f} vs {res.cpu_s / words_ * 1e6:.1f} µs CPU per token"
+            + (f"; the /ws reader fell behind and resumed {col.resumes} times"
+               if col.resumes else "")),
         Row("P2 p99 emit→receipt, ms", f"{ours_p99:.2f}", f"{bare_p99:.2f}",
             f"{ours_p99 / bare_p99:.2f}x", "≤ 1.5x", ours_p99 <= 1.5 * bare_p99,
             "the mock stamps each word with time.time_ns() as it writes it; receipt = "
