@@ -52,8 +52,9 @@ async def cancel_loop(daemon: Proc, http: httpx.AsyncClient, runs: int, ledger: 
                 turn = list(col.turns.values())[i]
                 await col.wait(lambda turn=turn: bool(turn.terminals))  # type: ignore[misc]
                 out.append((turn.ended_at - answered) * 1000)
-    for i, turn in enumerate(col.turns.values()):
-        ledger.prefix(f"{what} cancelled turn {i}", len(turn.terminals), turn.content)
+    for i, (k, turn) in enumerate(col.turns.items()):
+        ledger.prefix(f"{what} cancelled turn {i}, {turn.describe(k)}", len(turn.terminals),
+                      turn.content)
         if turn.chunks_after_terminal:
             ledger.lost(f"{what} cancelled turn {i}: {turn.chunks_after_terminal} chunks "
                         "after its terminal")

@@ -57,22 +57,23 @@ async def _fan_out(daemon: Proc, n: int, ledger: Ledger) -> tuple[float, float, 
         await col.wait(lambda: col.ended_by_depth.get(1, 0) >= n)
         await _quiet(http, col)
         cpu = cpu_seconds(daemon.pid) - cpu
-    children = [t for t in col.turns.values() if t.depth == 1]
+    children = [(k, t) for k, t in col.turns.items() if t.depth == 1]
     parents = [t for t in col.turns.values() if t.depth == 0]
     if len(children) != n:
         ledger.lost(f"P3 n={n}: {len(children)} child turns seen, {n} spawned")
     expected = words(CHILD_TOKENS)
-    for i, t in enumerate(children):
-        ledger.check(f"P3 n={n} child {i}", len(t.terminals), t.content, expected)
+    for i, (k, t) in enumerate(children):
+        what = f"P3 n={n} child {i}, {t.describe(k)}"
+        ledger.check(what, len(t.terminals), t.content, expected)
         if t.chunks_after_terminal:
-            ledger.lost(f"P3 n={n} child {i}: {t.chunks_after_terminal} chunks after terminal")
+            ledger.lost(f"{what}: {t.chunks_after_terminal} chunks after terminal")
     for i, t in enumerate(parents):
         if len(t.terminals) != 1:
             ledger.lost(f"P3 n={n} parent turn {i}: {len(t.terminals)} terminals")
         ledger.turns += 1
-    overlap = _most_at_once(children)
+    overlap = _most_at_once([t for _, t in children])
     tool_call = min(t.first_tool for t in parents if t.first_tool)
-    last_first = max(t.first_chunk for t in children)
+    last_first = max(t.first_chunk for _, t in children)
     return cpu / n, last_first - tool_call, overlap
 
 

@@ -44,6 +44,14 @@ class TurnRecord:
     def content(self) -> str:
         return "".join(self.pieces)
 
+    def describe(self, turn_id: str) -> str:
+        """The turn and how it ended, for a loss report."""
+        ends = ", ".join(
+            e["eventType"] + (f" {e['data'].get('code')}: {e['data'].get('message')}"
+                              if e["eventType"] == "error" else "")
+            for e in self.terminals)
+        return f"turn {turn_id} of session {self.session_id} (ended: {ends or 'never'})"
+
 
 @dataclass
 class Collector:

@@ -68,8 +68,9 @@ async def _run(daemon: Proc, ledger: Ledger, what: str) -> tuple[list[int], int]
         await chats(daemon, [script(say=TOKENS, delay_ms=P2_DELAY_MS, stamp=True)] * TURNS,
                     col)
         nursery.cancel_scope.cancel()
-    for i, turn in enumerate(col.turns.values()):
-        ledger.stamped(f"P5 {what} turn {i}", len(turn.terminals), turn.content, TOKENS)
+    for i, (k, turn) in enumerate(col.turns.items()):
+        ledger.stamped(f"P5 {what} turn {i}, {turn.describe(k)}", len(turn.terminals),
+                       turn.content, TOKENS)
     return col.latencies_ns, biggest
 
 

@@ -64,8 +64,9 @@ async def p1(daemon: Proc, mock: Proc, ledger: Ledger) -> list[Row]:
             reader_cpu.append(self_cpu_seconds() - cpu)
             daemon_cpu.append(cpu_seconds(daemon.pid) - ours_cpu)
         resumes += col.resumes
-        (turn,) = col.turns.values()
-        ledger.check(f"P1 daemon run {run}", len(turn.terminals), turn.content, expected)
+        ((k, turn),) = col.turns.items()
+        ledger.check(f"P1 daemon run {run}, {turn.describe(k)}", len(turn.terminals),
+                     turn.content, expected)
         ours.append(P1_TOKENS / (turn.last_chunk - turn.first_chunk))
     a, b = statistics.median(ours), statistics.median(theirs)
     us_ours = statistics.median(daemon_cpu) / P1_TOKENS * 1e6
@@ -100,8 +101,9 @@ async def p2(daemon: Proc, mock: Proc, ledger: Ledger) -> list[Row]:
         cpu = cpu_seconds(daemon.pid)
         await chats(daemon, _paced_messages(), col)
         cpu = cpu_seconds(daemon.pid) - cpu
-    for i, turn in enumerate(col.turns.values()):
-        ledger.stamped(f"P2 daemon turn {i}", len(turn.terminals), turn.content, P2_TOKENS)
+    for i, (k, turn) in enumerate(col.turns.items()):
+        ledger.stamped(f"P2 daemon turn {i}, {turn.describe(k)}", len(turn.terminals),
+                       turn.content, P2_TOKENS)
     done = sum(len(t.terminals) == 1 for t in col.turns.values())
     ours_p99, bare_p99 = p99(col.latencies_ns) / 1e6, p99(res.latencies_ns) / 1e6
     words_ = P2_STREAMS * P2_TOKENS
