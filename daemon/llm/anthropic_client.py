@@ -14,9 +14,8 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from daemon.errors import ProviderError
+from daemon.llm.provider_http import ProviderHTTP
 from daemon.llm.sse import data_lines, json_object
 
 API_VERSION = "2023-06-01"
@@ -57,7 +56,7 @@ _DELTA_FIELDS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", 
 
 
 class AnthropicClient:
-    def __init__(self, http: httpx.AsyncClient, base_url: str, api_key: str | None) -> None:
+    def __init__(self, http: ProviderHTTP, base_url: str, api_key: str | None) -> None:
         self._http = http
         self._url = f"{base_url.rstrip('/')}/v1/messages"
         self._headers = {"Accept": "text/event-stream", "anthropic-version": API_VERSION}

@@ -13,9 +13,8 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from daemon.errors import ProviderError
+from daemon.llm.provider_http import ProviderHTTP
 from daemon.llm.sse import data_lines, json_object
 
 
@@ -54,7 +53,7 @@ Delta = ContentDelta | ReasoningDelta | ToolCallDelta | UsageDelta | ModelDelta
 
 
 class OpenAIClient:
-    def __init__(self, http: httpx.AsyncClient, base_url: str, api_key: str | None) -> None:
+    def __init__(self, http: ProviderHTTP, base_url: str, api_key: str | None) -> None:
         self._http = http
         self._url = f"{base_url.rstrip('/')}/chat/completions"
         self._headers = {"Accept": "text/event-stream"}
