@@ -115,7 +115,20 @@ def _translate(exc: httpx.HTTPError, timeout: httpx.Timeout, headers_in: bool) -
     if isinstance(exc, httpx.PoolTimeout):
         return ProviderError(f"no free connection to the provider within {timeout.pool:g}s: "
                              f"every pooled connection is busy")
-    return ProviderError(f"provider connection failed: {type(exc).__name__}: {exc}")
+    return ProviderError(f"provider connection failed: {type(exc).__name__}: {_reason(exc)}")
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong: httpx's own message, else that of what it wraps (a TLS failure
+    comes as a ConnectError with no text of its own)."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            break
+        if str(seen):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return "(no detail)"
 
 
 def _translate_lean(exc: TransportError, pool: LeanPool) -> ProviderError:
