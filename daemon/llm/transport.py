@@ -37,6 +37,7 @@ READ_SIZE = 64 * 1024
 # A response head (status line and headers) larger than this is not an answer we read.
 HEAD_MAX = 64 * 1024
 USER_AGENT = "veild"
+SPLIT_CACHE_MAX = 16
 
 
 class TransportError(Exception):
@@ -99,7 +100,10 @@ def request_head(origin: Origin, target: str, headers: Mapping[str, str], length
     lines += [f"{_safe(name)}: {_safe(value)}" for name, value in headers.items()
               if name.lower() not in ("host", "content-length", "transfer-encoding")]
     lines.append(f"Content-Length: {length}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    try:
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    except UnicodeEncodeError as exc:
+        raise TransportError("a request header is not Latin-1 text") from exc
 
 
 class _Connection:
@@ -117,10 +121,11 @@ class _Connection:
             fd = self.raw.socket.fileno()
             if fd < 0:
                 return False
-            readable, _, _ = select.select([fd], [], [], 0)
-        except (OSError, ValueError):
+            poller = select.poll()  # not select(): descriptors past 1024 are common here
+            poller.register(fd, select.POLLIN | select.POLLPRI)
+            return not poller.poll(0)
+        except OSError:
             return False
-        return not readable
 
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.stream)
@@ -286,8 +291,8 @@ class LeanPool:
         self._idle: dict[Origin, list[_Connection]] = {}
         self._idle_count = 0
         self._closed = False
+        # The URLs asked for, split (a provider has one or two).
         self._split: dict[str, tuple[Origin, str]] = {}
-        self.connections_opened = 0  # for tests and the curious
 
     async def _connect(self, origin: Origin) -> _Connection:
         with trio.move_on_after(self.connect_timeout_s):
@@ -297,7 +302,6 @@ class LeanPool:
                 raise TransportError(f"could not connect to {origin.host_header}: "
                                      f"{exc}") from exc
             if origin.scheme == "http":
-                self.connections_opened += 1
                 return _Connection(raw, raw)
             context = self._ssl or ssl.create_default_context()
             tls = trio.SSLStream(raw, context, server_hostname=origin.host,
@@ -311,7 +315,6 @@ class LeanPool:
             except BaseException:
                 await trio.aclose_forcefully(raw)
                 raise
-            self.connections_opened += 1
             return _Connection(tls, raw)
         raise ConnectTimeout(f"connecting to {origin.host_header} took longer than "
                              f"{self.connect_timeout_s:g}s")
@@ -371,7 +374,9 @@ class LeanPool:
         back to the pool only if the caller read the body to its clean end."""
         split = self._split.get(url)
         if split is None:
-            split = self._split[url] = _split(url)
+            split = _split(url)
+            if len(self._split) < SPLIT_CACHE_MAX:
+                self._split[url] = split
         origin, target = split
         connection, response = await self._open(
             origin, request_head(origin, target, headers, len(body)) + body)
