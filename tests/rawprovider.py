@@ -178,6 +178,21 @@ async def gzipped(provider: RawProvider, stream: trio.abc.Stream) -> bool:
     return True
 
 
+MANY = 64
+BIG_TEXT = "ab" * 4_000
+
+
+async def gzipped_many(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """MANY content chunks of BIG_TEXT: 0.5 MiB (more than transport.DECODED_MAX) that
+    gzip to a few KiB."""
+    body = b"".join(_chunk({"role": "assistant", "content": BIG_TEXT}) for _ in range(MANY))
+    body = gzip.compress(body + _chunk({}, "stop") + b"data: [DONE]\n\n")
+    await stream.send_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return True
+
+
 @dataclass
 class RawProvider:
     url: str

@@ -262,6 +262,7 @@ async def test_a_broken_answer_ends_the_turn(tmp_path: Path, provider: Provider,
     (raw.chunked_in_pieces, "in pieces", True),
     (raw.content_length_framed, "by length", None),
     (raw.gzipped, "unzipped", None),
+    (raw.gzipped_many, raw.BIG_TEXT * raw.MANY, None),
     (raw.close_delimited, "until close", False),
 ])
 async def test_every_framing_is_read_whole(

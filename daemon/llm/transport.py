@@ -38,6 +38,9 @@ READ_SIZE = 64 * 1024
 HEAD_MAX = 64 * 1024
 USER_AGENT = "veild"
 SPLIT_CACHE_MAX = 16
+# At most this much decompressed body per piece handed out (gzip from a server that
+# compresses unasked).
+DECODED_MAX = 256 * 1024
 
 
 class TransportError(Exception):
@@ -246,11 +249,15 @@ class Response:
     async def receive_some(self) -> bytes:
         """The body bytes of the next network read (never empty), or b"" at its end."""
         while True:
+            decoder = self._decoder
+            if decoder is not None and decoder.unconsumed_tail:
+                return decoder.decompress(decoder.unconsumed_tail, DECODED_MAX)
             if self._body:
                 data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
                 self._body.clear()
-                if self._decoder is not None:
-                    data = self._decoder.decompress(data)
+                if decoder is not None:
+                    # Bounded: a small compressed read may inflate to a great deal.
+                    data = decoder.decompress(data, DECODED_MAX)
                     if not data:
                         continue
                 return data
