@@ -128,6 +128,18 @@ async def drop_mid_stream(provider: RawProvider, stream: trio.abc.Stream) -> boo
     return False
 
 
+async def early_hints(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """An interim 103 before the real answer."""
+    await stream.send_all(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
+    return await ok(provider, stream)
+
+
+async def ok_then_close(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """A clean answer, then the server closes the connection (its idle timeout)."""
+    await ok(provider, stream)
+    return False
+
+
 async def close_without_answer(provider: RawProvider, stream: trio.abc.Stream) -> bool:
     """Takes the request and closes the connection (as a server whose idle timeout
     struck just as the request came)."""

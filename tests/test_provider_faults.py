@@ -260,6 +260,7 @@ async def test_a_broken_answer_ends_the_turn(tmp_path: Path, provider: Provider,
 @pytest.mark.parametrize(("behaviour", "content", "reused"), [
     (raw.ok, "fine", True),
     (raw.chunked_in_pieces, "in pieces", True),
+    (raw.early_hints, "fine", True),
     (raw.content_length_framed, "by length", None),
     (raw.gzipped, "unzipped", None),
     (raw.gzipped_many, raw.BIG_TEXT * raw.MANY, None),
@@ -290,5 +291,19 @@ async def test_lean_retries_a_pooled_connection_the_server_closed(
     rawp.plan = [raw.ok, raw.close_without_answer]
     async with open_daemon(tmp_path, provider, extra=_extra(rawp.url, "lean")) as daemon:
         await _fine(daemon, "first")
+        await _fine(daemon, "second")
+        assert rawp.connections == 2 and len(rawp.targets) == 3
+
+
+async def test_lean_drops_a_pooled_connection_the_server_closed_while_idle(
+    tmp_path: Path, provider: Provider, rawp: RawProvider
+) -> None:
+    # Whether the close has reached the pool when the next request comes (then the idle
+    # check drops it) or not (then the request meets the closed connection and goes
+    # again on a new one), the next turn is fine and the server saw it once.
+    rawp.plan = [raw.ok_then_close]
+    async with open_daemon(tmp_path, provider, extra=_extra(rawp.url, "lean")) as daemon:
+        await _fine(daemon, "first")
+        await _fine(daemon, "second")
         await _fine(daemon, "second")
         assert rawp.connections == 2 and len(rawp.targets) == 3
