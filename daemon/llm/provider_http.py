@@ -30,10 +30,8 @@ KEEPALIVE_CONNECTIONS = 32
 
 @dataclass(frozen=True)
 class ProviderHTTP:
-    """Exactly one of `lean` and `client` is set."""
+    """Exactly one of `lean` and `client` is set; each holds the provider's timeouts."""
 
-    stall_timeout_s: float
-    connect_timeout_s: float
     lean: LeanPool | None = None
     client: httpx.AsyncClient | None = None
 
@@ -95,7 +93,7 @@ async def open_provider_http(
         pool = LeanPool(connect_timeout_s=connect_timeout_s, stall_timeout_s=stall_timeout_s,
                         ssl_context=context, keepalive=KEEPALIVE_CONNECTIONS)
         try:
-            yield ProviderHTTP(stall_timeout_s, connect_timeout_s, lean=pool)
+            yield ProviderHTTP(lean=pool)
         finally:
             await pool.aclose()
         return
@@ -106,4 +104,4 @@ async def open_provider_http(
         proxy=proxy,
         verify=context if context is not None else True,
     ) as client:
-        yield ProviderHTTP(stall_timeout_s, connect_timeout_s, client=client)
+        yield ProviderHTTP(client=client)
