@@ -2,7 +2,8 @@
 with a certificate from a test CA (trustme) serves turns to a provider whose `ca_file`
 is that CA, on one kept-alive connection; a provider without it (the system's CAs) and
 a certificate for another name are refused — PROVIDER_ERROR naming the failed
-verification — and spoil nothing for the trusted provider after them."""
+verification — and spoil nothing for the trusted provider after them. A handshake that
+never ends is bounded by connect_timeout_s."""
 
 from __future__ import annotations
 
@@ -136,3 +137,22 @@ async def test_a_certificate_for_another_name_is_refused(
         message = await _refused(daemon, "trusting")
         assert "hostname" in message.lower() or "ip address" in message.lower(), message
         assert misnamed_provider.targets == []
+
+
+async def test_a_tls_handshake_that_hangs_is_a_connect_timeout(
+    tmp_path: Path, provider: Provider, ca_file: Path, transport: str,
+) -> None:
+    # A plain-TCP server that takes the ClientHello as the start of a request head and
+    # waits for the rest: the TLS handshake never ends. Connecting includes TLS.
+    async with open_raw_provider() as plain:
+        extra = (f'[providers.silent]\ntype = "openai"\n'
+                 f'base_url = "{plain.url.replace("http://", "https://")}"\n'
+                 f'transport = "{transport}"\nca_file = "{ca_file}"\n'
+                 f'connect_timeout_s = 0.5\n'
+                 f'[agents.waiting]\nprovider = "silent"\nmodel = "m"\n')
+        async with open_daemon(tmp_path, provider, extra=extra) as daemon:
+            r, terminal = await _turn(daemon, "waiting")
+            assert r.status_code == 502 and terminal["data"]["code"] == "PROVIDER_ERROR"
+            message = terminal["data"]["message"]
+            assert "could not connect" in message and "connect_timeout_s" in message, message
+        assert plain.targets == []
