@@ -18,11 +18,11 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import msgspec
 
 from daemon.errors import ProviderError
 from daemon.llm.jsonload import load_object
+from daemon.llm.provider_http import ProviderHTTP
 from daemon.llm.sse import data_batches
 
 API_VERSION = "2023-06-01"
@@ -83,7 +83,7 @@ _decode_event = msgspec.json.Decoder(_WireEvent).decode
 
 
 class AnthropicClient:
-    def __init__(self, http: httpx.AsyncClient, base_url: str, api_key: str | None) -> None:
+    def __init__(self, http: ProviderHTTP, base_url: str, api_key: str | None) -> None:
         self._http = http
         self._url = f"{base_url.rstrip('/')}/v1/messages"
         self._headers = {"Accept": "text/event-stream", "anthropic-version": API_VERSION}

@@ -17,11 +17,11 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import msgspec
 
 from daemon.errors import ProviderError
 from daemon.llm.jsonload import load_object
+from daemon.llm.provider_http import ProviderHTTP
 from daemon.llm.sse import data_batches
 
 
@@ -85,7 +85,7 @@ _decode_chunk = msgspec.json.Decoder(_WireChunk).decode
 
 
 class OpenAIClient:
-    def __init__(self, http: httpx.AsyncClient, base_url: str, api_key: str | None) -> None:
+    def __init__(self, http: ProviderHTTP, base_url: str, api_key: str | None) -> None:
         self._http = http
         self._url = f"{base_url.rstrip('/')}/chat/completions"
         self._headers = {"Accept": "text/event-stream"}
