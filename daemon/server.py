@@ -15,7 +15,6 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-import httpx
 import trio
 
 from daemon.api.app import build_app
@@ -28,7 +27,8 @@ from daemon.eventlog.sqlite import SqliteEventLog
 from daemon.httpserver import Connections, HttpServer, bind_socket
 from daemon.llm.anthropic_client import AnthropicClient
 from daemon.llm.openai_client import OpenAIClient
-from daemon.llm.sse import provider_limits, provider_timeout
+from daemon.llm.provider_http import ProviderHTTP, choose_transport, open_provider_http
+from daemon.mcp.manager import McpManager
 from daemon.mock.provider import serve_mock_provider
 from daemon.runtime.bus import Bus
 from daemon.runtime.core import Runtime
@@ -65,7 +65,7 @@ class Daemon:
 
 
 def _engine_factory(
-    config: Config, clients: dict[str, httpx.AsyncClient], mock_roots: dict[str, str]
+    config: Config, clients: dict[str, ProviderHTTP], mock_roots: dict[str, str]
 ) -> Callable[[AgentConfig], Engine]:
     """Engines by agent. A mock provider (started in-process, root URL in `mock_roots`)
     answers both the Chat Completions API (under /v1) and the Messages API. Each
@@ -162,17 +162,23 @@ async def _serve(
               coalesce_after=server.stream_coalesce_after)
     sessions: SessionManager | None = None
     http_server: HttpServer | None = None
+    mcp: McpManager | None = None
     async with AsyncExitStack() as clients_stack, trio.open_nursery() as services:
         clients = {
-            name: await clients_stack.enter_async_context(httpx.AsyncClient(
-                timeout=provider_timeout(p.stall_timeout_s, p.connect_timeout_s),
-                limits=provider_limits(),
-                follow_redirects=False,  # CONTRACT §5.8: a redirect is an error
+            name: await clients_stack.enter_async_context(open_provider_http(
+                base_url=p.base_url, transport=p.transport, proxy=p.proxy,
+                ca_file=p.ca_file, stall_timeout_s=p.stall_timeout_s,
+                connect_timeout_s=p.connect_timeout_s,
             ))
             for name, p in config.providers.items()
         }
+        for name, p in config.providers.items():
+            log.info("provider %s: %s transport (%s)", name,
+                     *choose_transport(p.transport, p.base_url, p.proxy))
         try:
             await services.start(event_log.serve)
+            mcp = McpManager(config.mcp, config.agents.values())
+            await services.start(mcp.serve)  # each server connects in the background
             mock_roots: dict[str, str] = {}
             for name, provider in config.providers.items():
                 if provider.type == "mock":
@@ -186,10 +192,11 @@ async def _serve(
                 tools=tools, workspaces=server.data_dir / "workspaces",
                 grace_s=server.shutdown_grace_s,
                 slots=trio.CapacityLimiter(server.max_running_turns),
+                mcp=mcp,
             )
             sessions = SessionManager(config, store, bus, turn_services)
             await core.start(sessions.serve)
-            runtime = Runtime(config, store, bus, sessions)
+            runtime = Runtime(config, store, bus, sessions, mcp)
             connections = Connections()
             http_server = HttpServer(
                 build_app(runtime, connections), bind_socket(server.host, server.port),
@@ -208,6 +215,8 @@ async def _serve(
             deadline = trio.current_time() + STOP_BUDGET_S
             with trio.CancelScope(deadline=deadline, shield=True):
                 notify("STOPPING=1")
+                if mcp is not None:
+                    mcp.request_stop()  # servers stop while the turns end
                 if http_server is not None:
                     http_server.stop_accepting()
                 if sessions is not None:

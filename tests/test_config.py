@@ -37,8 +37,28 @@ def test_default_config_loads() -> None:
     ("[server]\nstream_queue_bytes = 100\n", "server.stream_queue_bytes"),
     ("[server]\nstream_coalesce_after = -1\n", "server.stream_coalesce_after"),
     ("[server]\nws_queue_max = 64\n", "server.ws_queue_max"),  # replaced: now unknown
+    ("[providers.p]\ntype = \"mock\"\ntransport = \"h2\"\n", "providers.p.transport"),
+    ("[providers.p]\ntype = \"mock\"\nproxy = \"proxy:3128\"\n", "providers.p.proxy"),
+    ("[providers.p]\ntype = \"mock\"\ntransport = \"lean\"\nproxy = \"http://proxy:3128\"\n",
+     "providers.p.proxy"),
+    ("[providers.p]\ntype = \"mock\"\nca_file = \"/nonexistent/ca.pem\"\n",
+     "providers.p.ca_file"),
+    ("[providers.p]\ntype = \"mock\"\nca_file = \"pyproject.toml\"\n", "providers.p.ca_file"),
     ("[providers.p]\ntype = \"mock\"\n[agents.a]\nprovider = \"p\"\nmodel = \"m\"\n"
      "max_tool_calls = 0\n", "agents.a.max_tool_calls"),
+    # CONTRACT §10: MCP servers and the agents that name them
+    ("[providers.p]\ntype = \"mock\"\n[agents.a]\nprovider = \"p\"\nmodel = \"m\"\n"
+     "tools = [\"mcp:nope\"]\n", "agents.a.tools"),
+    ("[mcp.Bad]\ncommand = \"x\"\n", "mcp.Bad"),
+    ("[mcp.a__b]\ncommand = \"x\"\n", "mcp.a__b"),
+    ("[mcp.s]\ncommand = \"x\"\nurl = \"http://h/mcp\"\n", "mcp.s.command"),
+    ("[mcp.s]\n", "mcp.s.command"),
+    ("[mcp.s]\nurl = \"ftp://h\"\n", "mcp.s.url"),
+    ("[mcp.s]\nurl = \"http://h/mcp\"\nargs = [\"a\"]\n", "mcp.s.args"),
+    ("[mcp.s]\ncommand = \"x\"\nheaders = { A = \"b\" }\n", "mcp.s.headers"),
+    ("[mcp.s]\ncommand = \"x\"\ncall_timeout_s = 0\n", "mcp.s.call_timeout_s"),
+    ("[mcp.s]\ncommand = \"x\"\nenv = { A = 1 }\n", "mcp.s.env"),
+    ("[mcp.s]\ncommand = \"x\"\ncomand = \"y\"\n", "mcp.s.comand"),
 ])
 def test_errors_name_file_and_key(tmp_path: Path, text: str, key: str) -> None:
     path = tmp_path / "daemon.toml"
@@ -48,6 +68,29 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, key: str) -> None:
     assert info.value.key == key and info.value.file == str(path)
 
 
+def test_mcp_server_paths_and_tool_names(tmp_path: Path) -> None:
+    path = tmp_path / "daemon.toml"
+    path.write_text(
+        "[mcp.local]\ncommand = \"./bin/srv\"\ncwd = \"work\"\n"
+        "[mcp.onpath]\ncommand = \"uvx\"\nargs = [\"mcp-server-time\"]\n"
+        "[providers.p]\ntype = \"mock\"\n[agents.a]\nprovider = \"p\"\nmodel = \"m\"\n"
+        "tools = [\"mcp:local\", \"mcp:onpath/get_time\"]\n")
+    config = load_config(path)
+    local, onpath = config.mcp["local"], config.mcp["onpath"]
+    assert local.cwd == tmp_path / "work" and local.command == str(tmp_path / "work/bin/srv")
+    assert onpath.cwd == tmp_path and onpath.command == "uvx"
+    assert config.agents["a"].tools == ("mcp:local", "mcp:onpath/get_time")
+
+
+def test_model_names_of_mcp_tools() -> None:
+    from daemon.mcp.names import model_name
+    assert model_name("fs", "read_file") == "fs__read_file"
+    assert model_name("fs", "read.file v2") == "fs__read_file_v2"
+    long_a, long_b = model_name("s", "x" * 80 + "a"), model_name("s", "x" * 80 + "b")
+    assert len(long_a) == 64 and len(long_b) == 64 and long_a != long_b
+    assert long_a == model_name("s", "x" * 80 + "a")
+
+
 def test_hardening_defaults(tmp_path: Path) -> None:
     path = tmp_path / "daemon.toml"
     path.write_text("[providers.p]\ntype = \"mock\"\n[agents.a]\nprovider = \"p\"\n"
@@ -55,6 +98,8 @@ def test_hardening_defaults(tmp_path: Path) -> None:
     config = load_config(path)
     assert config.providers["p"].stall_timeout_s == 120
     assert config.providers["p"].connect_timeout_s == 10
+    assert config.providers["p"].transport == "auto"
+    assert config.providers["p"].proxy is None and config.providers["p"].ca_file is None
     assert config.server.store_busy_timeout_s == 5
     assert config.agents["a"].max_tool_calls == 32
     assert config.server.stream_queue_bytes == 16 * 1024 * 1024

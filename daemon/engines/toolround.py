@@ -3,7 +3,8 @@ run what it asked for, call again; and its tool round (`run_tool_calls`): announ
 call, run it through the turn, report it, append its result. An engine supplies only
 its provider's side of the conversation (`Conversation`).
 
-One answer runs at most `max_tool_calls` (the agent's setting) of its calls, in order;
+One answer runs at most `max_tool_calls` (the agent's setting) of its calls, in order
+(consecutive sub-agent calls together);
 each call past that is announced and answered with an error result without running, so
 the conversation stays well-formed (every call has its result) and the turn goes on.
 """
@@ -14,6 +15,8 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import trio
 
 from daemon.clock import now_ms
 from daemon.engines.base import (
@@ -35,21 +38,52 @@ def over_limit(asked: int, limit: int) -> ToolOutcome:
         f"answer (max_tool_calls); ask for fewer at a time", is_error=True)
 
 
+async def _run_into(ctx: EngineContext, call: dict[str, Any],
+                    results: dict[int, tuple[ToolOutcome, int]], index: int) -> None:
+    results[index] = await ctx.run_tool(call["id"], call["name"], call["arguments"])
+
+
 async def run_tool_calls(
     ctx: EngineContext, calls: list[dict[str, Any]], iteration: int
 ) -> AsyncGenerator[EngineEvent, None]:
-    """Run `calls` ({id, name, arguments}) in order, yielding what the turn publishes."""
+    """Run `calls` ({id, name, arguments}), yielding what the turn publishes.
+
+    Calls run in the order given, except that a run of consecutive calls to tools that
+    are `concurrent` (sub-agent spawns and messages) runs together: 50 spawns in one
+    answer start at once rather than one after another. Each call of such a group is
+    announced before any runs; their results follow in call order once the group is
+    done (a generator cannot yield from inside the nursery that runs them)."""
     limit = ctx.agent.max_tool_calls
-    for index, call in enumerate(calls):
-        yield ToolStarted(call["id"], call["name"], call["arguments"])
-        if index < limit:
-            outcome, duration_ms = await ctx.run_tool(
-                call["id"], call["name"], call["arguments"])
+    concurrent = {t.name for t in ctx.tools if t.concurrent}
+    index = 0
+    while index < len(calls):
+        group = [index]
+        if index < limit and calls[index]["name"] in concurrent:
+            while (group[-1] + 1 < min(len(calls), limit)
+                   and calls[group[-1] + 1]["name"] in concurrent):
+                group.append(group[-1] + 1)
+        for i in group:
+            call = calls[i]
+            yield ToolStarted(call["id"], call["name"], call["arguments"])
+        results: dict[int, tuple[ToolOutcome, int]] = {}
+        if index >= limit:
+            results[index] = over_limit(len(calls), limit), 0
+        elif len(group) == 1:
+            call = calls[index]
+            results[index] = await ctx.run_tool(call["id"], call["name"], call["arguments"])
         else:
-            outcome, duration_ms = over_limit(len(calls), limit), 0
-        yield ToolFinished(call["id"], call["name"], call["arguments"], outcome, duration_ms)
-        yield MessageAppended(
-            MessageRecord("tool", outcome.content, None, call["id"], now_ms()), iteration)
+            async with trio.open_nursery() as nursery:
+                for i in group:
+                    nursery.start_soon(_run_into, ctx, calls[i], results, i)
+        for i in group:
+            call = calls[i]
+            outcome, duration_ms = results[i]
+            yield ToolFinished(call["id"], call["name"], call["arguments"], outcome,
+                               duration_ms)
+            yield MessageAppended(
+                MessageRecord("tool", outcome.content, None, call["id"], now_ms()),
+                iteration)
+        index = group[-1] + 1
 
 
 @dataclass

@@ -92,6 +92,10 @@ def _events(spec: CallSpec, model: str, messages: list[dict[str, Any]],
     words = spec.say.split(" ") if spec.say else []
     for i, word in enumerate(words):
         completion += 1
+        if spec.stamp:
+            # Taken as the chunk is made: _stream sends each chunk right after making it
+            # when the stream is paced, so the stamp is the moment it leaves the mock.
+            word = f"{word}@{time.time_ns()}"
         yield _chunk(model, cid, {"content": word if i == len(words) - 1 else word + " "})
     for index, tool in enumerate(spec.tools):
         call_id = f"call_{secrets.token_hex(6)}"
@@ -223,6 +227,7 @@ class Served:
     usage: dict[str, Any] | None
     status: int
     thinking: dict[str, Any] | None = None  # what a Messages API request asked for
+    tools: list[dict[str, Any]] | None = None  # the tools a Chat Completions request offered
 
 
 async def _answer_messages(conn: _Conn, target: str, raw: bytes,
@@ -277,7 +282,7 @@ async def _answer(conn: _Conn, request: h11.Request, raw: bytes, log: list[Serve
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     if log is not None:
         usage = _usage(messages, _completion_tokens(spec)) if spec.usage and include_usage else None
-        log.append(Served(model, usage, spec.status or 200))
+        log.append(Served(model, usage, spec.status or 200, tools=body.get("tools")))
     if spec.status:
         await conn.json_response(spec.status, {"error": {
             "message": f"scripted failure {spec.status}", "type": "server_error"}})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from daemon.config import Config
+from daemon.mcp.manager import McpManager
 from daemon.runtime.bus import Bus
 from daemon.runtime.ports import Store
 from daemon.runtime.sessions import SessionManager
@@ -16,3 +17,4 @@ class Runtime:
     store: Store
     bus: Bus
     sessions: SessionManager
+    mcp: McpManager

@@ -35,6 +35,7 @@ from daemon.clock import now_ms
 from daemon.config import AgentConfig
 from daemon.engines import base as eng
 from daemon.errors import MaxIterationsError, ProviderError, StoreError, StoreUnavailable
+from daemon.mcp.manager import McpManager
 from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Bus
@@ -73,6 +74,8 @@ class TurnServices:
     sub_agents: Callable[[Turn, str], SubAgents] | None = None
     # [server] max_running_turns: a top-level turn holds a slot until its terminal
     slots: trio.CapacityLimiter | None = None
+    # The daemon's MCP servers: an agent's `mcp:NAME` tools are what they last listed.
+    mcp: McpManager | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,10 @@ class Turn:
     delivered: list[InboxRecord] = field(default_factory=list)
     # Bytes of output so far per tool call an engine ran itself (tool.chunk offsets).
     _tool_offsets: dict[str, int] = field(default_factory=dict)
+    # This turn's chunk encoders (the constant part of its chunk envelopes, encoded
+    # once): by eventType, and for tool.chunk by (toolCallId, toolName, stream).
+    _encoders: dict[str, ev.ChunkEncoder] = field(default_factory=dict)
+    _tool_encoders: dict[tuple[str, str, str], ev.ChunkEncoder] = field(default_factory=dict)
     # Whether the store holds this turn's row (its start was stored).
     start_stored: bool = False
 
@@ -191,9 +198,15 @@ class Turn:
         """Publish one session.stream event of this turn; returns its seq."""
         return self.services.bus.publish_stream(self.session.ref, self.id, event_type, data).seq
 
-    def _chunk(self, event_type: str, data: dict[str, Any]) -> None:
-        if not self.gate_closed:
-            self._stream(event_type, data)
+    def _chunk(self, event_type: str, content: str) -> None:
+        """Publish a thinking or inference chunk, unless the gate is shut."""
+        if self.gate_closed:
+            return
+        encoder = self._encoders.get(event_type)
+        if encoder is None:
+            encoder = self._encoders[event_type] = ev.ChunkEncoder(
+                self.session.ref, self.id, event_type)
+        self.services.bus.publish_chunk(encoder, content)
 
     def _plain(self, type: str, fields: dict[str, Any]) -> None:
         self.services.bus.publish(type, self.session.ref, fields)
@@ -277,6 +290,11 @@ class Turn:
     async def _drive(self) -> None:
         engine = self.services.engine_for(self.agent)
         history = await self.services.store.messages(self.session.record.id)
+        if self.services.mcp is not None:
+            # An MCP server this agent uses that has not listed its tools yet (the
+            # daemon just started it) is waited for, within its startup_timeout_s:
+            # the model sees the agent's tools, not a list missing them.
+            await self.services.mcp.first_listing(self.agent)
         ctx = _EngineContext(self, history)
         async with aclosing(engine.run(ctx)) as stream:
             async for event in stream:
@@ -285,9 +303,9 @@ class Turn:
     async def _handle(self, event: eng.EngineEvent) -> None:
         match event:
             case eng.ContentDelta():
-                self._chunk(ev.INFERENCE_CHUNK, {"content": event.text})
+                self._chunk(ev.INFERENCE_CHUNK, event.text)
             case eng.ThinkingDelta():
-                self._chunk(ev.THINKING_CHUNK, {"content": event.text})
+                self._chunk(ev.THINKING_CHUNK, event.text)
             case eng.ModelNamed():
                 self.model = event.model
             case eng.UsageReport():
@@ -346,8 +364,14 @@ class Turn:
     @property
     def tools(self) -> dict[str, Tool]:
         """The tools this turn's agent may call, by name."""
-        known = self.services.tools
-        return {name: known[name] for name in self.agent.tools if name in known}
+        known, mcp = self.services.tools, self.services.mcp
+        tools: dict[str, Tool] = {}
+        for name in self.agent.tools:
+            if name in known:
+                tools[name] = known[name]
+            elif mcp is not None and name.startswith("mcp:"):
+                tools.update(mcp.tools_for(name))
+        return tools
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         started = trio.current_time()
@@ -376,10 +400,14 @@ class Turn:
     def _emit_tool_chunk(
         self, call_id: str, tool_name: str, content: str, stream: str, offset: int
     ) -> None:
-        self._chunk(ev.TOOL_CHUNK, {
-            "toolCallId": call_id, "toolName": tool_name, "content": content,
-            "stream": stream, "offset": offset,
-        })
+        if self.gate_closed:
+            return
+        key = (call_id, tool_name, stream)
+        encoder = self._tool_encoders.get(key)
+        if encoder is None:
+            encoder = self._tool_encoders[key] = ev.ChunkEncoder(
+                self.session.ref, self.id, ev.TOOL_CHUNK, key)
+        self.services.bus.publish_chunk(encoder, content, offset)
 
     # -- the exit path --------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ def _result(body: dict[str, Any]) -> ToolOutcome:
 
 class AgentSpawnTool:
     name = "agent_spawn"
+    concurrent = True
     description = (
         "Start a sub-agent in a new child session and give it a task. With wait=true "
         "(default) this returns its final answer as {sessionId, content}. With wait=false "
@@ -64,6 +65,7 @@ class AgentSpawnTool:
 
 class AgentMessageTool:
     name = "agent_message"
+    concurrent = True
     description = (
         "Send a message to an existing session (a sub-agent you spawned, or any session "
         "id you know). By default this runs a turn on it and returns {sessionId, content}. "

@@ -57,6 +57,10 @@ class Tool(Protocol):
     name: str
     description: str
     parameters: dict[str, Any]
+    # True when calls of this tool in one answer may run at the same time as each
+    # other and as other such calls (they share no state a call order would protect:
+    # sub-agent spawns and messages). A shell is not: `mkdir x` then `cd x` is an order.
+    concurrent: bool
 
     async def run(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome: ...
 

@@ -62,6 +62,7 @@ class _Capture:
 
 class BashTool:
     name = "bash"
+    concurrent = False
     description = (
         "Run a bash command in this session's workspace directory. stdout and stderr "
         "stream live; the result holds the exit code and the (possibly truncated) output."

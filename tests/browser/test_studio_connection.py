@@ -174,7 +174,11 @@ async def test_lagged_close_resumes_without_a_hole(
             async with open_tab(chromium, f"{daemon.url}/studio#{sid}") as tab:
                 await tab.connected()
                 await tab.turn_ended(await tab.nth_turn(0))
-                r = (await daemon.chat(mock(say=4000), sessionId=sid)).json()
+                # One token per provider write (a tiny delay), as fast as the mock goes,
+                # into a queue of one event: a read's tokens travel as one event, so the
+                # mock's own 256-token writes would make a handful of events, which a
+                # queue of 8 held.
+                r = (await daemon.chat(mock(say=4000, delay_ms=0.001), sessionId=sid)).json()
                 await tab.turn_ended(r["turnId"], timeout_s=40)
                 text = (await tab.turn(r["turnId"]))["text"]
                 states = await tab.eval("() => window.__t.states")
