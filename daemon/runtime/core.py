@@ -1,13 +1,18 @@
-"""The runtime as the transports see it: config, store, bus and session manager."""
+"""The runtime as the transports see it: config, store, bus, session manager, and the
+services they answer for (the scheduler)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from daemon.config import Config
 from daemon.runtime.bus import Bus
 from daemon.runtime.ports import Store
 from daemon.runtime.sessions import SessionManager
+
+if TYPE_CHECKING:
+    from daemon.schedules.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -16,3 +21,4 @@ class Runtime:
     store: Store
     bus: Bus
     sessions: SessionManager
+    schedules: Scheduler | None = None
