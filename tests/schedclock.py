@@ -37,11 +37,11 @@ class FakeRun:
     turn_id: str
     started_ms: int
     done: trio.Event = field(default_factory=trio.Event)
-    outcome: str = "done"
+    outcome: str | None = None
 
     @property
     def running(self) -> bool:
-        return not self.done.is_set()
+        return self.outcome is None
 
     def finish(self, outcome: str = "done") -> None:
         self.outcome = outcome
@@ -49,6 +49,7 @@ class FakeRun:
 
     async def wait_outcome(self) -> str:
         await self.done.wait()
+        assert self.outcome is not None
         return self.outcome
 
 

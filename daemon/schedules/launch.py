@@ -26,13 +26,15 @@ class TurnRun:
         return self.turn.id
 
     @property
-    def running(self) -> bool:
-        return not self.turn.finished.is_set()
+    def outcome(self) -> str | None:
+        done = self.turn.outcome  # set with `finished`, right after the terminal
+        return None if done is None else done.code or "done"
 
     async def wait_outcome(self) -> str:
         await self.turn.finished.wait()
-        assert self.turn.outcome is not None
-        return self.turn.outcome.code or "done"
+        outcome = self.outcome
+        assert outcome is not None
+        return outcome
 
 
 class SessionLauncher:

@@ -51,10 +51,13 @@ class ScheduledRun(Protocol):
     @property
     def turn_id(self) -> str: ...
     @property
-    def running(self) -> bool: ...
+    def outcome(self) -> str | None:
+        """`done` or the error code of the run's terminal; None while it runs. Set in
+        the same step as the terminal is published: a client that saw the terminal
+        finds it in GET /schedules."""
 
     async def wait_outcome(self) -> str:
-        """`done` or the error code of the run's terminal."""
+        """Once it has ended: its outcome."""
 
 
 class Launcher(Protocol):
@@ -81,8 +84,19 @@ class _Entry:
     starting: bool = False  # a run is being started (its session made, its turn claimed)
 
     @property
+    def running(self) -> bool:
+        return self.run is not None and self.run.outcome is None
+
+    @property
     def busy(self) -> bool:
-        return self.starting or (self.run is not None and self.run.running)
+        return self.starting or self.running
+
+    @property
+    def last_outcome(self) -> str | None:
+        """The outcome of the last run that ended (what the watcher records, already)."""
+        if self.run is not None and self.run.outcome is not None:
+            return self.run.outcome
+        return self.record.last_outcome
 
 
 class Scheduler:
@@ -259,12 +273,12 @@ def _wire(entry: _Entry) -> dict[str, Any]:
         "enabled": config.enabled,
         "catchUp": config.catch_up,
         "paused": record.paused,
-        "running": entry.run is not None and entry.run.running,
+        "running": entry.running,
         "nextRunAt": entry.next_ms,
         "lastRunAt": record.last_run_at,
         "lastSessionId": record.last_session_id,
         "lastTurnId": record.last_turn_id,
-        "lastOutcome": record.last_outcome,
+        "lastOutcome": entry.last_outcome,
         "skipped": record.skipped,
     })
     return out
