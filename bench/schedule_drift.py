@@ -5,7 +5,7 @@
 Runs `veild serve` as a child process with one schedule (`every`, session new, a
 scripted one-word turn on the built-in mock provider) and a /ws client in this process.
 The first planned tick is `nextRunAt` from GET /schedules before it comes; tick k is
-planned at first + k × period (the grid), and its actual start is the `ts` of its
+planned at first + k * period (the grid), and its actual start is the `ts` of its
 `turn.start` (stamped by the daemon when it publishes it, after the session was made
 and the turn claimed). Prints the median, p90 and worst drift in ms, and whether it
 grows (first vs last ten ticks): a grid that drifted would grow linearly.
@@ -53,14 +53,16 @@ every = "{every}"
 async def measure(every: str, ticks: int) -> dict[str, float]:
     period = parse_every(every)
     with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.Popen(
+        proc = await trio.lowlevel.open_process(
             [sys.executable, "-m", "daemon", "serve", "--config", str(config(Path(tmp), every))],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )
         try:
             assert proc.stdout is not None
-            line = await trio.to_thread.run_sync(proc.stdout.readline)
-            url = line.strip().rsplit(" ", 1)[-1]
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await proc.stdout.receive_some(1)
+            url = line.decode().strip().rsplit(" ", 1)[-1]
             async with httpx.AsyncClient(base_url=url) as http, \
                     open_websocket_url(url.replace("http", "ws", 1) + "/ws?batch=1") as ws:
                 first = (await http.get("/schedules")).json()["schedules"][0]["nextRunAt"]
@@ -73,7 +75,8 @@ async def measure(every: str, ticks: int) -> dict[str, float]:
                 skipped = (await http.get("/schedules")).json()["schedules"][0]["skipped"]
         finally:
             proc.terminate()
-            proc.wait(timeout=15)
+            with trio.move_on_after(15, shield=True):
+                await proc.wait()
     drifts = []
     for ts in starts[:ticks]:
         k = round((ts - first) / period)  # the grid slot (a skipped tick leaves a hole)

@@ -19,7 +19,8 @@ message = {json.dumps(mock(say="scheduled hello"))}
 every = "1h"
 session = "same"
 """
-TURN = "(id) => { const t = window.__t.turn(id); return t && { ...t.dataset, head: t.querySelector('.turn-head').textContent }; }"
+TURN = ("(id) => { const t = window.__t.turn(id); "
+        "return t && { ...t.dataset, head: t.querySelector('.turn-head').textContent }; }")
 
 
 async def test_scheduled_turns_show_their_schedule(
