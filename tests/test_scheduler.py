@@ -135,6 +135,14 @@ def test_bad_timings_are_refused() -> None:
 # -- every: a fixed grid --------------------------------------------------------------
 
 
+def test_every_stays_on_its_grid_after_a_late_wake() -> None:
+    timing = Every("10s", 10_000)
+    assert timing.first_after(5_000) == 15_000
+    assert timing.after_tick(15_000, 15_020) == 25_000  # 20 ms late: not 25 020
+    # Slept through 25 s and 35 s (a suspended machine): one late run, then the grid.
+    assert timing.after_tick(15_000, 41_000) == 45_000
+
+
 async def test_every_ticks_on_a_fixed_grid_that_slow_starts_do_not_shift(autojump_clock: Any
                                                                          ) -> None:
     start = datetime(2026, 1, 1, tzinfo=UTC)

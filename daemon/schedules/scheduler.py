@@ -123,6 +123,8 @@ class Scheduler:
                 log.info("schedule %s missed a tick while the daemon was down: catching up",
                          entry.config.name)
                 await self._tick(entry)
+                if entry.next_ms is not None:  # the grid goes on from that run
+                    self._plan(entry, self.clock.now_ms())
             await self._loop()
 
     async def _load(self) -> list[_Entry]:
