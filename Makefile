@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check daemon tests bench docs/examples
+	$(VENV)/bin/ruff check daemon tests bench docs/examples examples
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)

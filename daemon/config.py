@@ -24,6 +24,9 @@ PROVIDER_TYPES = ("openai", "anthropic", "mock")
 # Which provider types each engine can talk to (the mock speaks both APIs).
 ENGINE_PROVIDERS = {"openai": ("openai", "mock"), "anthropic": ("anthropic", "mock")}
 TOOL_NAMES = ("bash", "agent_spawn", "agent_message")
+# CONTRACT §10: an MCP server's name: lowercase letters, digits, - and _, no "__" (the
+# separator of the NAME__TOOL names the model sees).
+MCP_NAME = re.compile(r"[a-z0-9_-]+")
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,23 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class McpServerConfig:
+    """`[mcp.NAME]` (CONTRACT §10): a stdio server (`command`) or Streamable HTTP (`url`)."""
+
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: Path = Path(".")
+    url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    # Initialize and the first tool list must finish within this ...
+    startup_timeout_s: float = 30.0
+    # ... and one tool call within this (progress does not extend it).
+    call_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
 class ScheduleConfig:
     """`[schedules.NAME]` (CONTRACT §11)."""
 
@@ -133,6 +153,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
     agents: Mapping[str, AgentConfig] = field(default_factory=dict)
+    mcp: Mapping[str, McpServerConfig] = field(default_factory=dict)
     schedules: Mapping[str, ScheduleConfig] = field(default_factory=dict)
 
     def with_overrides(
@@ -310,8 +331,68 @@ def _provider(file: str, name: str, table: Any) -> ProviderConfig:
     return cfg
 
 
+def _string_table(r: _Reader, key: str) -> dict[str, str]:
+    table = r.get(key, dict, {})
+    if not all(isinstance(v, str) for v in table.values()):
+        raise r.fail(key, "values must be strings")
+    return dict(table)
+
+
+def _mcp_server(file: str, name: str, table: Any, base: Path) -> McpServerConfig:
+    prefix = f"mcp.{name}"
+    if not isinstance(table, dict):
+        raise ConfigError(file, prefix, "must be a table")
+    if not MCP_NAME.fullmatch(name) or "__" in name:
+        raise ConfigError(file, prefix, "a server name is lowercase letters, digits, - and _ "
+                                        "(no '__')")
+    r = _Reader(file, prefix, table)
+    command = r.get("command", str, None)
+    url = r.get("url", str, None)
+    if (command is None) == (url is None):
+        raise r.fail("command", "give exactly one of command (stdio) or url (Streamable HTTP)")
+    args = r.get("args", list, [])
+    if not all(isinstance(a, str) for a in args):
+        raise r.fail("args", "must be a list of strings")
+    cwd = base / r.get("cwd", str, ".")
+    if command is not None:
+        if not command:
+            raise r.fail("command", "must not be empty")
+        if "/" in command and not Path(command).is_absolute():
+            command = str(cwd / command)  # relative to cwd; a bare name is found on PATH
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise r.fail("url", "must be an http(s) URL")
+    cfg = McpServerConfig(
+        name=name, command=command, args=tuple(args), env=_string_table(r, "env"),
+        cwd=cwd, url=url, headers=_string_table(r, "headers"),
+        startup_timeout_s=r.positive_seconds("startup_timeout_s", 30.0),
+        call_timeout_s=r.positive_seconds("call_timeout_s", 300.0),
+    )
+    if url is not None and (cfg.args or cfg.env):
+        raise r.fail("args" if cfg.args else "env", "only for a stdio server (command)")
+    if command is not None and cfg.headers:
+        raise r.fail("headers", "only for a Streamable HTTP server (url)")
+    r.check_unknown()
+    return cfg
+
+
+def _check_tool(r: _Reader, tool: Any, mcp: Mapping[str, McpServerConfig]) -> None:
+    if not isinstance(tool, str):
+        raise r.fail("tools", f"expected tool names, got {tool!r}")
+    if tool.startswith("mcp:"):
+        server = tool[4:].split("/", 1)[0]
+        if server not in mcp:
+            raise r.fail("tools", f"{tool!r}: no [mcp.{server}] is configured")
+        if tool.count("/") > 1 or tool.endswith("/"):
+            raise r.fail("tools", f"{tool!r}: expected mcp:NAME or mcp:NAME/TOOL")
+        return
+    if tool not in TOOL_NAMES:
+        raise r.fail("tools", f"unknown tool {tool!r} (known: {', '.join(TOOL_NAMES)}, "
+                              f"mcp:NAME, mcp:NAME/TOOL)")
+
+
 def _agent(
-    file: str, prefix: str, name: str, table: Any, providers: Mapping[str, ProviderConfig]
+    file: str, prefix: str, name: str, table: Any, providers: Mapping[str, ProviderConfig],
+    mcp: Mapping[str, McpServerConfig] | None = None,
 ) -> AgentConfig:
     if not isinstance(table, dict):
         raise ConfigError(file, prefix, "must be a table")
@@ -332,8 +413,7 @@ def _agent(
                                      f"{providers[provider].type}")
     tools = r.get("tools", list, [])
     for tool in tools:
-        if tool not in TOOL_NAMES:
-            raise r.fail("tools", f"unknown tool {tool!r} (known: {', '.join(TOOL_NAMES)})")
+        _check_tool(r, tool, mcp or {})
     model = r.get("model", str, "")
     if engine in ENGINE_PROVIDERS and not model:
         raise r.fail("model", "is required")
@@ -436,9 +516,14 @@ def load_config(path: Path) -> Config:
         name: _provider(file, name, table)
         for name, table in top.get("providers", dict, {}).items()
     }
+    base = path.resolve().parent  # an MCP server's default cwd (CONTRACT §10)
+    mcp = {
+        name: _mcp_server(file, name, table, base)
+        for name, table in top.get("mcp", dict, {}).items()
+    }
     agents: dict[str, AgentConfig] = {}
     for name, table in top.get("agents", dict, {}).items():
-        agents[name] = _agent(file, f"agents.{name}", name, table, providers)
+        agents[name] = _agent(file, f"agents.{name}", name, table, providers, mcp)
     agents_dir = path.parent / "agents"
     if agents_dir.is_dir():
         for agent_file in sorted(agents_dir.glob("*.toml")):
@@ -448,14 +533,14 @@ def load_config(path: Path) -> Config:
                     str(agent_file), name, f"agent {name!r} is also defined in {file}"
                 )
             agents[name] = _agent(
-                str(agent_file), "", name, _read_toml(agent_file), providers
+                str(agent_file), "", name, _read_toml(agent_file), providers, mcp
             )
     schedules = {
         name: _schedule(file, name, table, agents)
         for name, table in top.get("schedules", dict, {}).items()
     }
     top.check_unknown()
-    return Config(path=path, server=server, providers=providers, agents=agents,
+    return Config(path=path, server=server, providers=providers, agents=agents, mcp=mcp,
                   schedules=schedules)
 
 

@@ -30,6 +30,7 @@ from daemon.httpserver import Connections, HttpServer, bind_socket
 from daemon.llm.anthropic_client import AnthropicClient
 from daemon.llm.openai_client import OpenAIClient
 from daemon.llm.sse import provider_limits, provider_timeout
+from daemon.mcp.manager import McpManager
 from daemon.mock.provider import serve_mock_provider
 from daemon.runtime.bus import Bus
 from daemon.runtime.core import Runtime
@@ -164,6 +165,7 @@ async def _serve(
     bus = Bus(event_log, queue_max=server.ws_queue_max)
     sessions: SessionManager | None = None
     http_server: HttpServer | None = None
+    mcp: McpManager | None = None
     async with AsyncExitStack() as clients_stack, trio.open_nursery() as services:
         clients = {
             name: await clients_stack.enter_async_context(httpx.AsyncClient(
@@ -175,6 +177,8 @@ async def _serve(
         }
         try:
             await services.start(event_log.serve)
+            mcp = McpManager(config.mcp, config.agents.values())
+            await services.start(mcp.serve)  # each server connects in the background
             mock_roots: dict[str, str] = {}
             for name, provider in config.providers.items():
                 if provider.type == "mock":
@@ -188,6 +192,7 @@ async def _serve(
                 tools=tools, workspaces=server.data_dir / "workspaces",
                 grace_s=server.shutdown_grace_s,
                 slots=trio.CapacityLimiter(server.max_running_turns),
+                mcp=mcp,
             )
             sessions = SessionManager(config, store, bus, turn_services)
             await core.start(sessions.serve)
@@ -196,7 +201,7 @@ async def _serve(
             scheduler = Scheduler(config.schedules, store, SessionLauncher(sessions),
                                   SystemClock())
             await services.start(scheduler.serve)
-            runtime = Runtime(config, store, bus, sessions, scheduler)
+            runtime = Runtime(config, store, bus, sessions, mcp, scheduler)
             connections = Connections()
             http_server = HttpServer(
                 build_app(runtime, connections), bind_socket(server.host, server.port),
@@ -215,6 +220,8 @@ async def _serve(
             deadline = trio.current_time() + STOP_BUDGET_S
             with trio.CancelScope(deadline=deadline, shield=True):
                 notify("STOPPING=1")
+                if mcp is not None:
+                    mcp.request_stop()  # servers stop while the turns end
                 if http_server is not None:
                     http_server.stop_accepting()
                 if sessions is not None:

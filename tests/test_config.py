@@ -36,6 +36,19 @@ def test_default_config_loads() -> None:
     ("[server]\nstore_busy_timeout_s = -1\n", "server.store_busy_timeout_s"),
     ("[providers.p]\ntype = \"mock\"\n[agents.a]\nprovider = \"p\"\nmodel = \"m\"\n"
      "max_tool_calls = 0\n", "agents.a.max_tool_calls"),
+    # CONTRACT §10: MCP servers and the agents that name them
+    ("[providers.p]\ntype = \"mock\"\n[agents.a]\nprovider = \"p\"\nmodel = \"m\"\n"
+     "tools = [\"mcp:nope\"]\n", "agents.a.tools"),
+    ("[mcp.Bad]\ncommand = \"x\"\n", "mcp.Bad"),
+    ("[mcp.a__b]\ncommand = \"x\"\n", "mcp.a__b"),
+    ("[mcp.s]\ncommand = \"x\"\nurl = \"http://h/mcp\"\n", "mcp.s.command"),
+    ("[mcp.s]\n", "mcp.s.command"),
+    ("[mcp.s]\nurl = \"ftp://h\"\n", "mcp.s.url"),
+    ("[mcp.s]\nurl = \"http://h/mcp\"\nargs = [\"a\"]\n", "mcp.s.args"),
+    ("[mcp.s]\ncommand = \"x\"\nheaders = { A = \"b\" }\n", "mcp.s.headers"),
+    ("[mcp.s]\ncommand = \"x\"\ncall_timeout_s = 0\n", "mcp.s.call_timeout_s"),
+    ("[mcp.s]\ncommand = \"x\"\nenv = { A = 1 }\n", "mcp.s.env"),
+    ("[mcp.s]\ncommand = \"x\"\ncomand = \"y\"\n", "mcp.s.comand"),
 ])
 def test_errors_name_file_and_key(tmp_path: Path, text: str, key: str) -> None:
     path = tmp_path / "daemon.toml"
@@ -43,6 +56,29 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert info.value.key == key and info.value.file == str(path)
+
+
+def test_mcp_server_paths_and_tool_names(tmp_path: Path) -> None:
+    path = tmp_path / "daemon.toml"
+    path.write_text(
+        "[mcp.local]\ncommand = \"./bin/srv\"\ncwd = \"work\"\n"
+        "[mcp.onpath]\ncommand = \"uvx\"\nargs = [\"mcp-server-time\"]\n"
+        "[providers.p]\ntype = \"mock\"\n[agents.a]\nprovider = \"p\"\nmodel = \"m\"\n"
+        "tools = [\"mcp:local\", \"mcp:onpath/get_time\"]\n")
+    config = load_config(path)
+    local, onpath = config.mcp["local"], config.mcp["onpath"]
+    assert local.cwd == tmp_path / "work" and local.command == str(tmp_path / "work/bin/srv")
+    assert onpath.cwd == tmp_path and onpath.command == "uvx"
+    assert config.agents["a"].tools == ("mcp:local", "mcp:onpath/get_time")
+
+
+def test_model_names_of_mcp_tools() -> None:
+    from daemon.mcp.names import model_name
+    assert model_name("fs", "read_file") == "fs__read_file"
+    assert model_name("fs", "read.file v2") == "fs__read_file_v2"
+    long_a, long_b = model_name("s", "x" * 80 + "a"), model_name("s", "x" * 80 + "b")
+    assert len(long_a) == 64 and len(long_b) == 64 and long_a != long_b
+    assert long_a == model_name("s", "x" * 80 + "a")
 
 
 def test_hardening_defaults(tmp_path: Path) -> None:

@@ -76,9 +76,14 @@ def http_routes(rt: Runtime) -> Blueprint:
     @bp.get("/agents")
     async def agents() -> Response:
         return _json({"agents": [
-            {"name": a.name, "engine": a.engine, "model": a.model, "tools": list(a.tools)}
+            {"name": a.name, "engine": a.engine, "model": a.model,
+             "tools": rt.mcp.agent_tools(a)}
             for a in rt.config.agents.values()
         ]})
+
+    @bp.get("/mcp")
+    async def mcp_servers() -> Response:
+        return _json(rt.mcp.wire())
 
     @bp.post("/agents/<name>/chat")
     async def chat(name: str) -> Response:

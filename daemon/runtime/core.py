@@ -1,5 +1,5 @@
 """The runtime as the transports see it: config, store, bus, session manager, and the
-services they answer for (the scheduler)."""
+services they answer for (MCP servers, the scheduler)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from daemon.config import Config
+from daemon.mcp.manager import McpManager
 from daemon.runtime.bus import Bus
 from daemon.runtime.ports import Store
 from daemon.runtime.sessions import SessionManager
@@ -21,4 +22,5 @@ class Runtime:
     store: Store
     bus: Bus
     sessions: SessionManager
+    mcp: McpManager
     schedules: Scheduler | None = None

@@ -35,6 +35,7 @@ from daemon.clock import now_ms
 from daemon.config import AgentConfig
 from daemon.engines import base as eng
 from daemon.errors import MaxIterationsError, ProviderError, StoreError, StoreUnavailable
+from daemon.mcp.manager import McpManager
 from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Bus
@@ -73,6 +74,8 @@ class TurnServices:
     sub_agents: Callable[[Turn, str], SubAgents] | None = None
     # [server] max_running_turns: a top-level turn holds a slot until its terminal
     slots: trio.CapacityLimiter | None = None
+    # The daemon's MCP servers: an agent's `mcp:NAME` tools are what they last listed.
+    mcp: McpManager | None = None
 
 
 @dataclass(frozen=True)
@@ -281,6 +284,11 @@ class Turn:
     async def _drive(self) -> None:
         engine = self.services.engine_for(self.agent)
         history = await self.services.store.messages(self.session.record.id)
+        if self.services.mcp is not None:
+            # An MCP server this agent uses that has not listed its tools yet (the
+            # daemon just started it) is waited for, within its startup_timeout_s:
+            # the model sees the agent's tools, not a list missing them.
+            await self.services.mcp.first_listing(self.agent)
         ctx = _EngineContext(self, history)
         async with aclosing(engine.run(ctx)) as stream:
             async for event in stream:
@@ -350,8 +358,14 @@ class Turn:
     @property
     def tools(self) -> dict[str, Tool]:
         """The tools this turn's agent may call, by name."""
-        known = self.services.tools
-        return {name: known[name] for name in self.agent.tools if name in known}
+        known, mcp = self.services.tools, self.services.mcp
+        tools: dict[str, Tool] = {}
+        for name in self.agent.tools:
+            if name in known:
+                tools[name] = known[name]
+            elif mcp is not None and name.startswith("mcp:"):
+                tools.update(mcp.tools_for(name))
+        return tools
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         started = trio.current_time()

@@ -1,0 +1,125 @@
+"""A real MCP server for the tests, written with the `mcp` SDK (FastMCP).
+
+    python tests/mcp_server.py stdio          served on stdin/stdout (the daemon starts it)
+    python tests/mcp_server.py http           Streamable HTTP on 127.0.0.1, port 0; prints
+                                              "port N" on stdout once it listens
+
+Environment: MCP_TEST_RECORD (a file each cancellation the server receives, and each
+start, is appended to), MCP_TEST_START_DELAY (seconds to wait before serving: a slow
+start), MCP_TEST_FAIL_START (exit 3 at once: a server that cannot start), MCP_TEST_FAIL_IF_EXISTS
+(exit 3 at once if that file exists: a server whose restarts fail), MCP_TEST_ECHO
+(any value: reported by the `where` tool with the cwd).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+import anyio
+from mcp.server.fastmcp import Context, FastMCP
+
+RECORD = os.environ.get("MCP_TEST_RECORD")
+
+
+def record(line: str) -> None:
+    if RECORD:
+        with open(RECORD, "a") as f:
+            f.write(line + "\n")
+
+
+app = FastMCP("testsrv")
+
+
+@app.tool()
+async def add(a: int, b: int) -> str:
+    """Add two integers."""
+    return str(a + b)
+
+
+@app.tool()
+async def steps(count: int, ctx: Context, pause_s: float = 0) -> str:
+    """Report `count` progress steps (`pause_s` apart), then finish."""
+    for i in range(count):
+        if i and pause_s:
+            await anyio.sleep(pause_s)
+        await ctx.report_progress(i + 1, count, f"step {i + 1} of {count}")
+    return f"did {count} steps"
+
+
+@app.tool()
+async def hold(tag: str, ctx: Context) -> str:
+    """Report one progress step, then wait until cancelled (records the cancellation)."""
+    await ctx.report_progress(1, None, f"holding {tag}")
+    try:
+        await anyio.sleep_forever()
+    except anyio.get_cancelled_exc_class():
+        record(f"cancelled {tag}")
+        raise
+    return "unreachable"
+
+
+@app.tool()
+async def refuse(reason: str) -> str:
+    """Fail with `reason` (an isError result)."""
+    raise ValueError(reason)
+
+
+@app.tool()
+async def crash() -> str:
+    """Exit the server process mid-call."""
+    os._exit(7)
+
+
+@app.tool()
+async def where() -> str:
+    """The server's cwd and MCP_TEST_ECHO."""
+    return f"cwd={os.getcwd()} echo={os.environ.get('MCP_TEST_ECHO', '')}"
+
+
+@app.tool()
+async def grow(ctx: Context) -> str:
+    """Add a tool named `grown` and tell the client the tool list changed."""
+
+    async def grown() -> str:
+        """A tool that was not there at first."""
+        return "grown here"
+
+    app.add_tool(grown, name="grown")
+    await ctx.session.send_tool_list_changed()
+    return "grew"
+
+
+@app.tool(name="odd.name with spaces")
+async def odd() -> str:
+    """A tool whose name the model cannot use as is."""
+    return "odd"
+
+
+def main() -> None:
+    mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
+    marker = os.environ.get("MCP_TEST_FAIL_IF_EXISTS")
+    if os.environ.get("MCP_TEST_FAIL_START") or (marker and os.path.exists(marker)):
+        print("cannot start: MCP_TEST_FAIL_START is set", file=sys.stderr)
+        sys.exit(3)
+    record(f"start pid={os.getpid()} pgid={os.getpgid(0)}")
+    delay = float(os.environ.get("MCP_TEST_START_DELAY") or 0)
+    if delay:
+        time.sleep(delay)
+    if mode == "stdio":
+        app.run("stdio")
+        return
+    import uvicorn
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    config = uvicorn.Config(app.streamable_http_app(), log_level="warning")
+    server = uvicorn.Server(config)
+    print(f"port {sock.getsockname()[1]}", flush=True)
+    server.run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()
