@@ -147,6 +147,25 @@ async def test_run_pause_resume_404_409(tmp_path: Path, provider: Provider) -> N
         assert listed["paused"] is False and listed["nextRunAt"] is not None
 
 
+async def test_cancelling_a_scheduled_turn_does_not_pause_the_schedule(
+        tmp_path: Path, provider: Provider) -> None:
+    never = tmp_path / "never"
+    async with open_daemon(tmp_path, provider, extra=schedule("job", held(never))) as d, \
+            open_recorder(d.ws_url) as rec:
+        [first] = await scheduled_starts(rec, 1)
+        receipt = await d.cancel(first["sessionId"])
+        assert receipt["cancelled"] == [{"sessionId": first["sessionId"],
+                                         "turnId": first["turnId"]}]
+        terminal = await rec.terminal(first["turnId"])
+        assert terminal["data"]["details"]["reason"] == "user_cancel"
+        [_, second] = await scheduled_starts(rec, 2)  # the next tick runs as planned
+        assert second["sessionId"] != first["sessionId"]  # session = "new"
+        listed = await get_schedule(d)
+        assert listed["paused"] is False and listed["lastTurnId"] == second["turnId"]
+        assert listed["lastOutcome"] == "CANCELLED"  # the first run's, while the second goes
+        await d.cancel(second["sessionId"])
+
+
 async def test_paused_and_last_run_persist_across_a_restart(tmp_path: Path,
                                                             provider: Provider) -> None:
     extra = schedule("job", mock(say="x"), every="1h")

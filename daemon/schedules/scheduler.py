@@ -120,6 +120,8 @@ class Scheduler:
             catch_up = await self._load()
             task_status.started(self)
             for entry in catch_up:
+                if entry.record.paused:  # paused through the API in the meantime
+                    continue
                 log.info("schedule %s missed a tick while the daemon was down: catching up",
                          entry.config.name)
                 await self._tick(entry)
@@ -234,11 +236,9 @@ class Scheduler:
         return entry
 
     async def run_now(self, name: str) -> ScheduledRun:
-        """POST /schedules/{name}/run: also while paused; Conflict while it runs."""
-        entry = self._entry(name)
-        run = await self._start(entry)
-        self._replan()
-        return run
+        """POST /schedules/{name}/run: also while paused; Conflict while it runs. The
+        plan stays as it was (an `every` grid is not moved by a manual run)."""
+        return await self._start(self._entry(name))
 
     async def pause(self, name: str) -> None:
         entry = self._entry(name)
