@@ -79,7 +79,9 @@ async def measure(every: str, ticks: int) -> dict[str, float]:
                 await proc.wait()
     drifts = []
     for ts in starts[:ticks]:
-        k = round((ts - first) / period)  # the grid slot (a skipped tick leaves a hole)
+        # The grid slot: a run never starts before its planned time, so the slot is
+        # the last one at or before it (a skipped tick leaves a hole in the slots).
+        k = (ts - first) // period
         drifts.append(ts - (first + k * period))
     ordered = sorted(drifts)
     return {
