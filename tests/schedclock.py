@@ -64,11 +64,15 @@ class ScriptedLauncher:
         self.start_takes_s = start_takes_s
         self.runs: list[FakeRun] = []
         self.busy_sessions: set[str] = set()
+        self.failures = 0  # the next this many starts fail (a bug, a broken store)
         self._changed = trio.Event()
 
     async def start(self, schedule: ScheduleConfig, session_id: str | None) -> FakeRun:
         if session_id in self.busy_sessions:
             raise Conflict("the session is running a turn")
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("the start failed")
         started = self.clock.now_ms()
         if self.start_takes_s:
             await trio.sleep(self.start_takes_s)

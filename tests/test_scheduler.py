@@ -181,6 +181,16 @@ async def test_a_tick_while_the_previous_run_goes_is_skipped_and_counted(autojum
         assert wire["lastTurnId"] == second.turn_id and wire["skipped"] == 2
 
 
+async def test_a_start_that_fails_does_not_stop_the_schedule(autojump_clock: Any) -> None:
+    clock = VirtualWall(datetime(2026, 1, 1, tzinfo=UTC))
+    launcher = ScriptedLauncher(clock)
+    launcher.failures = 1
+    async with running(every("10s"), launcher, MemoryStates()) as scheduler:
+        [run] = await launcher.wait_runs(1)
+        assert run.started_ms == clock.start_ms + 20_000  # the 10 s tick failed, logged
+        assert scheduler.wire()[0]["skipped"] == 0  # a failure is not a skip
+
+
 async def test_same_session_busy_with_another_turn_skips(autojump_clock: Any) -> None:
     clock = VirtualWall(datetime(2026, 1, 1, tzinfo=UTC))
     launcher = ScriptedLauncher(clock)

@@ -188,7 +188,9 @@ class Scheduler:
             await self._save_logged(entry)
         except Unavailable:
             pass  # the daemon is stopping: nothing starts any more
-        except StoreError:
+        except Exception:
+            # Not this tick's to stop the daemon (and every other schedule) over; the
+            # next tick tries again. Cancelled is not an Exception: it goes on up.
             log.exception("schedule %s: could not start its run", entry.config.name)
 
     async def _start(self, entry: _Entry) -> ScheduledRun:
