@@ -38,6 +38,10 @@ from daemon.llm.transport import ConnectTimeout, LeanPool, Response, StallTimeou
 
 # How much of an error body we keep for the message.
 ERROR_BODY_MAX = 2048
+# The text of deltas one read brings that is merged into one delta (one event) at most:
+# a burst (a gzip piece, a replay) goes out as several events of this size, each well
+# within what a WebSocket client takes in one frame.
+MERGE_MAX_CHARS = 64 * 1024
 # A provider line longer than this is not a chunk we can trust.
 LINE_MAX = 4 * 1024 * 1024
 EVENT_STREAM = "text/event-stream"
