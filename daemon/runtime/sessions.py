@@ -175,12 +175,14 @@ class SessionManager:
         record = await self._stored(session_id)
         ref = await self._ref(record)
         pending = await self.store.pending_inbox(session_id)
-        # Another task may have loaded it while we awaited: keep the first. (Offering an
-        # entry it already has is a no-op.)
-        state = self._sessions.setdefault(
-            session_id, SessionState(record, ref, self._new_inbox(session_id))
-        )
-        state.inbox.offer_all(pending)
+        # Another task may have loaded it while we awaited: keep the first, and do not
+        # offer our read-back to it. That read may be older than what its turns have
+        # consumed since (an entry offered again would be consumed twice); what was
+        # stored after its own read arrives through the delivery that stored it.
+        ours = SessionState(record, ref, self._new_inbox(session_id))
+        state = self._sessions.setdefault(session_id, ours)
+        if state is ours:
+            state.inbox.offer_all(pending)
         return state
 
     def _new_inbox(self, session_id: str) -> Inbox:
