@@ -113,6 +113,12 @@ class AgentConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     home: Path | None = None
     stall_timeout_s: float = 300.0
+    # CONTRACT §9: shell-style patterns (fnmatch) over a tool's name and, for an MCP
+    # tool, also `mcp:NAME/TOOL`: calls of `approve` tools wait for a person, `deny`
+    # tools are not offered (deny wins); how long a request waits (0 = no limit).
+    approve: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    approval_timeout_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -374,6 +380,22 @@ def _check_tool(r: _Reader, tool: Any, mcp: Mapping[str, McpServerConfig]) -> No
                               f"mcp:NAME, mcp:NAME/TOOL)")
 
 
+def _patterns(r: _Reader, key: str) -> tuple[str, ...]:
+    """`approve` / `deny`: shell-style patterns such as "bash" or "mcp:files/*"."""
+    values = r.get(key, list, [])
+    if not all(isinstance(v, str) and v.strip() and v == v.strip() for v in values):
+        raise r.fail(key, "must be a list of tool name patterns (non-empty strings such "
+                          "as \"bash\" or \"mcp:files/*\")")
+    return tuple(values)
+
+
+def _non_negative_seconds(r: _Reader, key: str) -> float:
+    value = float(r.get(key, (int, float), 0))
+    if not value >= 0 or value == float("inf"):
+        raise r.fail(key, f"must be 0 (no limit) or a positive number of seconds, got {value}")
+    return value
+
+
 def _agent(
     file: str, prefix: str, name: str, table: Any, providers: Mapping[str, ProviderConfig],
     mcp: Mapping[str, McpServerConfig] | None = None,
@@ -427,6 +449,9 @@ def _agent(
         env=dict(env),
         home=Path(home) if home else None,
         stall_timeout_s=float(r.get("stall_timeout_s", (int, float), 300.0)),
+        approve=_patterns(r, "approve"),
+        deny=_patterns(r, "deny"),
+        approval_timeout_s=_non_negative_seconds(r, "approval_timeout_s"),
     )
     if cfg.thinking_budget and cfg.thinking_budget >= cfg.max_tokens:
         raise r.fail("thinking_budget", f"must be below max_tokens ({cfg.max_tokens})")

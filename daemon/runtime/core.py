@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from daemon.config import Config
 from daemon.mcp.manager import McpManager
+from daemon.runtime.approvals import Approvals
 from daemon.runtime.bus import Bus
 from daemon.runtime.ports import Store
 from daemon.runtime.sessions import SessionManager
@@ -18,3 +19,8 @@ class Runtime:
     bus: Bus
     sessions: SessionManager
     mcp: McpManager
+
+    @property
+    def approvals(self) -> Approvals:
+        """The pending tool approvals (CONTRACT §9), shared by every turn."""
+        return self.sessions.services.approvals
