@@ -453,6 +453,12 @@ def _agent(
         deny=_patterns(r, "deny"),
         approval_timeout_s=_non_negative_seconds(r, "approval_timeout_s"),
     )
+    if engine == "claude-cli" and (cfg.approve or cfg.deny):
+        # The CLI runs its own tools: a rule that looked applied but was not would be
+        # worse than none.
+        raise r.fail("approve" if cfg.approve else "deny",
+                     "the claude-cli engine runs its own tools; veild cannot hold them "
+                     "for approval (use the CLI's own permission settings)")
     if cfg.thinking_budget and cfg.thinking_budget >= cfg.max_tokens:
         raise r.fail("thinking_budget", f"must be below max_tokens ({cfg.max_tokens})")
     r.check_unknown()

@@ -505,6 +505,7 @@ AGENT_HEAD = '[providers.p]\ntype = "mock"\n[agents.a]\nprovider = "p"\nmodel = 
     ("deny = [3]\n", "agents.a.deny"),
     ("approval_timeout_s = -1\n", "agents.a.approval_timeout_s"),
     ('approval_timeout_s = "5"\n', "agents.a.approval_timeout_s"),
+    ('[agents.c]\nengine = "claude-cli"\napprove = ["Bash"]\n', "agents.c.approve"),
 ])
 def test_config_errors_name_the_key(tmp_path: Path, text: str, key: str) -> None:
     path = tmp_path / "daemon.toml"
