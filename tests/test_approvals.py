@@ -10,8 +10,10 @@ fail_after; the timeout test lets the daemon's own clock expire the approval.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -35,7 +37,9 @@ from tests.harness import (
     open_daemon,
     open_recorder,
     spawn,
+    write_config,
 )
+from tests.process import spawn_daemon
 from tests.test_mcp import stdio_server, wait_status
 
 AGENTS = """
@@ -546,3 +550,86 @@ async def test_mcp_patterns_match_mcp_name_and_tool(tmp_path: Path, provider: Pr
     assert "t__add" in offered and "bash" in offered and "t__steps" not in offered
     assert body["toolCalls"][0]["isError"] is False
     assert await_tool(rec, body["turnId"]) == "5"
+
+
+async def test_sigkill_while_waiting_is_interrupted_and_nothing_is_pending(
+        tmp_path: Path, provider: Provider) -> None:
+    config = write_config(tmp_path, provider.url, extra=AGENTS)
+    async with spawn_daemon(config) as proc:
+        async with open_recorder(proc.ws_url) as rec, \
+                httpx.AsyncClient(base_url=proc.url, timeout=30) as http, \
+                trio.open_nursery() as nursery:
+            async def chat() -> None:
+                with contextlib.suppress(httpx.HTTPError):  # the daemon dies under it
+                    await http.post("/agents/guarded/chat",
+                                    json={"message": script(bash("echo ran > ran.txt"))})
+
+            nursery.start_soon(chat)
+            request = await next_request(rec)
+            sid, aid, turn_id = (request["sessionId"], request["data"]["approvalId"],
+                                 request["turnId"])
+            proc.process.send_signal(signal.SIGKILL)
+            await proc.process.wait()
+    async with spawn_daemon(config) as proc, \
+            httpx.AsyncClient(base_url=proc.url, timeout=30) as http:
+        turns = (await http.get(f"/sessions/{sid}/turns")).json()["turns"]
+        assert [(t["turnId"], t["errorCode"]) for t in turns] == [(turn_id, "INTERRUPTED")]
+        assert (await http.get("/approvals")).json() == {"approvals": []}
+        assert (await http.get("/approvals", params={"sessionId": sid})).json() == {
+            "approvals": []}
+        r = await http.post(f"/sessions/{sid}/approvals/{aid}", json={"decision": "allow"})
+        assert r.status_code == 404, r.text
+    assert not (workspace(tmp_path, sid) / "ran.txt").exists()
+
+
+async def test_a_tree_cancel_reaches_a_child_that_waits(
+        tmp_path: Path, provider: Provider) -> None:
+    child_script = script(bash("echo ran > ran.txt"))
+    parent_script = mock(calls=[{"tools": [spawn("guarded", child_script)]}, {"say": "never"}])
+    async with approvals_daemon(tmp_path, provider) as d, open_recorder(d.ws_url) as rec, \
+            trio.open_nursery() as nursery:
+        chat = start_chat(nursery, d, parent_script, agent="boss")
+        request = await next_request(rec)
+        child, root = request["sessionId"], request["rootSessionId"]
+        receipt = await d.cancel(root, "tree")
+        assert len(receipt["cancelled"]) == 2
+        body = await chat.result()
+        await rec.terminal(body["turnId"])
+        child_stream = rec.stream(request["turnId"])
+    assert [e["eventType"] for e in child_stream][-3:] == [
+        "approval.request", "approval.result", "error"]
+    assert child_stream[-2]["data"]["decision"] == "cancelled"
+    assert child_stream[-1]["data"]["details"]["reason"] == "parent_cancelled"
+    root_terminal = next(e for e in rec.stream(body["turnId"]) if e["eventType"] == "error")
+    assert child_stream[-1]["seq"] < root_terminal["seq"]  # children first (§5.6)
+    assert not (workspace(tmp_path, child) / "ran.txt").exists()
+
+
+async def test_no_provider_or_tool_timeout_runs_while_a_call_waits(
+        tmp_path: Path, provider: Provider) -> None:
+    """A call waits for longer than its provider's stall_timeout_s and its bash timeout,
+    then runs: neither fired. The time that passes is measured by the daemon itself —
+    two calls of a `hasty` agent expiring one after the other (2 x 0.3 s)."""
+    extra = AGENTS + (
+        f'[providers.twitchy]\ntype = "openai"\nbase_url = "{provider.url}"\n'
+        "stall_timeout_s = 0.2\n"
+        '[agents.patient]\nengine = "openai"\nprovider = "twitchy"\nmodel = "p"\n'
+        'tools = ["bash"]\napprove = ["bash"]\nbash_timeout_s = 0.2\n')
+    async with open_daemon(tmp_path, provider, extra=extra) as d, \
+            open_recorder(d.ws_url) as rec, trio.open_nursery() as nursery:
+        seen: set[str] = set()
+        patient = start_chat(nursery, d, script(bash("echo ran")), agent="patient")
+        request = await next_request(rec, seen)
+        hasty = start_chat(nursery, d, script(bash("echo a"), bash("echo b")), agent="hasty")
+        clock = await hasty.result()
+        expired = [e for e in rec.stream(clock["turnId"])
+                   if e["eventType"] == "approval.result"]
+        assert [e["data"]["decision"] for e in expired] == ["expired", "expired"]
+        assert expired[-1]["ts"] - request["ts"] >= 500
+        r = await decide(d, request["sessionId"], request["data"]["approvalId"],
+                         {"decision": "allow"})
+        assert r.status_code == 200, r.text
+        body = await patient.result()
+    assert body["cancelled"] is False and body["content"] == "after the tools"
+    assert body["toolCalls"][0]["isError"] is False
+    assert await_tool(rec, body["turnId"]).startswith("ran")
