@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -633,3 +634,36 @@ async def test_no_provider_or_tool_timeout_runs_while_a_call_waits(
     assert body["cancelled"] is False and body["content"] == "after the tools"
     assert body["toolCalls"][0]["isError"] is False
     assert await_tool(rec, body["turnId"]).startswith("ran")
+
+
+async def test_cli_chat_prints_the_approve_command_that_answers_it(
+        tmp_path: Path, provider: Provider) -> None:
+    async with approvals_daemon(tmp_path, provider) as d:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "daemon", "chat", "guarded", script(bash("echo ran")),
+             "--url", d.url], stdout=subprocess.PIPE, env={**os.environ, "VEILD_LOG": "ERROR"})
+        assert process.stdout is not None
+        try:
+            out = b""
+            with trio.fail_after(WAIT_S):
+                while b"[--deny REASON]]" not in out:
+                    chunk = await process.stdout.receive_some(4096)
+                    assert chunk, out
+                    out += chunk
+            line = next(x for x in out.decode().splitlines() if "waits for approval" in x)
+            command = line.split("waits for approval: ")[1].removesuffix(" [--deny REASON]]")
+            words = command.split()
+            assert words[:2] == ["veild", "approve"] and len(words) == 4
+            done = await _cli(d, *words[2:])
+            assert done.returncode == 0, done.stderr
+            with trio.fail_after(WAIT_S):
+                while chunk := await process.stdout.receive_some(4096):
+                    out += chunk
+                assert await process.wait() == 0
+        finally:
+            if process.returncode is None:
+                process.kill()
+                with trio.move_on_after(5, shield=True):
+                    await process.wait()
+    text = out.decode()
+    assert "[approval allow]" in text and "[done session=" in text
