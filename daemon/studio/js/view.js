@@ -263,7 +263,8 @@ class Body {
       h('div.approval-actions', {}, approve, deny, reason));
     const tool = this.view.toolCalls.get(d.toolCallId);
     if (tool) tool.status.replaceChildren(document.createTextNode('waiting for approval'));
-    (tool ? tool.el : this.el).append(el);
+    // Above the call's output and result: it comes before them.
+    if (tool) tool.el.insertBefore(el, tool.kids); else this.el.append(el);
     this.approvals.set(d.approvalId, el);
   }
 
@@ -280,7 +281,8 @@ class Body {
     }, h('b', { text: 'approval ' }), text, d.reason ? h('span.reason', { text: ` · ${d.reason}` }) : null);
     const tool = this.view.toolCalls.get(d.toolCallId);
     if (pending) pending.replaceWith(el);
-    else (tool ? tool.el : this.el).append(el);
+    else if (tool) tool.el.insertBefore(el, tool.kids);
+    else this.el.append(el);
     if (tool && !tool.el.classList.contains('done')) {
       const status = d.decision === 'allow' ? 'running' : text;
       tool.status.replaceChildren(document.createTextNode(status));
