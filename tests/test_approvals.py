@@ -263,6 +263,7 @@ async def test_no_decision_within_the_timeout_expires(tmp_path: Path, provider: 
         "toolCallId"], "decision": "expired", "reason": None}]
     tool = next(e["data"] for e in stream if e["eventType"] == "tool.result")
     assert tool["isError"] is True and "approval_timeout_s" in tool["content"]
+    assert tool["durationMs"] < 250  # the run (none), not the 300 ms wait
     assert not (workspace(tmp_path, body["sessionId"]) / "ran.txt").exists()
     assert assert_one_terminal_last(stream)["eventType"] == "done"
 

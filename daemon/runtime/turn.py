@@ -375,6 +375,11 @@ class Turn:
         started = trio.current_time()
         tool = self._named_tools().get(name)
         verdict = approvals.policy(self.agent, tool) if tool is not None else None
+        refused: ToolOutcome | None = None
+        if verdict == "approve" and isinstance(args, dict):
+            asked = trio.current_time()
+            refused = await self._approval(call_id, name, args)
+            started += trio.current_time() - asked  # durationMs: the run, not the wait
         if tool is None:
             outcome = ToolOutcome(f"unknown tool {name!r}", is_error=True)
         elif verdict == "deny":
@@ -382,11 +387,9 @@ class Turn:
                                   f"{self.agent.name!r} (deny)", is_error=True)
         elif not isinstance(args, dict):
             outcome = ToolOutcome("tool arguments must be a JSON object", is_error=True)
-        elif verdict == "approve" and (refused := await self._approval(call_id, name, args)):
+        elif refused is not None:
             outcome = refused
         else:
-            if verdict == "approve":
-                started = trio.current_time()  # durationMs is the run, not the wait
             sub_agents = self.services.sub_agents
             ctx = ToolContext(
                 session_id=self.session.record.id,
