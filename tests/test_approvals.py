@@ -672,3 +672,58 @@ async def test_cli_chat_prints_the_approve_command_that_answers_it(
                     await process.wait()
     text = out.decode()
     assert "[approval allow]" in text and "[done session=" in text
+
+
+async def test_spawns_of_one_answer_ask_together_and_are_decided_apart(
+        tmp_path: Path, provider: Provider) -> None:
+    """Sub-agent calls of one answer run together (Tool.concurrent): both requests are
+    pending at once; each decision applies to its own call only."""
+    extra = AGENTS + ('[agents.spawner]\nengine = "openai"\nprovider = "mock"\n'
+                      'model = "s"\ntools = ["agent_spawn"]\napprove = ["agent_*"]\n')
+    calls = [spawn("plain", mock(say="first child")), spawn("plain", mock(say="second"))]
+    async with open_daemon(tmp_path, provider, extra=extra) as d, \
+            open_recorder(d.ws_url) as rec, trio.open_nursery() as nursery:
+        chat = start_chat(nursery, d, mock(calls=[{"tools": calls}, {"say": "end"}]),
+                          agent="spawner")
+        seen: set[str] = set()
+        first, second = await next_request(rec, seen), await next_request(rec, seen)
+        listed = await pending(d, sessionId=first["sessionId"])
+        assert {a["approvalId"] for a in listed} == seen  # both wait at the same time
+        by_message = {r["data"]["arguments"]["message"]: r for r in (first, second)}
+        allow, deny = by_message[calls[0]["arguments"]["message"]], by_message[
+            calls[1]["arguments"]["message"]]
+        r = await decide(d, deny["sessionId"], deny["data"]["approvalId"],
+                         {"decision": "deny", "reason": "one child is enough"})
+        assert r.status_code == 200, r.text
+        r = await decide(d, allow["sessionId"], allow["data"]["approvalId"],
+                         {"decision": "allow"})
+        assert r.status_code == 200, r.text
+        body = await chat.result()
+    results = {e["data"]["toolCallId"]: e["data"] for e in rec.stream(body["turnId"])
+               if e["eventType"] == "tool.result"}
+    assert json.loads(results[allow["data"]["toolCallId"]]["content"])["content"] == \
+        "first child"
+    refused = results[deny["data"]["toolCallId"]]
+    assert refused["isError"] is True and "one child is enough" in refused["content"]
+    children = [e for e in rec.events if e.get("type") == "session.created"
+                and e["session"]["parentSessionId"] == body["sessionId"]]
+    assert len(children) == 1  # the denied spawn created nothing
+
+
+async def test_the_anthropic_engine_asks_too(tmp_path: Path, provider: Provider) -> None:
+    root = provider.url.removesuffix("/v1")
+    extra = AGENTS + (f'[providers.messages]\ntype = "anthropic"\nbase_url = "{root}"\n'
+                      '[agents.claudeapi]\nengine = "anthropic"\nprovider = "messages"\n'
+                      'model = "claude-test"\ntools = ["bash"]\napprove = ["bash"]\n')
+    async with open_daemon(tmp_path, provider, extra=extra) as d, \
+            open_recorder(d.ws_url) as rec, trio.open_nursery() as nursery:
+        chat = start_chat(nursery, d, script(bash("echo ran > ran.txt")), agent="claudeapi")
+        request = await next_request(rec)
+        r = await decide(d, request["sessionId"], request["data"]["approvalId"],
+                         {"decision": "deny", "reason": "not here"})
+        assert r.status_code == 200, r.text
+        body = await chat.result()
+    tool = next(e["data"] for e in rec.stream(body["turnId"]) if e["eventType"] == "tool.result")
+    assert tool["isError"] is True and "not here" in tool["content"]
+    assert body["content"] == "after the tools"
+    assert not (workspace(tmp_path, request["sessionId"]) / "ran.txt").exists()
