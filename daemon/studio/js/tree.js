@@ -124,8 +124,7 @@ export class Tree {
   }
 
   /** Approvals pending before this tab saw their request (GET /approvals). */
-  async loadApprovals() {
-    const { approvals } = await api('/approvals');
+  applyApprovals(approvals) {
     for (const a of approvals) {
       if (this.over.has(a.approvalId) || this.over.has(a.turnId)) continue;
       const s = this.sessions.get(a.sessionId);  // not listed (beyond the limit): no row to count on
@@ -138,10 +137,12 @@ export class Tree {
 
   /** Every session from GET /sessions (newest first). */
   async load() {
-    const { sessions } = await api('/sessions?limit=500');
+    // Both at once: the pending approvals need no second round trip.
+    const [{ sessions }, { approvals }] = await Promise.all([
+      api('/sessions?limit=500'), api('/approvals')]);
     // Oldest first, so that parents exist before their children.
     for (const wire of sessions.slice().reverse()) this.upsert(wire, { fromHttp: true });
-    await this.loadApprovals();
+    this.applyApprovals(approvals);
   }
 
   wantTerminal(s) {
