@@ -43,8 +43,12 @@ class ServerConfig:
     # CONTRACT §6: at most this many turns run at once; another waits for a slot (a
     # waiting spawn's child runs in its parent's slot, so a tree cannot deadlock).
     max_running_turns: int = 4096
-    # Per-connection queue of a WebSocket or SSE client, in events (CONTRACT §7).
-    ws_queue_max: int = 4096
+    # CONTRACT §7: each WebSocket or SSE connection's queue holds at most this many
+    # bytes of events before the client is closed as lagged (1013) ...
+    stream_queue_bytes: int = 16 * 1024 * 1024
+    # ... and once it holds more than this many events, adjacent chunks of one turn at
+    # its tail are merged (`seqFrom`), so a client that is behind catches up.
+    stream_coalesce_after: int = 512
     # The durable event log (data_dir/events.db) keeps this many recent seqs for
     # `since` / Last-Event-ID replay, also across restarts ...
     retention_events: int = 200_000
@@ -261,7 +265,9 @@ def _server(file: str, table: Any) -> ServerConfig:
         max_depth=r.positive_int("max_depth", 4, minimum=0),
         inbox_max=r.positive_int("inbox_max", 1000),
         max_running_turns=r.positive_int("max_running_turns", 4096),
-        ws_queue_max=r.positive_int("ws_queue_max", 4096),
+        stream_queue_bytes=r.positive_int("stream_queue_bytes", 16 * 1024 * 1024,
+                                          minimum=1024),
+        stream_coalesce_after=r.positive_int("stream_coalesce_after", 512, minimum=0),
         retention_events=r.positive_int("retention_events", 200_000),
         retention_bytes=r.positive_int("retention_bytes", 256 * 1024 * 1024),
         event_flush_ms=_positive_float(r, "event_flush_ms", 50.0),

@@ -4,8 +4,9 @@ This is hypercorn's `worker_serve` cut to what veild needs, plus one thing it la
 registry of the accepted TCP streams. Hypercorn shields every socket write, so a client
 that stops reading pins its connection task forever and no cancel scope can free it.
 The registry lets the daemon abort such a connection (close its socket, which wakes the
-stuck write with ClosedResourceError) once a grace period is over: after a WebSocket
-client lagged, and at shutdown for whatever is still open.
+stuck write with ClosedResourceError) once a grace period is over: after a WebSocket or
+SSE client lagged (`abort_after`, a timer in the connection's own nursery), and at
+shutdown for whatever is still open.
 
 Two more things below the app are ours, in small subclasses of hypercorn's classes:
 - Errors h11 finds before a request reaches the app (a malformed request or a double
@@ -100,6 +101,8 @@ class Connections:
     def __init__(self) -> None:
         self._by_peer: dict[tuple[str, int], trio.SocketStream] = {}
         self._peer_of: dict[int, tuple[str, int]] = {}  # id(stream) -> peer
+        # id(stream) -> the nursery of that connection's task, while it runs.
+        self._nursery_of: dict[int, trio.Nursery] = {}
 
     def add(self, stream: trio.SocketStream) -> None:
         try:
@@ -109,21 +112,37 @@ class Connections:
         self._by_peer[(host, port)] = stream
         self._peer_of[id(stream)] = (host, port)
 
+    def watch(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
+        """`stream`'s connection runs in `nursery` until `discard(stream)`."""
+        self._nursery_of[id(stream)] = nursery
+
     def discard(self, stream: trio.SocketStream) -> None:
+        self._nursery_of.pop(id(stream), None)
         peer = self._peer_of.pop(id(stream), None)
         if peer is not None:
             self._by_peer.pop(peer, None)
 
-    def abort(self, client: Any) -> bool:
-        """Close the socket of the connection whose peer is `client` (host, port)."""
+    def abort_after(self, client: Any, grace_s: float) -> None:
+        """Close `client`'s connection unless it has ended within `grace_s`.
+
+        Synchronous (the bus calls it when a subscriber lags); the timer runs in the
+        connection's nursery, so it ends with the connection.
+        """
         if not client:
-            return False
-        stream = self._by_peer.pop((client[0], client[1]), None)
+            return
+        stream = self._by_peer.get((client[0], client[1]))
         if stream is None:
-            return False
-        self._peer_of.pop(id(stream), None)
-        stream.socket.close()
-        return True
+            return
+        nursery = self._nursery_of.get(id(stream))
+        if nursery is not None:
+            nursery.start_soon(self._abort_later, stream, grace_s)
+
+    async def _abort_later(self, stream: trio.SocketStream, grace_s: float) -> None:
+        await trio.sleep(grace_s)
+        peer = self._peer_of.pop(id(stream), None)
+        if peer is not None:
+            self._by_peer.pop(peer, None)
+            stream.socket.close()
 
     def abort_all(self) -> int:
         streams = list(self._by_peer.values())
@@ -203,9 +222,15 @@ class HttpServer:
                 async def handler(stream: trio.SocketStream) -> None:
                     self._live += 1
                     try:
-                        await tcp_server(stream)  # type: ignore[arg-type]  # plain TCP is fine
+                        async with trio.open_nursery() as own:  # the connection's timers
+                            self.connections.watch(stream, own)
+                            try:
+                                await tcp_server(stream)  # type: ignore[arg-type]  # plain TCP
+                            finally:
+                                # Before the nursery closes: no timer is started after.
+                                self.connections.discard(stream)
+                            own.cancel_scope.cancel()
                     finally:
-                        self.connections.discard(stream)
                         self._live -= 1
                         if self._live == 0:
                             self._all_closed.set()

@@ -161,7 +161,8 @@ async def _serve(
     stop: trio.Event, task_status: trio.TaskStatus[Daemon],
 ) -> None:
     server = config.server
-    bus = Bus(event_log, queue_max=server.ws_queue_max)
+    bus = Bus(event_log, queue_bytes=server.stream_queue_bytes,
+              coalesce_after=server.stream_coalesce_after)
     sessions: SessionManager | None = None
     http_server: HttpServer | None = None
     mcp: McpManager | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -18,7 +19,12 @@ from typing import Any
 
 import httpx
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
+from trio_websocket import (
+    ConnectionClosed,
+    WebSocketConnection,
+    open_websocket_url,
+    wrap_client_stream,
+)
 
 from daemon.config import load_config
 from daemon.mock.provider import Served, serve_mock_provider
@@ -235,6 +241,41 @@ async def open_recorder(url: str, query: str = "batch=1") -> AsyncIterator[Recor
             nursery.start_soon(rec._pump)
             yield rec
             nursery.cancel_scope.cancel()
+
+
+def sockets_hold(rcvbuf: int) -> int:
+    """At most how many bytes the loopback sockets between the daemon and a client whose
+    receive buffer is fixed at `rcvbuf` hold: the kernel doubles SO_RCVBUF (and a fixed
+    one is not autotuned), the daemon's send buffer grows at most to tcp_wmem's max. A
+    test that publishes more than this for a client that does not read knows that the
+    rest waits in the daemon's queue for that client."""
+    wmem_max = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    return wmem_max + 2 * rcvbuf
+
+
+async def open_held_socket(url: str, rcvbuf: int) -> trio.SocketStream:
+    """A TCP connection to the daemon at `url` with a small fixed receive buffer."""
+    host, port = url.split("://")[1].split("/")[0].split(":")
+    sock = trio.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    await sock.connect((host, int(port)))
+    return trio.SocketStream(sock)
+
+
+@asynccontextmanager
+async def open_held_websocket(url: str, rcvbuf: int) -> AsyncIterator[WebSocketConnection]:
+    """A /ws client over `open_held_socket` that reads only when the test calls
+    get_message (it holds one message and one partial read, at most)."""
+    stream = await open_held_socket(url, rcvbuf)
+    resource = "/" + url.split("://")[1].split("/", 1)[1]
+    host = url.split("://")[1].split(":")[0]
+    async with trio.open_nursery() as nursery:
+        ws = await wrap_client_stream(nursery, stream, host, resource,
+                                      message_queue_size=1, max_message_size=1 << 22)
+        try:
+            yield ws
+        finally:
+            await ws.aclose()
 
 
 def assert_one_terminal_last(stream: list[dict[str, Any]]) -> dict[str, Any]:

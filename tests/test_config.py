@@ -34,6 +34,9 @@ def test_default_config_loads() -> None:
     ("[providers.p]\ntype = \"mock\"\nconnect_timeout_s = \"10\"\n",
      "providers.p.connect_timeout_s"),
     ("[server]\nstore_busy_timeout_s = -1\n", "server.store_busy_timeout_s"),
+    ("[server]\nstream_queue_bytes = 100\n", "server.stream_queue_bytes"),
+    ("[server]\nstream_coalesce_after = -1\n", "server.stream_coalesce_after"),
+    ("[server]\nws_queue_max = 64\n", "server.ws_queue_max"),  # replaced: now unknown
     ("[providers.p]\ntype = \"mock\"\ntransport = \"h2\"\n", "providers.p.transport"),
     ("[providers.p]\ntype = \"mock\"\nproxy = \"proxy:3128\"\n", "providers.p.proxy"),
     ("[providers.p]\ntype = \"mock\"\ntransport = \"lean\"\nproxy = \"http://proxy:3128\"\n",
@@ -99,6 +102,8 @@ def test_hardening_defaults(tmp_path: Path) -> None:
     assert config.providers["p"].proxy is None and config.providers["p"].ca_file is None
     assert config.server.store_busy_timeout_s == 5
     assert config.agents["a"].max_tool_calls == 32
+    assert config.server.stream_queue_bytes == 16 * 1024 * 1024
+    assert config.server.stream_coalesce_after == 512
 
 
 def test_cli_exits_2_on_a_config_error(tmp_path: Path) -> None:

@@ -170,20 +170,25 @@ async def test_replay_pages_disk_then_memory_and_a_cancelled_read_loses_nothing(
 
 
 async def test_publish_never_checkpoints_and_a_slow_subscriber_lags() -> None:
-    bus = Bus(MemoryEventLog(), queue_max=3)
+    # Room for three of these events (~560 bytes each by Envelope.size), not four.
+    bus = Bus(MemoryEventLog(), queue_bytes=2000)
     slow = bus.subscribe(Filter())
     fast = bus.subscribe(Filter())
-    taken: list[int] = []
+    published: list[Envelope] = []
     for i in range(10):
         # publish is synchronous: it cannot checkpoint, so no task runs in between
         env = bus.publish("session.updated", ref("s1"), {"n": i})
-        if i < 3:
-            taken.append(env.seq)
+        published.append(env)
         batch = await fast.receive_batch()
         assert [e.seq for e in batch if isinstance(e, Envelope)] == [env.seq]
-    assert slow.lagged and slow.last_seq == taken[-1]
-    items = [e for e in await slow.receive_batch() if isinstance(e, Envelope)]
-    assert [e.seq for e in items] == taken
+        if i == 1:  # the slow one takes two, then stops reading
+            taken = [e.seq for e in await slow.receive_batch() if isinstance(e, Envelope)]
+            assert taken == [published[0].seq, published[1].seq]
+        if i == 4:  # three waiting: still within the bound
+            assert not slow.lagged
+    assert 3 * published[0].size < 2000 < 4 * published[0].size
+    # Lagged at the fourth waiting event; it resumes after what it was given.
+    assert slow.lagged and slow.last_seq == published[1].seq
     with pytest.raises(trio.EndOfChannel):
         await slow.receive_batch()
     assert bus.subscriber_count == 1

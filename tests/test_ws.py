@@ -7,18 +7,25 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
-from trio_websocket import ConnectionClosed, open_websocket_url
+from trio_websocket import (
+    ConnectionClosed,
+    open_websocket_url,
+)
 
+from daemon.runtime.bus import MERGED_MAX_BYTES
 from tests.harness import (
     Provider,
     Running,
     assert_seqs_unique_increasing,
     mock,
     open_daemon,
+    open_held_websocket,
     open_recorder,
+    sockets_hold,
 )
 
 
@@ -88,35 +95,52 @@ async def test_batch_frames_are_arrays_in_seq_order(daemon: Running) -> None:
 
 
 async def test_a_client_that_never_reads_is_closed_1013(tmp_path: Path, provider: Provider) -> None:
-    server = "ws_queue_max = 64\nclient_close_grace_s = 60"
-    # ~24 MB, paced so that a reading client keeps up while the stuck one fills its
-    # socket buffers and then its queue.
-    big = ("for i in $(seq 1 300); do head -c 80000 /dev/zero | tr '\\0' 'a'; echo; "
-           "sleep 0.01; done")
+    """Deterministic by construction: what is published for the stuck client is more than
+    its sockets, its own client buffer and its queue bound can hold together, so its queue
+    must pass `stream_queue_bytes` whatever the timing; what the other client is sent is
+    far below the bound, so it cannot lag."""
+    queue_bytes = 256 * 1024
+    rcvbuf = 64 * 1024
+    # + the client's one buffered message and its partial next one (at most a merged
+    # chunk each, bus.MERGED_MAX_BYTES) + the queue bound itself, with a margin.
+    flood = sockets_hold(rcvbuf) + 2 * MERGED_MAX_BYTES + queue_bytes + (1 << 20)
+    server = (f"stream_queue_bytes = {queue_bytes}\nstream_coalesce_after = 4\n"
+              "client_close_grace_s = 60")
+    command = f"head -c {flood} /dev/zero | tr '\\0' a"
     async with open_daemon(tmp_path, provider, server=server) as daemon:
-        async with open_websocket_url(daemon.ws_url, message_queue_size=1) as stuck:
-            json.loads(await stuck.get_message())  # hello; then it stops reading
-            async with open_recorder(daemon.ws_url, "batch=1") as reader:
+        quiet = (await daemon.chat(mock(say=1))).json()["sessionId"]
+        async with open_held_websocket(daemon.ws_url, rcvbuf) as stuck:
+            hello = json.loads(await stuck.get_message())  # then it stops reading
+            async with open_recorder(daemon.ws_url, f"sessionIds={quiet}") as reader:
                 r = await daemon.chat(mock(tools=[{"name": "bash",
-                                                   "arguments": {"command": big}}]))
+                                                   "arguments": {"command": command}}]))
                 assert r.status_code == 200
-                await reader.terminal(r.json()["turnId"])
+                # Everything is published by now, so the stuck client has lagged; the
+                # other one is still served, and so is HTTP.
+                r2 = await daemon.chat(mock(say=3), sessionId=quiet)
+                await reader.terminal(r2.json()["turnId"])
                 assert reader.closed is None
                 assert (await daemon.http.get("/health")).status_code == 200
-            received = 0
+            received: list[dict[str, Any]] = []
             with trio.fail_after(30):
                 try:
                     while True:
-                        await stuck.get_message()
-                        received += 1
+                        received.append(json.loads(await stuck.get_message()))
                 except ConnectionClosed as exc:
                     closed = exc
             assert closed.reason.code == 1013
             assert closed.reason.reason.startswith("lagged seq=")
             resume = int(closed.reason.reason.removeprefix("lagged seq="))
+        # N is the last seq the stuck client was sent.
+        assert resume == (received[-1]["seq"] if received else hello["seq"])
+        flood_turn = r.json()["turnId"]
         async with open_recorder(daemon.ws_url, f"since={resume}") as again:
-            await again.wait_for(lambda evs: evs)
-            assert again.events[0]["seq"] == resume + 1
+            await again.terminal(flood_turn)
+        assert_seqs_unique_increasing(received + again.events)
+        assert again.events[0]["seq"] == resume + 1
+        output = "".join(e["data"]["content"] for e in received + again.events
+                         if e.get("eventType") == "tool.chunk" and e["turnId"] == flood_turn)
+        assert output == "a" * flood  # nothing lost, nothing doubled
 
 
 # trio-websocket's client leaves its socket to the GC when the server closes right after

@@ -47,7 +47,7 @@ def build_app(rt: Runtime, connections: Connections) -> QuartTrio:
         RESPONSE_TIMEOUT=None,  # SSE streams last as long as their turn or client
         PROPAGATE_EXCEPTIONS=False,
     )
-    app.register_blueprint(http_routes(rt))
+    app.register_blueprint(http_routes(rt, connections))
     app.register_blueprint(schedule_routes(rt))
     app.register_blueprint(ws_routes(rt, connections))
     app.register_blueprint(studio_routes())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from quart import Blueprint, Response, jsonify, request
@@ -10,9 +11,10 @@ from daemon import __version__
 from daemon.api import parse
 from daemon.api.sse import sse_response
 from daemon.errors import ApiError
+from daemon.httpserver import Connections
 from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
-from daemon.runtime.bus import Filter
+from daemon.runtime.bus import Filter, Subscription
 from daemon.runtime.core import Runtime
 from daemon.runtime.turn import STORE_UNAVAILABLE, TurnOutcome
 
@@ -59,9 +61,15 @@ class TurnFailed(ApiError):
             self.code, self.status = "UNAVAILABLE", 503
 
 
-def http_routes(rt: Runtime) -> Blueprint:
+def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     bp = Blueprint("http", __name__)
     sessions = rt.sessions
+
+    def stream_response(sub: Subscription, *, stop_at_terminal: bool) -> Response:
+        # A client that cannot even take the `: lagged` line must not pin the daemon.
+        drop_if_stuck = partial(connections.abort_after, request.scope.get("client"),
+                                rt.config.server.client_close_grace_s)
+        return sse_response(sub, stop_at_terminal=stop_at_terminal, on_lagged=drop_if_stuck)
 
     async def body_object(*, allow_empty: bool = False) -> dict[str, Any]:
         raw = await request.get_data(as_text=False)
@@ -98,7 +106,7 @@ def http_routes(rt: Runtime) -> Blueprint:
             await sessions.deliver(state.id, req.message)
             return _json({"injected": True, "sessionId": state.id}, 202)
         if claim.subscription is not None:
-            return sse_response(claim.subscription, stop_at_terminal=True)
+            return stream_response(claim.subscription, stop_at_terminal=True)
         turn = claim.turn
         await turn.finished.wait()
         assert turn.outcome is not None
@@ -172,6 +180,6 @@ def http_routes(rt: Runtime) -> Blueprint:
         sub = rt.bus.subscribe(
             Filter(session_ids=frozenset({session_id}), stream_only=True), since=after
         )
-        return sse_response(sub, stop_at_terminal=False)
+        return stream_response(sub, stop_at_terminal=False)
 
     return bp

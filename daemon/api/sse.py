@@ -2,12 +2,14 @@
 
 The body generator drains everything waiting in the subscription and writes it as one
 body chunk (the frame bytes were built once per event, not per client). A comment line
-keeps idle connections alive through proxies.
+keeps idle connections alive through proxies. A lagged subscription (runtime/bus.py)
+ends the stream with `: lagged seq=N`, and the connection is aborted if even that cannot
+be written within `client_close_grace_s` (as on /ws).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import trio
 from quart import Response
@@ -18,7 +20,10 @@ from daemon.runtime.events import Envelope
 KEEPALIVE_S = 15.0
 
 
-def sse_response(sub: Subscription, *, stop_at_terminal: bool) -> Response:
+def sse_response(
+    sub: Subscription, *, stop_at_terminal: bool, on_lagged: Callable[[], None] | None,
+) -> Response:
+    sub.on_lagged = on_lagged
     response = Response(
         _frames(sub, stop_at_terminal),
         status=200,

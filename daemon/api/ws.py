@@ -4,13 +4,16 @@ One connection = a reader and a writer in one nursery; whichever ends first canc
 other. The writer drains the current subscription and sends what it took in as few
 frames as allowed (one array frame with `batch=1`). The reader handles `subscribe` ops
 by swapping in a new subscription whose first item is the `subscribed` frame, so events
-of the old and the new subscription never interleave. A lagged subscription is flushed
-and closed with 1013 `lagged seq=N`; shutdown closes with 1001.
+of the old and the new subscription never interleave. A lagged subscription (its queue
+passed `stream_queue_bytes`, runtime/bus.py) is closed with 1013 `lagged seq=N` once the
+frame in flight is sent, and the connection is aborted if even that takes longer than
+`client_close_grace_s`; shutdown closes with 1001.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import trio
@@ -89,33 +92,22 @@ def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
             await websocket.send(_error_frame(exc.message))
             await websocket.close(CLOSE_POLICY, "bad subscription")
             return
+        # A client that cannot even take its close frame must not pin the daemon.
+        drop_if_stuck = partial(connections.abort_after, websocket.scope.get("client"),
+                                rt.config.server.client_close_grace_s)
         # hello's seq and the subscription are taken in one synchronous step.
         sub = bus.subscribe(flt, since)
+        sub.on_lagged = drop_if_stuck
         hello = encode({"type": "hello", "seq": bus.latest_seq, "version": __version__})
         conn = _Connection(sub, batch)
         try:
             await websocket.send(hello)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_reader, conn)
-                nursery.start_soon(_abort_when_stuck, conn)
                 await _writer(conn)
                 nursery.cancel_scope.cancel()
         finally:
             conn.sub.close()
-
-    async def _abort_when_stuck(conn: _Connection) -> None:
-        """A lagged or closing client gets a grace period to take its close frame.
-
-        Hypercorn shields socket writes, so a client that never reads would pin the
-        writer forever; past the grace its socket is closed under it.
-        """
-        while True:
-            sub = conn.sub
-            await sub.ended.wait()
-            if conn.sub is sub:
-                break
-        await trio.sleep(rt.config.server.client_close_grace_s)
-        connections.abort(websocket.scope.get("client"))
 
     async def _reader(conn: _Connection) -> None:
         while True:
@@ -131,6 +123,7 @@ def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
                 conn.sub.push_control(_error_frame(exc.message))
                 continue
             new = bus.subscribe(flt, since)
+            new.on_lagged = conn.sub.on_lagged
             new.prepend_control(encode({"type": "subscribed", "seq": bus.latest_seq}))
             old, conn.sub = conn.sub, new
             old.close()

@@ -1,13 +1,17 @@
 """The local fan-out: many bounded subscribers over one EventLog (runtime/ports.py).
 
 `publish` is synchronous and never waits for a consumer: it takes the next seq from the
-log, encodes the event once (events.build), hands it to the log, and `send_nowait`s it
-into each matching subscriber's bounded channel. A subscriber whose channel is full is
-*lagged*: its channel is closed and it learns the last seq it was given, so it can
-resume with `since=N` and miss nothing. `subscribe(filter, since)` takes the log's
-replay and registers the live channel in one synchronous step, so replay and live meet
-with no gap and no duplicate; the replay itself is read page by page as the subscriber
-takes it.
+log, encodes the event once (events.build), hands it to the log, and appends it to each
+matching subscriber's queue. `subscribe(filter, since)` takes the log's replay and
+registers the live queue in one synchronous step, so replay and live meet with no gap
+and no duplicate; the replay itself is read page by page as the subscriber takes it.
+
+A subscriber's queue is bounded in bytes (CONTRACT §7). A subscriber that keeps up costs
+an append and a wake-up per event. Once more than `coalesce_after` events wait, a chunk
+arriving next to a chunk of the same turn, eventType (and tool.chunk: toolCallId and
+stream) at the tail is merged into it (events.ChunkRun); only past `queue_bytes` is the
+subscriber *lagged*: its queue is dropped, and it learns the last seq it was given, so it
+can resume with `since=N` and miss nothing.
 
 Subscribers are indexed by the sessions they name, so a publish touches only the
 subscribers that may match it: those with no session filter, those naming its session,
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,13 +30,22 @@ import trio
 
 from daemon.clock import now_ms
 from daemon.runtime import events
-from daemon.runtime.events import ChunkEncoder, Envelope, Gap, SessionRef
+from daemon.runtime.events import CHUNK_TYPES, ChunkEncoder, ChunkRun, Envelope, Gap, SessionRef
 from daemon.runtime.ports import EventLog, Replay
 
 log = logging.getLogger(__name__)
 
-# The most events one transport write carries; a long replay goes out in several.
+# The most events one transport write carries, and about the most bytes (at least one
+# event is always taken): a long replay or a long queue goes out in several writes.
 MAX_BATCH = 1000
+MAX_BATCH_BYTES = 1024 * 1024
+# A merged chunk stops growing at this much JSON: well within the frame size clients
+# accept by default (trio-websocket's is 1 MiB), and a batch of merged events stays a
+# few of them.
+MERGED_MAX_BYTES = 256 * 1024
+
+DEFAULT_QUEUE_BYTES = 16 * 1024 * 1024
+DEFAULT_COALESCE_AFTER = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +78,13 @@ class Filter:
 Item = Envelope | Gap | str
 
 
+def _cost(item: Envelope | ChunkRun | str) -> int:
+    return len(item) if isinstance(item, str) else item.size
+
+
 class Subscription:
     """A subscriber's view: its replay (read from the log as it is taken), then its
-    live bounded channel.
+    live queue, bounded in bytes.
 
     Items are Envelopes, Gaps (`stream.gap` in place of seqs that cannot be replayed),
     or str control frames pushed by the transport itself (so that e.g. `subscribed` is
@@ -74,56 +92,100 @@ class Subscription:
     """
 
     def __init__(
-        self, bus: Bus, flt: Filter, queue_max: int, replay: Replay | None, start_seq: int,
+        self, bus: Bus, flt: Filter, replay: Replay | None, last_seq: int,
     ) -> None:
         self._bus = bus
         self.filter = flt
         self._replay = replay
         self._control: deque[str] = deque()  # frames that go before everything else
-        self._send, self._recv = trio.open_memory_channel[Item](queue_max)
-        # The last seq this subscriber was given (queued live): its resume point.
-        self.last_seq = start_seq
+        self._queue: deque[Envelope | ChunkRun | str] = deque()
+        self._bytes = 0  # what the queue's items cost (Envelope.size)
+        self._max_bytes = bus.queue_bytes
+        self._coalesce_after = bus.coalesce_after
+        self._receiver = trio.lowlevel.ParkingLot()  # the receiver, when it waits
+        # The last seq handed to the receiver: where the client resumes after a lag.
+        self.last_seq = last_seq
+        self._offered = -1  # the last seq queued: an event reached twice is queued once
         self.end_reason: str | None = None  # "lagged" | "shutdown" | "closed"
-        self.ended = trio.Event()
+        # Called once, synchronously, when the subscription lags (a transport's hook to
+        # bound how long its close may take).
+        self.on_lagged: Callable[[], None] | None = None
 
     @property
     def lagged(self) -> bool:
         return self.end_reason == "lagged"
 
+    @property
+    def queued_bytes(self) -> int:
+        return self._bytes
+
     def _offer(self, env: Envelope) -> None:
-        try:
-            self._send.send_nowait(env)
-        except trio.WouldBlock:
+        self._offered = env.seq
+        queue = self._queue
+        if len(queue) > self._coalesce_after and env.event_type in CHUNK_TYPES:
+            # Behind: this path runs for every chunk while the client stays behind.
+            tail = queue[-1]
+            if type(tail) is ChunkRun:
+                before = tail.size
+                if tail.add(env, MERGED_MAX_BYTES):
+                    self._bus.coalesced += 1
+                    self._grew(tail.size - before)
+                    return
+            elif (isinstance(tail, Envelope) and tail.event_type == env.event_type
+                  and tail.turn_id == env.turn_id):
+                run = ChunkRun(tail)
+                if run.add(env, MERGED_MAX_BYTES):
+                    queue[-1] = run
+                    self._bus.coalesced += 1
+                    self._grew(run.size - tail.size)
+                    return
+        queue.append(env)
+        self._grew(env.size)
+        if self._receiver:
+            self._receiver.unpark()
+
+    def _grew(self, cost: int) -> None:
+        self._bytes += cost
+        # One event larger than the bound still goes out, alone.
+        if self._bytes > self._max_bytes and len(self._queue) > 1:
             self._end("lagged")
-        else:
-            self.last_seq = env.seq
 
     def push_control(self, frame: str) -> None:
-        """Queue a transport frame in order with the events; lag if there is no room."""
+        """Queue a transport frame in order with the events (it counts to the bound)."""
         if self.end_reason is not None:
             return
-        try:
-            self._send.send_nowait(frame)
-        except trio.WouldBlock:
-            self._end("lagged")
+        self._queue.append(frame)
+        self._grew(len(frame))
+        if self._receiver:
+            self._receiver.unpark()
 
     def prepend_control(self, frame: str) -> None:
         """Put a transport frame before everything else this subscription holds."""
         self._control.appendleft(frame)
 
     def _end(self, reason: str) -> None:
-        if self.end_reason is None:
-            self.end_reason = reason
+        if self.end_reason is not None:
+            return
+        self.end_reason = reason
         self._bus._discard(self)
-        self._send.close()
-        self.ended.set()
+        if reason == "lagged":
+            # The client resumes from the log with since=last_seq: what it was not given
+            # is dropped now rather than held for a client that cannot take it. (Closed
+            # or shut down, what is queued can still be taken.)
+            self._queue.clear()
+            self._bytes = 0
+            self._replay = None
+        self._receiver.unpark_all()
+        if reason == "lagged" and self.on_lagged is not None:
+            self.on_lagged()
 
     def close(self) -> None:
         """Stop receiving; idempotent."""
         self._end("closed")
 
     async def receive_batch(self) -> list[Item]:
-        """Wait for at least one item, then take what else is waiting (up to MAX_BATCH).
+        """Wait for at least one item, then take what else is waiting (up to MAX_BATCH
+        items, about MAX_BATCH_BYTES).
 
         Nothing is taken before the last checkpoint: a cancel while waiting loses no
         item. Raises trio.EndOfChannel once the subscription has ended and is drained.
@@ -135,6 +197,8 @@ class Subscription:
             return batch
         while self._replay is not None:
             page = await self._replay.next_page(MAX_BATCH)
+            if self._replay is None:
+                break  # ended while the page was read: the client resumes after last_seq
             if not page:
                 self._replay = None
                 break
@@ -142,14 +206,32 @@ class Subscription:
             wanted: list[Item] = [
                 e for e in page if isinstance(e, Gap) or matches(e)
             ]
+            last = page[-1]
+            self.last_seq = last.last if isinstance(last, Gap) else last.seq
             if wanted:
                 return wanted
-        batch = [await self._recv.receive()]
-        while len(batch) < MAX_BATCH:
-            try:
-                batch.append(self._recv.receive_nowait())
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
+        queue = self._queue
+        if queue:
+            await trio.lowlevel.checkpoint()
+        while not queue:
+            if self.end_reason is not None:
+                raise trio.EndOfChannel
+            await self._receiver.park()
+        # No checkpoint from here on: what is taken is returned.
+        batch = []
+        taken = 0
+        while queue and len(batch) < MAX_BATCH and taken < MAX_BATCH_BYTES:
+            item = queue.popleft()
+            cost = _cost(item)
+            taken += cost
+            self._bytes -= cost
+            if isinstance(item, ChunkRun):
+                batch.append(item.envelope())
+                self.last_seq = item.seq
+            else:
+                batch.append(item)
+                if isinstance(item, Envelope):
+                    self.last_seq = item.seq
         return batch
 
     def __enter__(self) -> Subscription:
@@ -160,9 +242,14 @@ class Subscription:
 
 
 class Bus:
-    def __init__(self, log: EventLog, *, queue_max: int = 4096) -> None:
+    def __init__(
+        self, log: EventLog, *, queue_bytes: int = DEFAULT_QUEUE_BYTES,
+        coalesce_after: int = DEFAULT_COALESCE_AFTER,
+    ) -> None:
         self.log = log
-        self.queue_max = queue_max
+        # Every subscriber's queue bound, and the backlog past which its chunks merge.
+        self.queue_bytes = queue_bytes
+        self.coalesce_after = coalesce_after
         # Subscribers by what they name: none (every event is checked), a session
         # (its own events), or a session and its descendants (matched on lineage).
         self._unfiltered: set[Subscription] = set()
@@ -170,6 +257,7 @@ class Bus:
         self._by_ancestor: dict[str, set[Subscription]] = {}
         self._all: set[Subscription] = set()  # every live one, indexed or not
         self.published = 0
+        self.coalesced = 0  # chunk events merged into another in some subscriber's queue
 
     @property
     def latest_seq(self) -> int:
@@ -216,7 +304,7 @@ class Bus:
                         for sub in tuple(subs):
                             # A subscriber naming two sessions of one lineage is offered
                             # the event once.
-                            if sub.last_seq != env.seq and sub.filter.matches(env):
+                            if sub._offered != env.seq and sub.filter.matches(env):
                                 sub._offer(env)
         self.published += 1
 
@@ -230,12 +318,13 @@ class Bus:
 
     # -- subscribing ----------------------------------------------------------------------
 
-    def subscribe(
-        self, flt: Filter, since: int | None = None, queue_max: int | None = None
-    ) -> Subscription:
+    def subscribe(self, flt: Filter, since: int | None = None) -> Subscription:
         """Replay retained events with seq > since that match, then live ones."""
-        replay = self.log.replay(since) if since is not None else None
-        sub = Subscription(self, flt, queue_max or self.queue_max, replay, self.latest_seq)
+        latest = self.latest_seq
+        if since is None:
+            sub = Subscription(self, flt, None, latest)
+        else:
+            sub = Subscription(self, flt, self.log.replay(since), min(since, latest))
         for index in self._indexes(sub):
             index.add(sub)
         self._all.add(sub)

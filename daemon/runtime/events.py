@@ -372,6 +372,92 @@ def error_data(
     return data
 
 
+# -- a slow client's chunks, merged (CONTRACT §7) ---------------------------------------
+
+
+def _loads(text: bytes) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        # An event escaped to ASCII for a lone surrogate (see `build`): orjson refuses
+        # that escape, the stdlib reads it back to the very string that was published.
+        return json.loads(text)
+
+
+class ChunkRun:
+    """Adjacent chunk events of one turn, `eventType` and (tool.chunk) `toolCallId` and
+    `stream`, waiting in one slow client's queue to go out as one event.
+
+    The published envelopes are shared with other subscribers and the log, so they are
+    only read, and only when the client takes the run (`envelope()`): a client that
+    does not read costs an append per chunk, and a long run is joined once, not
+    re-encoded per chunk. `nbytes` estimates the merged event's JSON: a chunk's
+    envelope around its content is the same for every chunk of a run (same session,
+    turn and type; only seq and ts digits vary), so each added chunk adds its own JSON
+    less that envelope. `size` is the same estimate as `Envelope.size` counts it.
+    """
+
+    __slots__ = ("_around", "_envs", "_tool", "first_seq", "nbytes", "seq", "size")
+
+    def __init__(self, first: Envelope) -> None:
+        obj = _loads(first.data)
+        data = obj["data"]
+        self._envs = [first]
+        self._tool = _tool_key(first.event_type, data)
+        # `first` without its content: what every chunk of the run carries around it.
+        self._around = len(first.data) - len(encode(data["content"]).encode(
+            "utf-8", "surrogatepass"))
+        self.first_seq = self.seq = first.seq
+        self.nbytes = len(first.data) + len(str(first.seq)) + 11  # + "seqFrom":N
+        self.size = first.size + 3 * (self.nbytes - len(first.data))
+
+    def add(self, env: Envelope, max_bytes: int) -> bool:
+        """Merge `env` in if it belongs to this run and the merged event stays within
+        about `max_bytes` of JSON; False (nothing changed) otherwise."""
+        envs = self._envs
+        first = envs[0]
+        if env.turn_id != first.turn_id or env.event_type != first.event_type:
+            return False
+        if self._tool is not None and _tool_key(
+                env.event_type, _loads(env.data)["data"]) != self._tool:
+            return False
+        grows = len(env.data) - self._around
+        if grows < 0:
+            grows = 0
+        if self.nbytes + grows > max_bytes:
+            return False
+        envs.append(env)
+        self.seq = env.seq
+        self.nbytes += grows
+        # str, bytes and the SSE frame each hold the added content once (Envelope.size).
+        self.size += 3 * grows
+        return True
+
+    def envelope(self) -> Envelope:
+        """The merged event: content concatenated, seq and ts of the last chunk, seqFrom
+        of the first, everything else (a tool.chunk's `offset` too) of the first."""
+        envs = self._envs
+        first = envs[0]
+        if len(envs) == 1:
+            return first
+        objs = [_loads(e.data) for e in envs]
+        obj = objs[0]
+        ref = SessionRef(
+            obj["sessionId"], obj["agentName"], obj["parentSessionId"], obj["rootSessionId"],
+            obj["depth"], obj["spawnToolCallId"], first.lineage,
+        )
+        data = {**obj["data"], "content": "".join(o["data"]["content"] for o in objs)}
+        return build(self.seq, objs[-1]["ts"], first.type, ref,
+                     {"data": data, "seqFrom": self.first_seq},
+                     turn_id=first.turn_id, event_type=first.event_type)
+
+
+def _tool_key(event_type: str | None, data: dict[str, Any]) -> tuple[Any, Any] | None:
+    if event_type == TOOL_CHUNK:
+        return (data.get("toolCallId"), data.get("stream"))
+    return None
+
+
 def approval_request_data(approval_id: str, tool_call_id: str, tool_name: str,
                           arguments: Any, expires_at: int | None) -> dict[str, Any]:
     return {"approvalId": approval_id, "toolCallId": tool_call_id, "toolName": tool_name,

@@ -164,11 +164,12 @@ async def test_open_mid_turn_past_retention_shows_it_whole_at_its_end(
 async def test_lagged_close_resumes_without_a_hole(
     chromium: BrowserThread, provider: Provider, tmp_path: Path
 ) -> None:
-    """With a tiny per-connection queue the daemon closes Studio's socket with 1013
-    (lagged) during a full-speed turn; Studio resumes at once with since= and the text
-    ends exactly as the daemon answered."""
+    """With a tiny per-connection queue (two chunk events are past its bound) the daemon
+    closes Studio's socket with 1013 (lagged) during a full-speed turn; Studio resumes at
+    once with since= and the text ends exactly as the daemon answered."""
     with trio.fail_after(60):
-        async with open_daemon(tmp_path, provider, server="ws_queue_max = 1\n") as daemon:
+        async with open_daemon(tmp_path, provider,
+                               server="stream_queue_bytes = 1024\n") as daemon:
             sid = (await daemon.chat(mock(say="ready"))).json()["sessionId"]
             async with open_tab(chromium, f"{daemon.url}/studio#{sid}") as tab:
                 await tab.connected()
