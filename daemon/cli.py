@@ -1,4 +1,4 @@
-"""`veild serve | mock-provider | chat | tail | schedules`."""
+"""`veild serve | mock-provider | chat | tail | schedules | approve`."""
 
 from __future__ import annotations
 
@@ -122,10 +122,42 @@ def _chat(args: argparse.Namespace) -> int:
                         sys.stdout.flush()
                     elif event == "inference.tool":
                         print(f"\n[{data['name']} {json.dumps(data['arguments'])}]")
+                    elif event == "approval.request":
+                        sid = json.loads(line[6:])["sessionId"]
+                        print(f"\n[{data['toolName']} waits for approval: veild approve "
+                              f"{sid} {data['approvalId']} [--deny REASON]]", flush=True)
+                    elif event == "approval.result":
+                        print(f"[approval {data['decision']}"
+                              f"{': ' + data['reason'] if data['reason'] else ''}]", flush=True)
                     elif event in ("done", "error"):
                         print(f"\n[{event} session={data['session']['id']} "
                               f"model={data['model']} tokens={data['tokenUsage']}]")
                         return 0 if event == "done" else 1
+    return 0
+
+
+def _approve(args: argparse.Namespace) -> int:
+    """`veild approve SESSION APPROVAL_ID [--deny REASON]` (CONTRACT §12, §9)."""
+    import httpx
+
+    body: dict[str, Any] = {"decision": "allow"}
+    if args.deny is not None:
+        body = {"decision": "deny", "reason": args.deny}
+    try:
+        with httpx.Client(base_url=args.url, headers=_headers(), timeout=30) as client:
+            response = client.post(f"/sessions/{args.session}/approvals/{args.approval_id}",
+                                   json=body)
+    except httpx.HTTPError as exc:
+        print(f"veild: cannot reach the daemon at {args.url}: {exc}", file=sys.stderr)
+        return 1
+    if response.status_code != 200:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text
+        print(f"veild: {response.status_code}: {message}", file=sys.stderr)
+        return 1
+    print(f"{args.approval_id}: {response.json()['decision']}")
     return 0
 
 
@@ -234,6 +266,14 @@ def build_parser() -> argparse.ArgumentParser:
     schedules.add_argument("name", nargs="?")
     schedules.add_argument("--url", default=default_url)
     schedules.set_defaults(func=_schedules)
+
+    approve = sub.add_parser("approve", help="allow (or --deny) a tool call that waits")
+    approve.add_argument("session")
+    approve.add_argument("approval_id")
+    approve.add_argument("--deny", metavar="REASON",
+                         help="deny the call; the model sees REASON in its result")
+    approve.add_argument("--url", default=default_url)
+    approve.set_defaults(func=_approve)
     return parser
 
 

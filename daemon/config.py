@@ -126,6 +126,12 @@ class AgentConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     home: Path | None = None
     stall_timeout_s: float = 300.0
+    # CONTRACT §9: shell-style patterns (fnmatch) over a tool's name and, for an MCP
+    # tool, also `mcp:NAME/TOOL`: calls of `approve` tools wait for a person, `deny`
+    # tools are not offered (deny wins); how long a request waits (0 = no limit).
+    approve: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    approval_timeout_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -428,6 +434,22 @@ def _transport(r: _Reader) -> dict[str, Any]:
     return {"transport": transport, "proxy": proxy, "ca_file": ca_file}
 
 
+def _patterns(r: _Reader, key: str) -> tuple[str, ...]:
+    """`approve` / `deny`: shell-style patterns such as "bash" or "mcp:files/*"."""
+    values = r.get(key, list, [])
+    if not all(isinstance(v, str) and v.strip() and v == v.strip() for v in values):
+        raise r.fail(key, "must be a list of tool name patterns (non-empty strings such "
+                          "as \"bash\" or \"mcp:files/*\")")
+    return tuple(values)
+
+
+def _non_negative_seconds(r: _Reader, key: str) -> float:
+    value = float(r.get(key, (int, float), 0))
+    if not value >= 0 or value == float("inf"):
+        raise r.fail(key, f"must be 0 (no limit) or a positive number of seconds, got {value}")
+    return value
+
+
 def _agent(
     file: str, prefix: str, name: str, table: Any, providers: Mapping[str, ProviderConfig],
     mcp: Mapping[str, McpServerConfig] | None = None,
@@ -481,7 +503,16 @@ def _agent(
         env=dict(env),
         home=Path(home) if home else None,
         stall_timeout_s=float(r.get("stall_timeout_s", (int, float), 300.0)),
+        approve=_patterns(r, "approve"),
+        deny=_patterns(r, "deny"),
+        approval_timeout_s=_non_negative_seconds(r, "approval_timeout_s"),
     )
+    if engine == "claude-cli" and (cfg.approve or cfg.deny):
+        # The CLI runs its own tools: a rule that looked applied but was not would be
+        # worse than none.
+        raise r.fail("approve" if cfg.approve else "deny",
+                     "the claude-cli engine runs its own tools; veild cannot hold them "
+                     "for approval (use the CLI's own permission settings)")
     if cfg.thinking_budget and cfg.thinking_budget >= cfg.max_tokens:
         raise r.fail("thinking_budget", f"must be below max_tokens ({cfg.max_tokens})")
     r.check_unknown()

@@ -127,6 +127,21 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         )
         return _json({"queued": True}, 202)
 
+    @bp.post("/sessions/<session_id>/approvals/<approval_id>")
+    async def decide(session_id: str, approval_id: str) -> Response:
+        # The body first (400), then the id (404), then its state (409): CONTRACT §9.
+        req = parse.DecisionRequest.parse(await body_object())
+        rt.approvals.decide(session_id, approval_id, req.decision, req.reason)
+        return _json({"approvalId": approval_id, "decision": req.decision})
+
+    @bp.get("/approvals")
+    async def list_approvals() -> Response:
+        pending = rt.approvals.pending(
+            session_id=request.args.get("sessionId") or None,
+            root_session_id=request.args.get("rootSessionId") or None,
+        )
+        return _json({"approvals": [a.wire() for a in pending]})
+
     @bp.get("/sessions")
     async def list_sessions() -> Response:
         limit = parse.int_param(request.args.get("limit"), "limit", minimum=1,

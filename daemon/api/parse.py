@@ -118,6 +118,23 @@ class MessageRequest:
         return cls(message, str(delivery))
 
 
+@dataclass(frozen=True)
+class DecisionRequest:
+    """`POST /sessions/{id}/approvals/{approvalId}` (CONTRACT §9)."""
+
+    decision: str
+    reason: str | None
+
+    @classmethod
+    def parse(cls, body: dict[str, Any]) -> DecisionRequest:
+        decision = body.get("decision")
+        if decision not in ("allow", "deny"):
+            raise BadRequest("`decision` is required: \"allow\" or \"deny\"",
+                             {"field": "decision"})
+        reason = _field(body, "reason", str, "a string")
+        return cls(str(decision), reason or None)
+
+
 def cancel_scope(body: dict[str, Any]) -> str:
     scope = body.get("scope", "tree")
     if scope not in ("tree", "turn"):

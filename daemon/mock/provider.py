@@ -228,6 +228,7 @@ class Served:
     status: int
     thinking: dict[str, Any] | None = None  # what a Messages API request asked for
     tools: list[dict[str, Any]] | None = None  # the tools a Chat Completions request offered
+    messages: list[dict[str, Any]] | None = None  # the conversation it was sent (ditto)
 
 
 async def _answer_messages(conn: _Conn, target: str, raw: bytes,
@@ -282,7 +283,8 @@ async def _answer(conn: _Conn, request: h11.Request, raw: bytes, log: list[Serve
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     if log is not None:
         usage = _usage(messages, _completion_tokens(spec)) if spec.usage and include_usage else None
-        log.append(Served(model, usage, spec.status or 200, tools=body.get("tools")))
+        log.append(Served(model, usage, spec.status or 200, tools=body.get("tools"),
+                          messages=messages))
     if spec.status:
         await conn.json_response(spec.status, {"error": {
             "message": f"scripted failure {spec.status}", "type": "server_error"}})

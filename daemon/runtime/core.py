@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from daemon.config import Config
 from daemon.mcp.manager import McpManager
+from daemon.runtime.approvals import Approvals
 from daemon.runtime.bus import Bus
 from daemon.runtime.ports import Store
 from daemon.runtime.sessions import SessionManager
@@ -24,3 +25,8 @@ class Runtime:
     sessions: SessionManager
     mcp: McpManager
     schedules: Scheduler | None = None
+
+    @property
+    def approvals(self) -> Approvals:
+        """The pending tool approvals (CONTRACT §9), shared by every turn."""
+        return self.sessions.services.approvals

@@ -30,6 +30,8 @@ TOOL_CHUNK: Final = "tool.chunk"
 TOOL_RESULT: Final = "tool.result"
 MESSAGE: Final = "message"
 USAGE: Final = "usage"
+APPROVAL_REQUEST: Final = "approval.request"  # CONTRACT §9
+APPROVAL_RESULT: Final = "approval.result"
 DONE: Final = "done"
 ERROR: Final = "error"
 
@@ -454,3 +456,27 @@ def _tool_key(event_type: str | None, data: dict[str, Any]) -> tuple[Any, Any] |
     if event_type == TOOL_CHUNK:
         return (data.get("toolCallId"), data.get("stream"))
     return None
+
+
+def approval_request_data(approval_id: str, tool_call_id: str, tool_name: str,
+                          arguments: Any, expires_at: int | None) -> dict[str, Any]:
+    return {"approvalId": approval_id, "toolCallId": tool_call_id, "toolName": tool_name,
+            "arguments": arguments, "expiresAt": expires_at}
+
+
+def approval_result_data(approval_id: str, tool_call_id: str, decision: str,
+                         reason: str | None) -> dict[str, Any]:
+    return {"approvalId": approval_id, "toolCallId": tool_call_id, "decision": decision,
+            "reason": reason}
+
+
+def approval_wire(approval_id: str, ref: SessionRef, turn_id: str, tool_call_id: str,
+                  tool_name: str, arguments: Any, requested_at: int,
+                  expires_at: int | None) -> dict[str, Any]:
+    """One entry of GET /approvals (CONTRACT §9), plus `rootSessionId`."""
+    return {
+        "approvalId": approval_id, "sessionId": ref.session_id,
+        "rootSessionId": ref.root_session_id, "turnId": turn_id,
+        "toolCallId": tool_call_id, "toolName": tool_name, "arguments": arguments,
+        "requestedAt": requested_at, "expiresAt": expires_at,
+    }

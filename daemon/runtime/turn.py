@@ -36,8 +36,9 @@ from daemon.config import AgentConfig
 from daemon.engines import base as eng
 from daemon.errors import MaxIterationsError, ProviderError, StoreError, StoreUnavailable
 from daemon.mcp.manager import McpManager
-from daemon.runtime import delivery_text
+from daemon.runtime import approvals, delivery_text
 from daemon.runtime import events as ev
+from daemon.runtime.approvals import Approvals
 from daemon.runtime.bus import Bus
 from daemon.runtime.inbox import TurnHold
 from daemon.runtime.ports import Store
@@ -76,6 +77,8 @@ class TurnServices:
     slots: trio.CapacityLimiter | None = None
     # The daemon's MCP servers: an agent's `mcp:NAME` tools are what they last listed.
     mcp: McpManager | None = None
+    # Tool calls waiting for a person (CONTRACT §9), shared by every turn.
+    approvals: Approvals = field(default_factory=Approvals)
 
 
 @dataclass(frozen=True)
@@ -367,7 +370,12 @@ class Turn:
 
     @property
     def tools(self) -> dict[str, Tool]:
-        """The tools this turn's agent may call, by name."""
+        """The tools offered to this turn's model, by name: a denied one is not."""
+        return {name: tool for name, tool in self._named_tools().items()
+                if approvals.policy(self.agent, tool) != "deny"}
+
+    def _named_tools(self) -> dict[str, Tool]:
+        """Every tool this turn's agent names, by name (denied ones too)."""
         known, mcp = self.services.tools, self.services.mcp
         tools: dict[str, Tool] = {}
         for name in self.agent.tools:
@@ -379,11 +387,22 @@ class Turn:
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         started = trio.current_time()
-        tool = self.tools.get(name)
+        tool = self._named_tools().get(name)
+        verdict = approvals.policy(self.agent, tool) if tool is not None else None
+        refused: ToolOutcome | None = None
+        if verdict == "approve" and isinstance(args, dict):
+            asked = trio.current_time()
+            refused = await self._approval(call_id, name, args)
+            started += trio.current_time() - asked  # durationMs: the run, not the wait
         if tool is None:
             outcome = ToolOutcome(f"unknown tool {name!r}", is_error=True)
+        elif verdict == "deny":
+            outcome = ToolOutcome(f"not run: tool {name!r} is denied for agent "
+                                  f"{self.agent.name!r} (deny)", is_error=True)
         elif not isinstance(args, dict):
             outcome = ToolOutcome("tool arguments must be a JSON object", is_error=True)
+        elif refused is not None:
+            outcome = refused
         else:
             sub_agents = self.services.sub_agents
             ctx = ToolContext(
@@ -400,6 +419,22 @@ class Turn:
             except ToolError as exc:
                 outcome = ToolOutcome(str(exc), is_error=True)
         return outcome, int((trio.current_time() - started) * 1000)
+
+    async def _approval(self, call_id: str, name: str, args: Any) -> ToolOutcome | None:
+        """Wait for a person's decision on this call (CONTRACT §9): None to run it, else
+        the error result. No engine or tool timeout runs meanwhile: the LLM call is
+        over and the tool has not started."""
+        timeout_s = self.agent.approval_timeout_s
+        approval = await self.services.approvals.wait_for(
+            ref=self.session.ref, turn_id=self.id, gate_closed=lambda: self.gate_closed,
+            publish=self._stream, tool_call_id=call_id, tool_name=name, arguments=args,
+            timeout_s=timeout_s,
+        )
+        if approval.decision == "allow":
+            return None
+        assert approval.decision is not None
+        return ToolOutcome(approvals.refusal(approval.decision, approval.reason, timeout_s),
+                           is_error=True)
 
     def _emit_tool_chunk(
         self, call_id: str, tool_name: str, content: str, stream: str, offset: int

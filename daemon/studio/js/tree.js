@@ -8,6 +8,7 @@ import { api } from './api.js';
 import { fmtCost, fmtTokens, h, shortId } from './dom.js';
 
 const TERMINAL_FETCH_CONCURRENCY = 4;
+const OVER_KEPT = 2000;
 
 export class Tree {
   constructor(el, { onOpen, onChange, onError, onRemove }) {
@@ -19,6 +20,9 @@ export class Tree {
     this.sessions = new Map();
     this.selected = null;
     this.terminalQueue = [];
+    // Approvals and turns known to be over, so that a GET /approvals answered before
+    // their end (but read after it) does not bring them back. Bounded.
+    this.over = new Set();
     this.terminalWorkers = 0;
     el.addEventListener('keydown', (e) => this.key(e));
     el.addEventListener('focus', (e) => {
@@ -100,6 +104,7 @@ export class Tree {
       s.terminalKnown = true;
       s.live = null;
       for (const [id, turnId] of s.approvals) if (turnId === e.turnId) s.approvals.delete(id);
+      this.isOver(e.turnId);
       if (d.session) this.upsert(d.session);
       this.approvalsChanged(s);
       this.render(s);
@@ -108,15 +113,36 @@ export class Tree {
       this.approvalsChanged(s);
     } else if (type === 'approval.result') {
       s.approvals.delete(d.approvalId);
+      this.isOver(d.approvalId);
       this.approvalsChanged(s);
+    }
+  }
+
+  isOver(id) {
+    this.over.add(id);
+    if (this.over.size > OVER_KEPT) this.over.delete(this.over.values().next().value);
+  }
+
+  /** Approvals pending before this tab saw their request (GET /approvals). */
+  applyApprovals(approvals) {
+    for (const a of approvals) {
+      if (this.over.has(a.approvalId) || this.over.has(a.turnId)) continue;
+      const s = this.sessions.get(a.sessionId);  // not listed (beyond the limit): no row to count on
+      if (s && !s.approvals.has(a.approvalId)) {
+        s.approvals.set(a.approvalId, a.turnId);
+        this.approvalsChanged(s);
+      }
     }
   }
 
   /** Every session from GET /sessions (newest first). */
   async load() {
-    const { sessions } = await api('/sessions?limit=500');
+    // Both at once: the pending approvals need no second round trip.
+    const [{ sessions }, { approvals }] = await Promise.all([
+      api('/sessions?limit=500'), api('/approvals')]);
     // Oldest first, so that parents exist before their children.
     for (const wire of sessions.slice().reverse()) this.upsert(wire, { fromHttp: true });
+    this.applyApprovals(approvals);
   }
 
   wantTerminal(s) {

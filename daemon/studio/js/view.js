@@ -222,7 +222,7 @@ class Body {
         }
         break;
       case 'approval.request': this.approval(e); break;
-      case 'approval.result': this.approvals.get(d.approvalId)?.remove(); this.approvals.delete(d.approvalId); break;
+      case 'approval.result': this.decided(d); break;
       case 'done': case 'error': this.end(); break;
       default: break;
     }
@@ -230,27 +230,64 @@ class Body {
 
   approval(e) {
     const d = e.data;
-    const decide = async (decision, button) => {
-      button.disabled = true;
+    // The approval's own session decides (a sub-agent's, when shown inside its parent).
+    const path = `/sessions/${encodeURIComponent(e.sessionId)}/approvals/${encodeURIComponent(d.approvalId)}`;
+    const approve = h('button.btn.primary', { type: 'button', 'data-testid': 'approve', text: 'Allow' });
+    const deny = h('button.btn.danger', { type: 'button', 'data-testid': 'deny', text: 'Deny' });
+    const reason = h('input.approval-reason', {
+      type: 'text', 'data-testid': 'deny-reason', 'aria-label': 'Reason (sent with Deny)',
+      placeholder: 'reason (optional, sent with Deny)', maxlength: '2000',
+    });
+    const decide = async (decision) => {
+      approve.disabled = true;
+      deny.disabled = true;
+      const body = { decision };
+      if (decision === 'deny' && reason.value.trim()) body.reason = reason.value.trim();
       try {
-        await api(`/sessions/${encodeURIComponent(e.sessionId)}/approvals/${encodeURIComponent(d.approvalId)}`,
-          { method: 'POST', body: { decision } });
+        await api(path, { method: 'POST', body });
       } catch (err) {
-        button.disabled = false;
+        approve.disabled = false;
+        deny.disabled = false;
         this.view.onError(err);
       }
     };
-    const approve = h('button.btn.primary', { type: 'button', 'data-testid': 'approve', text: 'Allow' });
-    const deny = h('button.btn.danger', { type: 'button', 'data-testid': 'deny', text: 'Deny' });
-    approve.addEventListener('click', () => decide('allow', approve));
-    deny.addEventListener('click', () => decide('deny', deny));
+    approve.addEventListener('click', () => decide('allow'));
+    deny.addEventListener('click', () => decide('deny'));
+    reason.addEventListener('keydown', (ev) => {
+      if (ev.key === 'Enter') { ev.preventDefault(); decide('deny'); }
+    });
     const el = h('div.approval', { 'data-testid': 'approval', 'data-approval-id': d.approvalId },
-      h('div.approval-text', {}, h('b', { text: `${d.toolName}` }), ' wants to run',
+      h('div.approval-text', {}, h('b', { text: `${d.toolName}` }), ' waits for your approval',
         d.expiresAt ? h('span.dim', { text: ` · expires ${fmtTime(d.expiresAt)}` }) : null),
-      h('pre', { text: JSON.stringify(d.arguments, null, 2) }), h('div.approval-actions', {}, approve, deny));
+      h('pre.approval-args', { text: JSON.stringify(d.arguments, null, 2) }),
+      h('div.approval-actions', {}, approve, deny, reason));
     const tool = this.view.toolCalls.get(d.toolCallId);
-    (tool ? tool.el : this.el).append(el);
+    if (tool) tool.status.replaceChildren(document.createTextNode('waiting for approval'));
+    // Above the call's output and result: it comes before them.
+    if (tool) tool.el.insertBefore(el, tool.kids); else this.el.append(el);
     this.approvals.set(d.approvalId, el);
+  }
+
+  /** approval.result: the request goes, the decision stays in its tool call. */
+  decided(d) {
+    const pending = this.approvals.get(d.approvalId);
+    this.approvals.delete(d.approvalId);
+    const text = {
+      allow: 'allowed', deny: 'denied', expired: 'expired: no decision in time',
+      cancelled: 'cancelled with its turn',
+    }[d.decision] || d.decision;
+    const el = h(`div.approval-decision.${d.decision}`, {
+      'data-testid': 'approval-decision', 'data-approval-id': d.approvalId, 'data-decision': d.decision,
+    }, h('b', { text: 'approval ' }), text, d.reason ? h('span.reason', { text: ` · ${d.reason}` }) : null);
+    const tool = this.view.toolCalls.get(d.toolCallId);
+    if (pending) pending.replaceWith(el);
+    else if (tool) tool.el.insertBefore(el, tool.kids);
+    else this.el.append(el);
+    if (tool && !tool.el.classList.contains('done')) {
+      const status = d.decision === 'allow' ? 'running' : text;
+      tool.status.replaceChildren(document.createTextNode(status));
+      if (d.decision === 'allow') tool.status.append(h('span.spinner'));
+    }
   }
 
   end() {
