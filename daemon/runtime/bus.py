@@ -114,6 +114,8 @@ class Subscription:
     def _end(self, reason: str) -> None:
         if self.end_reason is None:
             self.end_reason = reason
+            if reason == "lagged":
+                self._bus.lagged += 1
         self._bus._discard(self)
         self._send.close()
         self.ended.set()
@@ -170,6 +172,7 @@ class Bus:
         self._by_ancestor: dict[str, set[Subscription]] = {}
         self._all: set[Subscription] = set()  # every live one, indexed or not
         self.published = 0
+        self.lagged = 0  # subscribers ended lagged (read by the metrics at scrape time)
 
     @property
     def latest_seq(self) -> int:
