@@ -18,7 +18,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -61,6 +68,9 @@ class Readings(Collector):
 
 class Metrics:
     def __init__(self) -> None:
+        # No `_created` series: a sample per label set that no dashboard reads. (The
+        # switch is the library's, process-wide; veild uses no other registry.)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         registry = self.registry = CollectorRegistry(auto_describe=False)
         self.readings = Readings()
         registry.register(self.readings)
