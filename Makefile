@@ -28,6 +28,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run.py
 	$(PY) bench/publish.py
+	$(PY) bench/metrics.py
 
 screenshots: $(STAMP)
 	VEILD_SCREENSHOTS=docs/studio $(PY) -m pytest -q tests/browser
