@@ -1,14 +1,18 @@
 """The cost of observability (issue 14): what /metrics costs to scrape, and what the
-metrics cost the per-token path. In one process, one run:
+metrics cost the per-token path. In one process, one run. Rates are per second of this
+process's CPU time (the machine is shared: wall time swings with other processes' load,
+CPU time much less); scrape times are wall time, as a scraper sees them.
 
   1. bus.publish rate (100 000 inference.chunk events to one subscriber that keeps up)
      without metrics, and with the daemon's Metrics reading the bus and rendered every
-     10 000 events meanwhile; alternating, median of 5 each. The bus keeps plain int
+     10 000 events meanwhile; alternating (which goes first too), each after a full
+     garbage collection, median of 9 each. The bus keeps plain int
      counters either way: what differs is only what a scrape does.
-  2. provider deltas/s of one 20 000-token stream from the mock provider over loopback,
-     read through the plain OpenAIClient and through the ObservedOpenAIClient the
-     daemon uses (one generator hop per delta, one histogram sample per request);
-     alternating, median of 5 each.
+  2. tokens/s of one 20 000-token stream from the mock provider over loopback, read
+     through the plain OpenAIClient and through the ObservedOpenAIClient the daemon
+     uses (one generator hop per delta — a read's run of text — and one histogram
+     sample per request);
+     alternating, median of 9 each.
   3. GET /metrics on a daemon (in this process, mock provider) that has run 1 000
      sessions (one turn each, over 3 agents, some ending in PROVIDER_ERROR): median and
      95th percentile of 200 scrapes over HTTP, the body's size, and render() alone.
@@ -16,6 +20,7 @@ metrics cost the per-token path. In one process, one run:
 
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import tempfile
@@ -38,7 +43,7 @@ from daemon.runtime.events import Envelope, SessionRef
 from daemon.server import _metrics, serve_daemon
 
 EVENTS = 100_000
-RUNS = 5
+RUNS = 9
 TOKENS = 20_000
 SESSIONS = 1_000
 SCRAPES = 200
@@ -54,7 +59,7 @@ async def _publish(bus: Bus, metrics: Metrics | None) -> float:
         while received < EVENTS:
             received += sum(isinstance(e, Envelope) for e in await sub.receive_batch())
 
-    started = time.perf_counter()
+    started = time.process_time()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(consume)
         for i in range(EVENTS):
@@ -63,20 +68,21 @@ async def _publish(bus: Bus, metrics: Metrics | None) -> float:
                 await trio.lowlevel.checkpoint()  # a turn yields between provider reads
             if metrics is not None and i % 10_000 == 9_999:
                 metrics.render()
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     sub.close()
     return EVENTS / elapsed
 
 
 async def _stream(client: OpenAIClient) -> float:
+    """Tokens/s of one TOKENS-token stream (the client yields a delta per read's run of
+    text, so the deltas are fewer than the tokens)."""
     body = {"model": "m", "messages": [
         {"role": "user", "content": "bench\n#mock " + json.dumps({"say": TOKENS})}]}
-    started = time.perf_counter()
-    n = 0
+    started = time.process_time()
     async with aclosing(client.stream_chat(body)) as deltas:
         async for _ in deltas:
-            n += 1
-    return n / (time.perf_counter() - started)
+            pass
+    return TOKENS / (time.process_time() - started)
 
 
 async def _scrapes(tmp: Path) -> tuple[list[float], int, list[float]]:
@@ -124,13 +130,19 @@ async def _scrapes(tmp: Path) -> tuple[list[float], int, list[float]]:
 async def main() -> None:
     plain: list[float] = []
     observed: list[float] = []
-    for _ in range(RUNS):
-        plain.append(await _publish(Bus(MemoryEventLog(retention_events=200_000)), None))
-        bus = Bus(MemoryEventLog(retention_events=200_000))
-        observed.append(await _publish(bus, _metrics(bus)))
+    for run in range(RUNS):
+        # Which goes first alternates, and each starts after a full collection: the
+        # previous run's 100 000 retained events are garbage by then.
+        for with_metrics in (False, True) if run % 2 == 0 else (True, False):
+            bus = Bus(MemoryEventLog(retention_events=200_000))
+            metrics = _metrics(bus) if with_metrics else None
+            gc.collect()
+            rate = await _publish(bus, metrics)
+            (observed if with_metrics else plain).append(rate)
+            del bus, metrics
     p, o = statistics.median(plain), statistics.median(observed)
-    print(f"bus.publish without metrics:  {p:,.0f} events/s (median of {RUNS})")
-    print(f"bus.publish with metrics:     {o:,.0f} events/s ({o / p:.3f}x, same run; "
+    print(f"bus.publish without metrics:  {p:,.0f} events per CPU-s (median of {RUNS})")
+    print(f"bus.publish with metrics:     {o:,.0f} events per CPU-s ({o / p:.3f}x, same run; "
           f"rendered every 10 000 events)")
 
     raw: list[float] = []
@@ -141,14 +153,17 @@ async def main() -> None:
         url = f"http://127.0.0.1:{port}/v1"
         async with httpx.AsyncClient(timeout=60) as http:
             calls = ProviderCalls("mock", url, metrics.provider_request_ended)
-            for _ in range(RUNS):
-                raw.append(await _stream(OpenAIClient(http, url, None)))
-                timed.append(await _stream(ObservedOpenAIClient(http, url, None, calls)))
+            for run in range(RUNS):
+                for observe in (False, True) if run % 2 == 0 else (True, False):
+                    client = (ObservedOpenAIClient(http, url, None, calls) if observe
+                              else OpenAIClient(http, url, None))
+                    gc.collect()
+                    (timed if observe else raw).append(await _stream(client))
         nursery.cancel_scope.cancel()
     r, t = statistics.median(raw), statistics.median(timed)
-    print(f"provider deltas, plain client:    {r:,.0f} deltas/s (median of {RUNS}, "
+    print(f"provider stream, plain client:    {r:,.0f} tokens per CPU-s (median of {RUNS}, "
           f"{TOKENS} tokens)")
-    print(f"provider deltas, observed client: {t:,.0f} deltas/s ({t / r:.3f}x, same run)")
+    print(f"provider stream, observed client: {t:,.0f} tokens per CPU-s ({t / r:.3f}x, same run)")
 
     with tempfile.TemporaryDirectory(prefix="veild-bench-metrics-") as tmp:
         times, size, render = await _scrapes(Path(tmp))

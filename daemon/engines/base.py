@@ -93,6 +93,32 @@ EngineEvent = (
 )
 
 
+def merge_text_runs(events: list[EngineEvent]) -> list[EngineEvent]:
+    """`events` (what one read brought) with each run of adjacent ThinkingDeltas, and of
+    adjacent ContentDeltas, as one delta holding their text: what arrives together
+    travels together, in the order it came."""
+    if len(events) < 2:
+        return events
+    out: list[EngineEvent] = []
+    run: list[str] = []
+    kind: type[ThinkingDelta] | type[ContentDelta] | None = None
+    for event in events:
+        if isinstance(event, ThinkingDelta | ContentDelta):
+            if type(event) is not kind:
+                if kind is not None:
+                    out.append(kind("".join(run)))
+                kind, run = type(event), []
+            run.append(event.text)
+            continue
+        if kind is not None:
+            out.append(kind("".join(run)))
+            kind = None
+        out.append(event)
+    if kind is not None:
+        out.append(kind("".join(run)))
+    return out
+
+
 class EngineContext(Protocol):
     """What the turn offers an engine."""
 
