@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from daemon.config import load_config
 from daemon.eventlog.memory import MemoryEventLog
 from daemon.llm.openai_client import OpenAIClient
+from daemon.llm.provider_http import open_provider_http
 from daemon.mock.provider import serve_mock_provider
 from daemon.observe.metrics import Metrics
 from daemon.observe.provider import ObservedOpenAIClient, ProviderCalls
@@ -151,7 +152,8 @@ async def main() -> None:
     async with trio.open_nursery() as nursery:
         port = await nursery.start(serve_mock_provider, "127.0.0.1", 0)
         url = f"http://127.0.0.1:{port}/v1"
-        async with httpx.AsyncClient(timeout=60) as http:
+        # The provider HTTP the daemon would pick for this URL (the lean transport).
+        async with open_provider_http(base_url=url) as http:
             calls = ProviderCalls("mock", url, metrics.provider_request_ended)
             for run in range(RUNS):
                 for observe in (False, True) if run % 2 == 0 else (True, False):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -20,6 +21,7 @@ from daemon.hosts import configured_host, is_loopback, normalise_origin
 DEFAULT_CONFIG_PATH = Path("config/daemon.toml")
 ENGINES = ("openai", "claude-cli", "anthropic")  # the names CONTRACT §2 reserves
 PROVIDER_TYPES = ("openai", "anthropic", "mock")
+TRANSPORTS = ("auto", "lean", "httpx")  # how a provider's stream is read
 # Which provider types each engine can talk to (the mock speaks both APIs).
 ENGINE_PROVIDERS = {"openai": ("openai", "mock"), "anthropic": ("anthropic", "mock")}
 TOOL_NAMES = ("bash", "agent_spawn", "agent_message")
@@ -85,6 +87,12 @@ class ProviderConfig:
     # PROVIDER_ERROR, and how long connecting may take (CONTRACT §5.8).
     stall_timeout_s: float = 120.0
     connect_timeout_s: float = 10.0
+    # How the stream is read: "auto" (the lean transport unless a proxy applies), "lean"
+    # or "httpx" (daemon.llm.provider_http); a proxy URL (httpx only); a CA bundle
+    # that replaces the system's CAs for this provider's TLS.
+    transport: str = "auto"
+    proxy: str | None = None
+    ca_file: str | None = None
 
     @property
     def api_key(self) -> str | None:
@@ -322,6 +330,7 @@ def _provider(file: str, name: str, table: Any) -> ProviderConfig:
         api_key_env=r.get("api_key_env", str, None),
         stall_timeout_s=r.positive_seconds("stall_timeout_s", 120.0),
         connect_timeout_s=r.positive_seconds("connect_timeout_s", 10.0),
+        **_transport(r),
     )
     r.check_unknown()
     return cfg
@@ -384,6 +393,29 @@ def _check_tool(r: _Reader, tool: Any, mcp: Mapping[str, McpServerConfig]) -> No
     if tool not in TOOL_NAMES:
         raise r.fail("tools", f"unknown tool {tool!r} (known: {', '.join(TOOL_NAMES)}, "
                               f"mcp:NAME, mcp:NAME/TOOL)")
+
+
+def _transport(r: _Reader) -> dict[str, Any]:
+    transport = r.get("transport", str, "auto")
+    if transport not in TRANSPORTS:
+        raise r.fail("transport", f"must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    proxy = r.get("proxy", str, None)
+    if proxy is not None:
+        if not proxy.startswith(("http://", "https://")):
+            raise r.fail("proxy", f"must be an http(s) URL, got {proxy[:100]!r}")
+        if transport == "lean":
+            raise r.fail("proxy", 'the lean transport does not speak to proxies: use '
+                                  'transport = "auto" or "httpx"')
+    ca_file = r.get("ca_file", str, None)
+    if ca_file is not None:
+        if not Path(ca_file).is_file():
+            raise r.fail("ca_file", f"{ca_file!r} is not a file")
+        try:
+            ssl.create_default_context(cafile=ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise r.fail("ca_file", f"{ca_file!r} holds no usable CA certificate: {exc}") \
+                from exc
+    return {"transport": transport, "proxy": proxy, "ca_file": ca_file}
 
 
 def _agent(

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-import httpx
 import trio
 
 from daemon.api.app import build_app
@@ -28,7 +27,7 @@ from daemon.eventlog.sqlite import SqliteEventLog
 from daemon.httpserver import Connections, HttpServer, bind_socket
 from daemon.llm.anthropic_client import AnthropicClient
 from daemon.llm.openai_client import OpenAIClient
-from daemon.llm.sse import provider_limits, provider_timeout
+from daemon.llm.provider_http import ProviderHTTP, choose_transport, open_provider_http
 from daemon.mcp.manager import McpManager
 from daemon.mock.provider import serve_mock_provider
 from daemon.observe.looplag import LoopLag
@@ -71,7 +70,7 @@ class Daemon:
 
 
 def _engine_factory(
-    config: Config, clients: dict[str, httpx.AsyncClient], mock_roots: dict[str, str],
+    config: Config, clients: dict[str, ProviderHTTP], mock_roots: dict[str, str],
     metrics: Metrics,
 ) -> Callable[[AgentConfig], Engine]:
     """Engines by agent. A mock provider (started in-process, root URL in `mock_roots`)
@@ -191,13 +190,16 @@ async def _serve(
     mcp: McpManager | None = None
     async with AsyncExitStack() as clients_stack, trio.open_nursery() as services:
         clients = {
-            name: await clients_stack.enter_async_context(httpx.AsyncClient(
-                timeout=provider_timeout(p.stall_timeout_s, p.connect_timeout_s),
-                limits=provider_limits(),
-                follow_redirects=False,  # CONTRACT §5.8: a redirect is an error
+            name: await clients_stack.enter_async_context(open_provider_http(
+                base_url=p.base_url, transport=p.transport, proxy=p.proxy,
+                ca_file=p.ca_file, stall_timeout_s=p.stall_timeout_s,
+                connect_timeout_s=p.connect_timeout_s,
             ))
             for name, p in config.providers.items()
         }
+        for name, p in config.providers.items():
+            log.info("provider %s: %s transport (%s)", name,
+                     *choose_transport(p.transport, p.base_url, p.proxy))
         try:
             await services.start(event_log.serve)
             loop_lag = LoopLag(metrics.loop_lag.set)

@@ -80,6 +80,9 @@ async def test_turns_count_with_their_outcome_tokens_and_durations(daemon: Runni
         nursery.start_soon(daemon.chat, mock(say=50, delay_ms=1, hang_after=5))
         turn_id = await rec.turn_of()
         session_id = rec.stream(turn_id)[0]["sessionId"]
+        # Its provider request is made (and then hangs) once a chunk of it is out.
+        await rec.wait_for(lambda _: any(e["eventType"] == "inference.chunk"
+                                         for e in rec.stream(turn_id)))
         # The recorder is a live subscriber while the hung turn runs.
         _, during = await scrape(daemon)
         assert value(during, "veild_turns_running") == 1

@@ -18,12 +18,12 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import msgspec
 
 from daemon.errors import ProviderError
 from daemon.llm.jsonload import load_object
-from daemon.llm.sse import data_batches
+from daemon.llm.provider_http import ProviderHTTP
+from daemon.llm.sse import MERGE_MAX_CHARS, data_batches
 
 API_VERSION = "2023-06-01"
 
@@ -83,7 +83,7 @@ _decode_event = msgspec.json.Decoder(_WireEvent).decode
 
 
 class AnthropicClient:
-    def __init__(self, http: httpx.AsyncClient, base_url: str, api_key: str | None) -> None:
+    def __init__(self, http: ProviderHTTP, base_url: str, api_key: str | None) -> None:
         self._http = http
         self._url = f"{base_url.rstrip('/')}/v1/messages"
         self._headers = {"Accept": "text/event-stream", "anthropic-version": API_VERSION}
@@ -108,7 +108,7 @@ class AnthropicClient:
 class _State:
     """One stream's parse: whether it stopped, and the current read's run of deltas."""
 
-    __slots__ = ("failure", "out", "run", "run_index", "run_kind", "stopped")
+    __slots__ = ("failure", "out", "run", "run_chars", "run_index", "run_kind", "stopped")
 
     def __init__(self) -> None:
         # What went wrong in the current read, raised once what came before it is out.
@@ -118,6 +118,7 @@ class _State:
         self.run: list[str] = []
         self.run_index = -1
         self.run_kind = ""
+        self.run_chars = 0
 
     def read(self, batch: list[bytes]) -> list[Event]:
         """The events of one read, adjacent deltas of one block and kind merged."""
@@ -139,16 +140,19 @@ class _State:
             self.out.append(BlockDelta(self.run_index, self.run_kind,
                                        run[0] if len(run) == 1 else "".join(run)))
             self.run = []
+            self.run_chars = 0
 
     def _other(self, event: Event) -> None:
         self._end_run()
         self.out.append(event)
 
     def _delta(self, index: int, kind: str, text: str) -> None:
-        if self.run and (index != self.run_index or kind != self.run_kind):
+        if self.run and (index != self.run_index or kind != self.run_kind
+                         or self.run_chars + len(text) > MERGE_MAX_CHARS):
             self._end_run()
         self.run_index, self.run_kind = index, kind
         self.run.append(text)
+        self.run_chars += len(text)
 
     def _event(self, payload: bytes) -> None:
         try:

@@ -17,12 +17,12 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import msgspec
 
 from daemon.errors import ProviderError
 from daemon.llm.jsonload import load_object
-from daemon.llm.sse import data_batches
+from daemon.llm.provider_http import ProviderHTTP
+from daemon.llm.sse import MERGE_MAX_CHARS, data_batches
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +85,7 @@ _decode_chunk = msgspec.json.Decoder(_WireChunk).decode
 
 
 class OpenAIClient:
-    def __init__(self, http: httpx.AsyncClient, base_url: str, api_key: str | None) -> None:
+    def __init__(self, http: ProviderHTTP, base_url: str, api_key: str | None) -> None:
         self._http = http
         self._url = f"{base_url.rstrip('/')}/chat/completions"
         self._headers = {"Accept": "text/event-stream"}
@@ -113,7 +113,7 @@ class OpenAIClient:
 class _State:
     """One stream's parse: what it has seen, and the runs of text of the current read."""
 
-    __slots__ = ("done", "failure", "finished", "kind", "model", "out", "run")
+    __slots__ = ("done", "failure", "finished", "kind", "model", "out", "run", "run_chars")
 
     def __init__(self) -> None:
         # What went wrong in the current read, raised once what came before it is out.
@@ -123,6 +123,7 @@ class _State:
         self.out: list[Delta] = []
         self.kind: type[ContentDelta] | type[ReasoningDelta] | None = None
         self.run: list[str] = []
+        self.run_chars = 0
 
     def read(self, batch: list[bytes]) -> list[Delta]:
         """The deltas of one read, runs of one kind of text merged."""
@@ -140,10 +141,11 @@ class _State:
         return out
 
     def _text(self, kind: type[ContentDelta] | type[ReasoningDelta], text: str) -> None:
-        if kind is not self.kind:
+        if kind is not self.kind or self.run_chars + len(text) > MERGE_MAX_CHARS:
             self._end_run()
             self.kind = kind
         self.run.append(text)
+        self.run_chars += len(text)
 
     def _other(self, delta: Delta) -> None:
         self._end_run()
@@ -155,6 +157,7 @@ class _State:
             self.out.append(self.kind(run[0] if len(run) == 1 else "".join(run)))
             self.kind = None
             self.run = []
+            self.run_chars = 0
 
     def _payload(self, payload: bytes) -> None:
         try:

@@ -13,13 +13,13 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
-import httpx
 import trio
 
 from daemon.errors import ProviderError
 from daemon.llm.anthropic_client import AnthropicClient
 from daemon.llm.anthropic_client import Event as AnthropicEvent
 from daemon.llm.openai_client import Delta, OpenAIClient
+from daemon.llm.provider_http import ProviderHTTP
 
 log = logging.getLogger("daemon.provider")
 
@@ -61,7 +61,7 @@ class ProviderCalls:
 
 
 class ObservedOpenAIClient(OpenAIClient):
-    def __init__(self, http: httpx.AsyncClient, base_url: str, api_key: str | None,
+    def __init__(self, http: ProviderHTTP, base_url: str, api_key: str | None,
                  calls: ProviderCalls) -> None:
         super().__init__(http, base_url, api_key)
         self._calls = calls
@@ -71,7 +71,7 @@ class ObservedOpenAIClient(OpenAIClient):
 
 
 class ObservedAnthropicClient(AnthropicClient):
-    def __init__(self, http: httpx.AsyncClient, base_url: str, api_key: str | None,
+    def __init__(self, http: ProviderHTTP, base_url: str, api_key: str | None,
                  calls: ProviderCalls) -> None:
         super().__init__(http, base_url, api_key)
         self._calls = calls
