@@ -17,6 +17,7 @@ from typing import Any
 
 from daemon.errors import ConfigError
 from daemon.hosts import configured_host, is_loopback, normalise_origin
+from daemon.schedules.timing import Every, Timing, TimingError, parse_cron, parse_every, parse_zone
 
 DEFAULT_CONFIG_PATH = Path("config/daemon.toml")
 ENGINES = ("openai", "claude-cli", "anthropic")  # the names CONTRACT §2 reserves
@@ -145,12 +146,27 @@ class McpServerConfig:
 
 
 @dataclass(frozen=True)
+class ScheduleConfig:
+    """`[schedules.NAME]` (CONTRACT §11)."""
+
+    name: str
+    agent: str
+    message: str
+    timing: Timing  # from `every`, or `cron` + `timezone`
+    timezone: str = "UTC"
+    session: str = "new"  # "new" | "same": every run continues one session
+    enabled: bool = True
+    catch_up: bool = True
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     server: ServerConfig = field(default_factory=ServerConfig)
     providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
     agents: Mapping[str, AgentConfig] = field(default_factory=dict)
     mcp: Mapping[str, McpServerConfig] = field(default_factory=dict)
+    schedules: Mapping[str, ScheduleConfig] = field(default_factory=dict)
 
     def with_overrides(
         self, *, host: str | None = None, port: int | None = None, data_dir: str | None = None
@@ -478,6 +494,62 @@ def _agent(
     return cfg
 
 
+SCHEDULE_SESSIONS = ("new", "same")
+# A schedule's name is a URL path segment (POST /schedules/NAME/run).
+_SCHEDULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
+def _schedule(
+    file: str, name: str, table: Any, agents: Mapping[str, AgentConfig]
+) -> ScheduleConfig:
+    prefix = f"schedules.{name}"
+    if not isinstance(table, dict):
+        raise ConfigError(file, prefix, "must be a table")
+    if not _SCHEDULE_NAME.match(name):
+        raise ConfigError(file, prefix, "a schedule's name is letters, digits, - and _")
+    r = _Reader(file, prefix, table)
+    agent = r.get("agent", str, None)
+    if agent is None:
+        raise r.fail("agent", "is required")
+    if agent not in agents:
+        raise r.fail("agent", f"no agent {agent!r} is configured")
+    message = r.get("message", str, "")
+    if not message.strip():
+        raise r.fail("message", "is required (the user message of each run)")
+    every, cron = r.get("every", str, None), r.get("cron", str, None)
+    zone_name = r.get("timezone", str, "UTC")
+    try:
+        zone = parse_zone(zone_name)
+    except TimingError as exc:
+        raise r.fail("timezone", str(exc)) from None
+    timing: Timing
+    if (every is None) == (cron is None):
+        raise r.fail("every", "give either `every` (\"30s\", \"15m\", \"2h\") or `cron`")
+    if every is not None:
+        if "timezone" in table:
+            raise r.fail("timezone", "only applies to `cron`")
+        try:
+            timing = Every(every.strip(), parse_every(every))
+        except TimingError as exc:
+            raise r.fail("every", str(exc)) from None
+    else:
+        assert cron is not None
+        try:
+            timing = parse_cron(cron.strip(), zone)
+        except TimingError as exc:
+            raise r.fail("cron", str(exc)) from None
+    session = r.get("session", str, "new")
+    if session not in SCHEDULE_SESSIONS:
+        raise r.fail("session", f"must be \"new\" or \"same\", got {session!r}")
+    cfg = ScheduleConfig(
+        name=name, agent=agent, message=message, timing=timing, timezone=zone_name,
+        session=session, enabled=r.get("enabled", bool, True),
+        catch_up=r.get("catch_up", bool, True),
+    )
+    r.check_unknown()
+    return cfg
+
+
 def load_config(path: Path) -> Config:
     """Load and validate `path` and the agent files in `config/agents/` beside it."""
     file = str(path)
@@ -507,8 +579,13 @@ def load_config(path: Path) -> Config:
             agents[name] = _agent(
                 str(agent_file), "", name, _read_toml(agent_file), providers, mcp
             )
+    schedules = {
+        name: _schedule(file, name, table, agents)
+        for name, table in top.get("schedules", dict, {}).items()
+    }
     top.check_unknown()
-    return Config(path=path, server=server, providers=providers, agents=agents, mcp=mcp)
+    return Config(path=path, server=server, providers=providers, agents=agents, mcp=mcp,
+                  schedules=schedules)
 
 
 def resolve_config_path(cli_path: str | None) -> Path:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import trio
 
 from daemon.api.app import build_app
+from daemon.clock import SystemClock
 from daemon.config import AgentConfig, Config, check_exposure
 from daemon.engines.anthropic import AnthropicEngine
 from daemon.engines.base import Engine
@@ -38,6 +39,8 @@ from daemon.runtime.core import Runtime
 from daemon.runtime.ports import Store
 from daemon.runtime.sessions import SessionManager
 from daemon.runtime.turn import TurnServices
+from daemon.schedules.launch import SessionLauncher
+from daemon.schedules.scheduler import Scheduler
 from daemon.sdnotify import notify, serve_status, serve_watchdog
 from daemon.store import open_store
 from daemon.tools.agents import AgentMessageTool, AgentSpawnTool
@@ -224,7 +227,12 @@ async def _serve(
             )
             sessions = SessionManager(config, store, bus, turn_services)
             await core.start(sessions.serve)
-            runtime = Runtime(config, store, bus, sessions, mcp)
+            # A service (it stops after the turns it started have ended `shutdown`,
+            # so it records their outcome); its turns run in the session manager.
+            scheduler = Scheduler(config.schedules, store, SessionLauncher(sessions),
+                                  SystemClock())
+            await services.start(scheduler.serve)
+            runtime = Runtime(config, store, bus, sessions, mcp, scheduler)
             connections = Connections()
             http_server = HttpServer(
                 build_app(runtime, connections, metrics),

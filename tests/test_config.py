@@ -110,3 +110,9 @@ def test_cli_exits_2_on_a_config_error(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert str(path) in result.stderr and "server.port" in result.stderr
+
+
+def test_demo_config_has_one_schedule_disabled() -> None:
+    config = load_config(Path("config/daemon.toml"))
+    [demo] = config.schedules.values()
+    assert demo.enabled is False and demo.agent in config.agents

@@ -1,14 +1,19 @@
-"""The runtime as the transports see it: config, store, bus and session manager."""
+"""The runtime as the transports see it: config, store, bus, session manager, and the
+services they answer for (MCP servers, the scheduler)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from daemon.config import Config
 from daemon.mcp.manager import McpManager
 from daemon.runtime.bus import Bus
 from daemon.runtime.ports import Store
 from daemon.runtime.sessions import SessionManager
+
+if TYPE_CHECKING:
+    from daemon.schedules.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -18,3 +23,4 @@ class Runtime:
     bus: Bus
     sessions: SessionManager
     mcp: McpManager
+    schedules: Scheduler | None = None

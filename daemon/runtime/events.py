@@ -37,7 +37,7 @@ CHUNK_TYPES: Final = frozenset({THINKING_CHUNK, INFERENCE_CHUNK, TOOL_CHUNK})
 TERMINAL_TYPES: Final = frozenset({DONE, ERROR})
 
 TRIGGERS: Final = frozenset(
-    {"http", "sse", "agent_spawn", "agent_message", "async_inform", "wake"}
+    {"http", "sse", "agent_spawn", "agent_message", "async_inform", "wake", "schedule"}
 )
 CANCEL_REASONS: Final = frozenset(
     {"user_cancel", "budget_exceeded", "parent_cancelled", "shutdown"}
@@ -313,6 +313,7 @@ def turn_wire(t: TurnHistory) -> dict[str, Any]:
         "tokenUsage": usage_wire(t.token_usage),
         "model": t.model,
         "startSeq": t.start_seq,
+        "schedule": t.schedule,  # the schedule that started it (§11), else null
     }
 
 

@@ -128,6 +128,7 @@ class Turn:
     budget_tokens: int = 0
     parent: Turn | None = None  # the turn this one runs inside (a waiting spawn)
     reply_to: str | None = None  # the session that gets this turn's result (no-wait spawn)
+    schedule: str | None = None  # the schedule that started it (trigger `schedule`, §11)
 
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     cancel_reason: str | None = None
@@ -269,16 +270,19 @@ class Turn:
         self._plain("chat.user_message", {"event": {
             "content": self.message, "trigger": self.trigger, "timestamp": now_ms(),
         }})
-        start_seq = self._stream(ev.TURN_START, {
+        start: dict[str, Any] = {
             "turnId": self.id, "trigger": self.trigger, "model": self.agent.model or None,
             "fromSessionId": self.from_session_id,
-        })
+        }
+        if self.schedule is not None:
+            start["schedule"] = self.schedule
+        start_seq = self._stream(ev.TURN_START, start)
         # Shielded: a turn stopped at once still keeps what it was asked in the history
         # (and a drain consumes what it took), so a stop never loses a message.
         with trio.move_on_after(self.services.grace_s, shield=True) as persisting:
             await self.services.store.start_turn(TurnRecord(
                 self.id, self.session.record.id, self.trigger, now_ms(), self.reply_to,
-                self.from_session_id, start_seq,
+                self.from_session_id, start_seq, self.schedule,
             ), record)
             self.start_stored = True
             await self._append(MessageRecord(

@@ -29,6 +29,7 @@ from daemon.errors import StoreError, StoreUnavailable
 from daemon.store.models import (
     InboxRecord,
     MessageRecord,
+    ScheduleRecord,
     SessionRecord,
     TokenUsage,
     TurnHistory,
@@ -439,9 +440,9 @@ class Store:
         def _start(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "INSERT INTO turns(id, session_id, trigger, started_at, reply_to, "
-                "from_session_id, start_seq) VALUES (?,?,?,?,?,?,?)",
+                "from_session_id, start_seq, schedule) VALUES (?,?,?,?,?,?,?,?)",
                 (t.id, t.session_id, t.trigger, t.started_at, t.reply_to, t.from_session_id,
-                 t.start_seq),
+                 t.start_seq, t.schedule),
             )
             conn.execute(
                 "UPDATE sessions SET status=?, updated_at=? WHERE id=?",
@@ -488,12 +489,12 @@ class Store:
             rows = self._rconn.execute(
                 "SELECT id, trigger, from_session_id, started_at, ended_at, terminal_code, "
                 "cancel_reason, input_tokens, output_tokens, cache_tokens, cost, model, "
-                "start_seq FROM turns WHERE session_id=? ORDER BY started_at, rowid",
+                "start_seq, schedule FROM turns WHERE session_id=? ORDER BY started_at, rowid",
                 (session_id,),
             )
             return [
                 TurnHistory(r[0], r[1], r[2], r[3], r[4], r[5], r[6],
-                            TokenUsage(r[7], r[8], r[9], r[10]), r[11], r[12])
+                            TokenUsage(r[7], r[8], r[9], r[10]), r[11], r[12], r[13])
                 for r in rows
             ]
 
@@ -543,3 +544,30 @@ class Store:
             return [r[0] for r in rows]
 
         return await self._read(_waking)
+
+    # -- schedules ------------------------------------------------------------------------
+
+    async def schedule_states(self) -> list[ScheduleRecord]:
+        """Every schedule's persisted state (also of names no longer configured)."""
+
+        def _states() -> list[ScheduleRecord]:
+            rows = self._rconn.execute(
+                "SELECT name, paused, last_run_at, next_run_at, last_session_id, "
+                "last_turn_id, last_outcome, skipped FROM schedules ORDER BY name"
+            )
+            return [ScheduleRecord(r[0], bool(r[1]), *r[2:]) for r in rows]
+
+        return await self._read(_states)
+
+    async def save_schedule_state(self, s: ScheduleRecord) -> None:
+        await self._call(
+            self._conn.execute,
+            "INSERT INTO schedules(name, paused, last_run_at, next_run_at, last_session_id, "
+            "last_turn_id, last_outcome, skipped) VALUES (?,?,?,?,?,?,?,?) "
+            "ON CONFLICT(name) DO UPDATE SET paused=excluded.paused, "
+            "last_run_at=excluded.last_run_at, next_run_at=excluded.next_run_at, "
+            "last_session_id=excluded.last_session_id, last_turn_id=excluded.last_turn_id, "
+            "last_outcome=excluded.last_outcome, skipped=excluded.skipped",
+            (s.name, int(s.paused), s.last_run_at, s.next_run_at, s.last_session_id,
+             s.last_turn_id, s.last_outcome, s.skipped),
+        )
