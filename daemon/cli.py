@@ -16,8 +16,14 @@ import trio
 from daemon import __version__
 from daemon.config import Config, check_exposure, load_config, resolve_config_path
 from daemon.errors import ConfigError, StoreError
+from daemon.observe.logs import configure_logging, one_line
 
 EXIT_CONFIG = 2
+log = logging.getLogger("daemon.cli")
+
+
+def _log_level() -> str:
+    return os.environ.get("VEILD_LOG", "INFO")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -29,8 +35,10 @@ def _serve(args: argparse.Namespace) -> int:
         )
         check_exposure(config)
     except ConfigError as exc:
-        print(f"veild: config error: {exc}", file=sys.stderr)
+        # The config did not load, so its log_format is unknown: the default applies.
+        print(one_line(f"config error: {exc}", args.log_format), file=sys.stderr)
         return EXIT_CONFIG
+    log_format = configure_logging(config.server.log_format, level=_log_level())
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -39,7 +47,7 @@ def _serve(args: argparse.Namespace) -> int:
                                                  task_status=task_status)
             )
             print(f"veild listening on {daemon.url}", flush=True)
-            print(f"veild: Studio is at {daemon.url}/studio", file=sys.stderr, flush=True)
+            log.info("Studio is at %s/studio", daemon.url)
 
     try:
         trio.run(main)
@@ -47,7 +55,7 @@ def _serve(args: argparse.Namespace) -> int:
         line = _startup_failure(exc, config)
         if line is None:
             raise
-        print(f"veild: {line}", file=sys.stderr)
+        print(one_line(line, log_format), file=sys.stderr)
         return 1
     return 0
 
@@ -278,10 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=os.environ.get("VEILD_LOG", "INFO").upper(), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     args = build_parser().parse_args(argv)
+    # Until a config says otherwise: text on a terminal, JSON lines otherwise.
+    args.log_format = configure_logging(level=_log_level())
     result: int = args.func(args)
     return result

@@ -29,6 +29,7 @@ TOOL_NAMES = ("bash", "agent_spawn", "agent_message")
 # CONTRACT §10: an MCP server's name: lowercase letters, digits, - and _, no "__" (the
 # separator of the NAME__TOOL names the model sees).
 MCP_NAME = re.compile(r"[a-z0-9_-]+")
+LOG_FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,9 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     allow_unauthenticated: bool = False
+    # CONTRACT §12: log lines on stderr as "text" or "json"; None = text on a terminal,
+    # JSON lines otherwise.
+    log_format: str | None = None
 
     @property
     def auth_token(self) -> str | None:
@@ -277,9 +281,17 @@ def _server(file: str, table: Any) -> ServerConfig:
         allowed_hosts=_hosts(r, "allowed_hosts"),
         allowed_origins=_origins(r, "allowed_origins"),
         allow_unauthenticated=r.get("allow_unauthenticated", bool, False),
+        log_format=_log_format(r),
     )
     r.check_unknown()
     return cfg
+
+
+def _log_format(r: _Reader) -> str | None:
+    value: str | None = r.get("log_format", str, None)
+    if value is not None and value not in LOG_FORMATS:
+        raise r.fail("log_format", f'must be "text" or "json", got {value!r}')
+    return value
 
 
 def _positive_float(r: _Reader, key: str, default: float) -> float:

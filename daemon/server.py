@@ -31,6 +31,9 @@ from daemon.llm.openai_client import OpenAIClient
 from daemon.llm.provider_http import ProviderHTTP, choose_transport, open_provider_http
 from daemon.mcp.manager import McpManager
 from daemon.mock.provider import serve_mock_provider
+from daemon.observe.looplag import LoopLag
+from daemon.observe.metrics import Metrics
+from daemon.observe.provider import ObservedAnthropicClient, ObservedOpenAIClient, ProviderCalls
 from daemon.runtime.bus import Bus
 from daemon.runtime.core import Runtime
 from daemon.runtime.ports import Store
@@ -38,7 +41,7 @@ from daemon.runtime.sessions import SessionManager
 from daemon.runtime.turn import TurnServices
 from daemon.schedules.launch import SessionLauncher
 from daemon.schedules.scheduler import Scheduler
-from daemon.sdnotify import notify, serve_watchdog
+from daemon.sdnotify import notify, serve_status, serve_watchdog
 from daemon.store import open_store
 from daemon.tools.agents import AgentMessageTool, AgentSpawnTool
 from daemon.tools.base import Tool
@@ -53,6 +56,8 @@ class Daemon:
     http: HttpServer
     host: str
     _stop: trio.Event
+    metrics: Metrics
+    loop_lag: LoopLag
 
     @property
     def port(self) -> int:
@@ -68,7 +73,8 @@ class Daemon:
 
 
 def _engine_factory(
-    config: Config, clients: dict[str, ProviderHTTP], mock_roots: dict[str, str]
+    config: Config, clients: dict[str, ProviderHTTP], mock_roots: dict[str, str],
+    metrics: Metrics,
 ) -> Callable[[AgentConfig], Engine]:
     """Engines by agent. A mock provider (started in-process, root URL in `mock_roots`)
     answers both the Chat Completions API (under /v1) and the Messages API. Each
@@ -79,12 +85,15 @@ def _engine_factory(
     for name, provider in config.providers.items():
         key = provider.api_key
         http = clients[name]
+        # Each request is timed and logged once (observe/provider.py).
         if provider.type in ("openai", "mock"):
             url = f"{mock_roots[name]}/v1" if provider.type == "mock" else provider.base_url
-            openai[name] = OpenAIClient(http, url, key)
+            openai[name] = ObservedOpenAIClient(http, url, key, ProviderCalls(
+                name, f"{url.rstrip('/')}/chat/completions", metrics.provider_request_ended))
         if provider.type in ("anthropic", "mock"):
             url = mock_roots[name] if provider.type == "mock" else provider.base_url
-            anthropic[name] = AnthropicClient(http, url, key)
+            anthropic[name] = ObservedAnthropicClient(http, url, key, ProviderCalls(
+                name, f"{url.rstrip('/')}/v1/messages", metrics.provider_request_ended))
 
     def engine_for(agent: AgentConfig) -> Engine:
         if agent.engine == "claude-cli":
@@ -107,6 +116,22 @@ async def _serve_signals(
             log.info("received %s: shutting down", signal.Signals(signum).name)
             stop()
             return
+
+
+def _metrics(bus: Bus) -> Metrics:
+    """The daemon's metrics; the bus's own counters are read at scrape time."""
+    metrics = Metrics()
+    metrics.add("veild_events_published_total", "counter", "Events published on the bus.",
+                lambda: bus.published)
+    metrics.add("veild_stream_subscribers", "gauge",
+                "Live bus subscribers (WebSocket and SSE clients).", lambda: bus.subscriber_count)
+    metrics.add("veild_stream_lagged_total", "counter",
+                "Subscribers ended as lagged (their queue was full).", lambda: bus.lagged)
+    # Slow clients' chunks merged in their queues (CONTRACT §7), where the bus does it.
+    metrics.add("veild_stream_coalesced_total", "counter",
+                "Chunk events merged into another in a slow subscriber's queue.",
+                lambda: getattr(bus, "coalesced", 0))
+    return metrics
 
 
 # CONTRACT §1: SIGTERM to exit in 10 s. Turns get shutdown_grace_s for their terminals
@@ -163,6 +188,7 @@ async def _serve(
     server = config.server
     bus = Bus(event_log, queue_bytes=server.stream_queue_bytes,
               coalesce_after=server.stream_coalesce_after)
+    metrics = _metrics(bus)
     sessions: SessionManager | None = None
     http_server: HttpServer | None = None
     mcp: McpManager | None = None
@@ -180,6 +206,8 @@ async def _serve(
                      *choose_transport(p.transport, p.base_url, p.proxy))
         try:
             await services.start(event_log.serve)
+            loop_lag = LoopLag(metrics.loop_lag.set)
+            await services.start(loop_lag.serve)
             mcp = McpManager(config.mcp, config.agents.values())
             await services.start(mcp.serve)  # each server connects in the background
             mock_roots: dict[str, str] = {}
@@ -191,8 +219,9 @@ async def _serve(
                 t.name: t for t in (BashTool(), AgentSpawnTool(), AgentMessageTool())
             }
             turn_services = TurnServices(
-                bus=bus, store=store, engine_for=_engine_factory(config, clients, mock_roots),
-                tools=tools, workspaces=server.data_dir / "workspaces",
+                bus=bus, store=store,
+                engine_for=_engine_factory(config, clients, mock_roots, metrics),
+                tools=tools, workspaces=server.data_dir / "workspaces", metrics=metrics,
                 grace_s=server.shutdown_grace_s,
                 slots=trio.CapacityLimiter(server.max_running_turns),
                 mcp=mcp,
@@ -207,12 +236,14 @@ async def _serve(
             runtime = Runtime(config, store, bus, sessions, mcp, scheduler)
             connections = Connections()
             http_server = HttpServer(
-                build_app(runtime, connections), bind_socket(server.host, server.port),
+                build_app(runtime, connections, metrics),
+                bind_socket(server.host, server.port),
                 connections,
             )
             await core.start(http_server.serve)
-            daemon = Daemon(runtime, http_server, server.host, stop)
-            await services.start(serve_watchdog)
+            daemon = Daemon(runtime, http_server, server.host, stop, metrics, loop_lag)
+            await services.start(serve_watchdog, lambda: metrics.running)
+            await services.start(serve_status, metrics.wait_running_changed)
             notify("READY=1")
             task_status.started(daemon)
             await stop.wait()

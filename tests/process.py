@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -23,11 +24,13 @@ class DaemonProcess:
 
 
 @asynccontextmanager
-async def spawn_daemon(config: Path) -> AsyncIterator[DaemonProcess]:
-    env = {**os.environ, "VEILD_LOG": "WARNING"}
+async def spawn_daemon(config: Path, *, log_level: str = "WARNING",
+                       stderr: Any = None) -> AsyncIterator[DaemonProcess]:
+    """`stderr`: where the daemon's log goes (a file object; None: inherited)."""
+    env = {**os.environ, "VEILD_LOG": log_level}
     process = await trio.lowlevel.open_process(
         [sys.executable, "-m", "daemon", "serve", "--config", str(config)],
-        stdout=-1, env=env,
+        stdout=-1, stderr=stderr, env=env,
     )
     try:
         assert process.stdout is not None

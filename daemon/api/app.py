@@ -11,6 +11,7 @@ from werkzeug.exceptions import HTTPException
 from daemon.api.auth import request_authorized
 from daemon.api.guard import HostOriginGuard, HostPolicy
 from daemon.api.http import http_routes
+from daemon.api.metrics import metrics_routes
 from daemon.api.schedules import schedule_routes
 from daemon.api.studio import studio_routes
 from daemon.api.ws import ws_routes
@@ -22,6 +23,7 @@ from daemon.errors import (
     Unauthorized,
 )
 from daemon.httpserver import Connections
+from daemon.observe.metrics import Metrics
 from daemon.runtime.core import Runtime
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ def _error(err: ApiError) -> Response:
     return response
 
 
-def build_app(rt: Runtime, connections: Connections) -> QuartTrio:
+def build_app(rt: Runtime, connections: Connections, metrics: Metrics) -> QuartTrio:
     app = QuartTrio("veild")
     app.config.update(
         MAX_CONTENT_LENGTH=MAX_BODY,
@@ -51,6 +53,7 @@ def build_app(rt: Runtime, connections: Connections) -> QuartTrio:
     app.register_blueprint(schedule_routes(rt))
     app.register_blueprint(ws_routes(rt, connections))
     app.register_blueprint(studio_routes())
+    app.register_blueprint(metrics_routes(metrics))
     server = rt.config.server
     # CONTRACT §3.1, in front of everything (HTTP, SSE, the WebSocket upgrade): a
     # foreign Host or Origin is refused before any handler runs or any body is read.

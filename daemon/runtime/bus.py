@@ -167,6 +167,8 @@ class Subscription:
         if self.end_reason is not None:
             return
         self.end_reason = reason
+        if reason == "lagged":
+            self._bus.lagged += 1
         self._bus._discard(self)
         if reason == "lagged":
             # The client resumes from the log with since=last_seq: what it was not given
@@ -258,6 +260,7 @@ class Bus:
         self._all: set[Subscription] = set()  # every live one, indexed or not
         self.published = 0
         self.coalesced = 0  # chunk events merged into another in some subscriber's queue
+        self.lagged = 0  # subscribers ended lagged (read by the metrics at scrape time)
 
     @property
     def latest_seq(self) -> int:

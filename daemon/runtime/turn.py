@@ -36,6 +36,8 @@ from daemon.config import AgentConfig
 from daemon.engines import base as eng
 from daemon.errors import MaxIterationsError, ProviderError, StoreError, StoreUnavailable
 from daemon.mcp.manager import McpManager
+from daemon.observe.logs import turn_context
+from daemon.observe.metrics import Metrics
 from daemon.runtime import approvals, delivery_text
 from daemon.runtime import events as ev
 from daemon.runtime.approvals import Approvals
@@ -79,6 +81,8 @@ class TurnServices:
     mcp: McpManager | None = None
     # Tool calls waiting for a person (CONTRACT §9), shared by every turn.
     approvals: Approvals = field(default_factory=Approvals)
+    # The daemon's metrics: a turn counts itself running, and reports itself at its end.
+    metrics: Metrics | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,9 @@ class Turn:
             return False
         self.cancel_reason = reason
         self.scope.cancel()
+        # Named here: the caller (an HTTP request, a parent's end) is not this turn's task.
+        log.info("turn cancelled", extra={
+            "sessionId": self.session.record.id, "turnId": self.id, "reason": reason})
         return True
 
     @property
@@ -226,6 +233,11 @@ class Turn:
         # never waits for a slot its own ancestor holds.
         slots = self.services.slots if self.parent is None else None
         holding = False
+        # Every line this task and the tasks it starts log carries our ids (observe/logs).
+        context = turn_context.set((self.session.record.id, self.id))
+        log.info("turn started", extra={"agent": self.agent.name, "trigger": self.trigger})
+        if self.services.metrics is not None:
+            self.services.metrics.turn_started()
         with self.scope:
             task_status.started(self)
             try:
@@ -252,6 +264,8 @@ class Turn:
                     if holding:
                         assert slots is not None
                         slots.release()
+                    self._report_end(started)
+                    turn_context.reset(context)
 
     async def _begin(self) -> None:
         record = self.session.mark("running")
@@ -334,6 +348,9 @@ class Turn:
                     "name": event.name, "timestamp": now_ms(),
                 }})
             case eng.ToolFinished():
+                log.info("tool call %s", event.name, extra={
+                    "tool": event.name, "toolCallId": event.call_id,
+                    "isError": event.outcome.is_error, "durationMs": event.duration_ms})
                 self.tool_calls.append(ev.ToolCallStat(
                     event.call_id, event.name, event.arguments, event.outcome.is_error,
                     event.duration_ms,
@@ -474,6 +491,29 @@ class Turn:
                 "reason": STORE_UNAVAILABLE}
         log.error("turn %s failed", self.id, exc_info=first)
         return "INTERNAL_ERROR", f"internal error: {type(first).__name__}", None
+
+    def _report_end(self, started: float) -> None:
+        """The terminal's log line and the turn's metrics (an end that crashed before
+        its outcome was made counts as INTERNAL_ERROR)."""
+        outcome = self.outcome
+        code = (outcome.code or "done") if outcome is not None else "INTERNAL_ERROR"
+        duration = trio.current_time() - started
+        fields: dict[str, Any] = {
+            "agent": self.agent.name, "outcome": code, "durationMs": int(duration * 1000),
+            "iterations": self.iterations, "inputTokens": self.usage.input,
+            "outputTokens": self.usage.output,
+        }
+        if outcome is not None and outcome.code is not None:
+            fields["error"] = outcome.message[:300]
+            if outcome.cancel_reason:
+                fields["reason"] = outcome.cancel_reason
+        log.info("turn ended", extra=fields)
+        metrics = self.services.metrics
+        if metrics is not None:
+            metrics.turn_ended(
+                self.agent.name, code, duration, input_tokens=self.usage.input,
+                output_tokens=self.usage.output, cache_tokens=self.usage.cache,
+                cost=self.usage.cost)
 
     def _replies(self, code: str | None, message: str) -> list[InboxRecord]:
         """What this turn delivers: its result to whoever is owed one. A stopped turn's

@@ -1,0 +1,138 @@
+"""One daemon's Prometheus metrics (CONTRACT §12), in a registry of its own.
+
+Two kinds of figure, by what they cost:
+- The per-token path keeps plain int counters it has anyway (Bus.published, lagged and
+  coalesced counts); `Readings` is a custom collector that reads them at scrape time,
+  so a token costs no prometheus-client call at all.
+- Per-turn and per-request figures (turns, tokens, cost, durations) are prometheus
+  metrics updated once at a turn's end or a provider request's end.
+
+Labels stay low-cardinality: agent, outcome, provider, kind — never a session id. Each
+daemon has its own CollectorRegistry (tests run many daemons in one process), never
+prometheus-client's global default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import trio
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Turns last from a fraction of a second (a short answer) to many minutes (a tree of
+# sub-agents running tools); provider requests from tens of ms to a few minutes.
+TURN_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, float("inf"))
+REQUEST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, float("inf"))
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A figure read at scrape time from a counter the daemon keeps anyway."""
+
+    name: str
+    kind: str  # "counter" | "gauge"
+    help: str
+    read: Callable[[], float]
+
+
+class Readings(Collector):
+    """Collects `Reading`s: one callable per family, called only when scraped."""
+
+    def __init__(self) -> None:
+        self._readings: list[Reading] = []
+
+    def add(self, reading: Reading) -> None:
+        self._readings.append(reading)
+
+    def collect(self) -> Iterable[Metric]:
+        for r in self._readings:
+            if r.kind == "counter":
+                # The family name goes without `_total`: the client adds it.
+                yield CounterMetricFamily(r.name.removesuffix("_total"), r.help,
+                                          value=r.read())
+            else:
+                yield GaugeMetricFamily(r.name, r.help, value=r.read())
+
+
+class Metrics:
+    def __init__(self) -> None:
+        # No `_created` series: a sample per label set that no dashboard reads. (The
+        # switch is the library's, process-wide; veild uses no other registry.)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        registry = self.registry = CollectorRegistry(auto_describe=False)
+        self.readings = Readings()
+        registry.register(self.readings)
+        self.turns = Counter(
+            "veild_turns", "Turns ended, by agent and outcome (done or the error code).",
+            ["agent", "outcome"], registry=registry)
+        self.tokens = Counter(
+            "veild_tokens", "Tokens as the providers report them, by agent and kind "
+            "(input, output, cache).", ["agent", "kind"], registry=registry)
+        self.cost = Counter(
+            "veild_cost", "Cost the providers reported, by agent.", ["agent"],
+            registry=registry)
+        self.turn_duration = Histogram(
+            "veild_turn_duration_seconds", "Turn duration, start to terminal.",
+            ["agent", "outcome"], buckets=TURN_BUCKETS, registry=registry)
+        self.provider_request = Histogram(
+            "veild_provider_request_duration_seconds",
+            "One LLM request, from sending it to the end of its streamed answer.",
+            ["provider"], buckets=REQUEST_BUCKETS, registry=registry)
+        self.loop_lag = Gauge(
+            "veild_event_loop_lag_seconds",
+            "How late the event loop last woke a task sleeping a fixed interval.",
+            registry=registry)
+        # Turns between their start and their terminal; STATUS= follows it.
+        self.running = 0
+        self._running_changed = trio.Event()
+        self.add("veild_turns_running", "gauge", "Turns between start and terminal.",
+                 lambda: self.running)
+
+    def add(self, name: str, kind: str, help: str, read: Callable[[], float]) -> None:
+        self.readings.add(Reading(name, kind, help, read))
+
+    # -- turns ----------------------------------------------------------------------------
+
+    def turn_started(self) -> None:
+        self.running += 1
+        self._running_changed.set()
+
+    def turn_ended(self, agent: str, outcome: str, duration_s: float, *, input_tokens: int,
+                   output_tokens: int, cache_tokens: int, cost: float) -> None:
+        self.running -= 1
+        self._running_changed.set()
+        self.turns.labels(agent, outcome).inc()
+        self.turn_duration.labels(agent, outcome).observe(duration_s)
+        for kind, n in (("input", input_tokens), ("output", output_tokens),
+                        ("cache", cache_tokens)):
+            if n:
+                self.tokens.labels(agent, kind).inc(n)
+        if cost:
+            self.cost.labels(agent).inc(cost)
+
+    def provider_request_ended(self, provider: str, duration_s: float) -> None:
+        self.provider_request.labels(provider).observe(duration_s)
+
+    async def wait_running_changed(self) -> int:
+        """Wait until the number of running turns changes; returns it (a burst of
+        changes in one scheduling round is seen once, as its last value)."""
+        await self._running_changed.wait()
+        self._running_changed = trio.Event()
+        return self.running
+
+    # -- scraping -------------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
