@@ -63,6 +63,9 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     allow_unauthenticated: bool = False
+    # CONTRACT §12: idle trees whose last update is older than this many days are
+    # deleted at start and daily; 0 keeps everything.
+    keep_days: int = 0
 
     @property
     def auth_token(self) -> str | None:
@@ -241,6 +244,7 @@ def _server(file: str, table: Any) -> ServerConfig:
         allowed_hosts=_hosts(r, "allowed_hosts"),
         allowed_origins=_origins(r, "allowed_origins"),
         allow_unauthenticated=r.get("allow_unauthenticated", bool, False),
+        keep_days=r.positive_int("keep_days", 0, minimum=0),
     )
     r.check_unknown()
     return cfg

@@ -19,6 +19,7 @@ import httpx
 import trio
 
 from daemon.api.app import build_app
+from daemon.clock import SYSTEM_CLOCK, Clock
 from daemon.config import AgentConfig, Config, check_exposure
 from daemon.engines.anthropic import AnthropicEngine
 from daemon.engines.base import Engine
@@ -34,6 +35,7 @@ from daemon.mock.provider import serve_mock_provider
 from daemon.runtime.bus import Bus
 from daemon.runtime.core import Runtime
 from daemon.runtime.ports import Store
+from daemon.runtime.pruner import serve_pruner
 from daemon.runtime.sessions import SessionManager
 from daemon.runtime.turn import TurnServices
 from daemon.sdnotify import notify, serve_watchdog
@@ -115,7 +117,7 @@ CLOSE_S = 0.8
 
 
 async def serve_daemon(
-    config: Config, *, handle_signals: bool = False,
+    config: Config, *, handle_signals: bool = False, clock: Clock = SYSTEM_CLOCK,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until `request_shutdown()`; reports the Daemon when listening.
@@ -143,7 +145,7 @@ async def serve_daemon(
             )
             try:
                 async with trio.open_nursery() as core:
-                    await _serve(config, store, event_log, core, stop, task_status)
+                    await _serve(config, store, event_log, core, stop, task_status, clock)
                     core.cancel_scope.cancel()
             finally:
                 with trio.move_on_after(CLOSE_S, shield=True):
@@ -156,7 +158,7 @@ async def serve_daemon(
 
 async def _serve(
     config: Config, store: Store, event_log: SqliteEventLog, core: trio.Nursery,
-    stop: trio.Event, task_status: trio.TaskStatus[Daemon],
+    stop: trio.Event, task_status: trio.TaskStatus[Daemon], clock: Clock = SYSTEM_CLOCK,
 ) -> None:
     server = config.server
     bus = Bus(event_log, queue_max=server.ws_queue_max)
@@ -193,7 +195,8 @@ async def _serve(
             )
             sessions = SessionManager(config, store, bus, turn_services)
             await core.start(sessions.serve)
-            runtime = Runtime(config, store, bus, sessions, mcp)
+            await services.start(serve_pruner, sessions, server.keep_days, clock)
+            runtime = Runtime(config, store, bus, sessions, mcp, clock)
             connections = Connections()
             http_server = HttpServer(
                 build_app(runtime, connections), bind_socket(server.host, server.port),

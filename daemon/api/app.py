@@ -11,6 +11,7 @@ from werkzeug.exceptions import HTTPException
 from daemon.api.auth import request_authorized
 from daemon.api.guard import HostOriginGuard, HostPolicy
 from daemon.api.http import http_routes
+from daemon.api.openapi import openapi_routes
 from daemon.api.studio import studio_routes
 from daemon.api.ws import ws_routes
 from daemon.errors import (
@@ -40,7 +41,9 @@ def _error(err: ApiError) -> Response:
 
 
 def build_app(rt: Runtime, connections: Connections) -> QuartTrio:
-    app = QuartTrio("veild")
+    # No /static/<path> route: Studio's files are served by api/studio.py, and every
+    # route is in the OpenAPI document.
+    app = QuartTrio("veild", static_folder=None)
     app.config.update(
         MAX_CONTENT_LENGTH=MAX_BODY,
         RESPONSE_TIMEOUT=None,  # SSE streams last as long as their turn or client
@@ -49,6 +52,7 @@ def build_app(rt: Runtime, connections: Connections) -> QuartTrio:
     app.register_blueprint(http_routes(rt))
     app.register_blueprint(ws_routes(rt, connections))
     app.register_blueprint(studio_routes())
+    app.register_blueprint(openapi_routes())
     server = rt.config.server
     # CONTRACT §3.1, in front of everything (HTTP, SSE, the WebSocket upgrade): a
     # foreign Host or Origin is refused before any handler runs or any body is read.

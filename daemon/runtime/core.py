@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from daemon.clock import SYSTEM_CLOCK, Clock
 from daemon.config import Config
 from daemon.mcp.manager import McpManager
 from daemon.runtime.bus import Bus
@@ -18,3 +19,4 @@ class Runtime:
     bus: Bus
     sessions: SessionManager
     mcp: McpManager
+    clock: Clock = SYSTEM_CLOCK  # what "older than" is measured from (DELETE /sessions)

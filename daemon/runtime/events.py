@@ -269,3 +269,13 @@ def error_data(
     data.update(session=session_wire(session), **stats.wire())
     data["cancelled"] = code == "CANCELLED"
     return data
+
+
+# -- history (CONTRACT §12) ---------------------------------------------------------------
+
+SESSION_DELETED: Final = "session.deleted"
+
+
+def session_deleted(s: SessionRecord) -> dict[str, Any]:
+    """The fields of `session.deleted`: the session as it was when it was removed."""
+    return {"session": session_wire(s)}
