@@ -13,6 +13,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import httpx
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
 
+from daemon.clock import SYSTEM_CLOCK, Clock
 from daemon.config import load_config
 from daemon.mock.provider import Served, serve_mock_provider
 from daemon.server import Daemon, serve_daemon
@@ -130,12 +132,13 @@ class Running:
 
 @asynccontextmanager
 async def open_daemon(
-    tmp: Path, provider: Provider, *, server: str = "", extra: str = ""
+    tmp: Path, provider: Provider, *, server: str = "", extra: str = "",
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[Running]:
     path = write_config(tmp, provider.url, server=server, extra=extra)
     config = load_config(path)
     async with trio.open_nursery() as nursery:
-        daemon: Daemon = await nursery.start(serve_daemon, config)
+        daemon: Daemon = await nursery.start(partial(serve_daemon, config, clock=clock))
         async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as http:
             yield Running(daemon, http, path)
         daemon.request_shutdown()
