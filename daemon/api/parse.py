@@ -79,6 +79,9 @@ def _field(body: dict[str, Any], key: str, kind: type | tuple[type, ...], name: 
         return None
     if isinstance(value, bool) and kind is not bool:
         raise BadRequest(f"`{key}` must be {name}", {"field": key})
+    if kind is int and isinstance(value, float) and value.is_integer():
+        # JSON has one number type: `3.0` is the integer 3 (JSON Schema says so too).
+        return int(value)
     if not isinstance(value, kind):
         raise BadRequest(f"`{key}` must be {name}", {"field": key})
     return value
