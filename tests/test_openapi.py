@@ -160,3 +160,20 @@ def test_an_integral_float_is_an_integer() -> None:
     assert parse.ChatRequest.parse({"message": "x", "budgetTokens": 3.0}).budget_tokens == 3
     with pytest.raises(BadRequest):
         parse.ChatRequest.parse({"message": "x", "budgetTokens": 2.5})
+
+
+async def test_a_method_the_document_does_not_name_is_405_with_allow(daemon: Running) -> None:
+    """Every path answers the methods its entry names and no other: 405, the error shape
+    and an `Allow` header (RFC 9110) naming what it takes. Found while fuzzing: the
+    error handler dropped `Allow`."""
+    doc = (await daemon.http.get("/openapi.json")).json()
+    for path, ops in doc["paths"].items():
+        if path == "/ws":
+            continue  # a WebSocket route: its upgrade is a GET
+        concrete = path.replace("{session_id}", "ses_x").replace("{name}", "plain")
+        for method in {"GET", "POST", "PUT", "PATCH", "DELETE"} - {m.upper() for m in ops}:
+            r = await daemon.http.request(method, concrete)
+            assert r.status_code == 405, (method, path, r.status_code)
+            assert r.json()["error"]["code"] == "METHOD_NOT_ALLOWED"
+            allowed = {m.strip() for m in r.headers["Allow"].split(",")} - {"HEAD", "OPTIONS"}
+            assert allowed == {m.upper() for m in ops}, (method, path, r.headers["Allow"])

@@ -52,7 +52,7 @@ def build_app(rt: Runtime, connections: Connections) -> QuartTrio:
     app.register_blueprint(http_routes(rt))
     app.register_blueprint(ws_routes(rt, connections))
     app.register_blueprint(studio_routes())
-    app.register_blueprint(openapi_routes())
+    app.register_blueprint(openapi_routes(auth=rt.config.server.auth_token is not None))
     server = rt.config.server
     # CONTRACT §3.1, in front of everything (HTTP, SSE, the WebSocket upgrade): a
     # foreign Host or Origin is refused before any handler runs or any body is read.
@@ -87,7 +87,12 @@ def build_app(rt: Runtime, connections: Connections) -> QuartTrio:
         api = ApiError(err.description or err.name)
         api.status = status
         api.code = _HTTP_CODES.get(status, "BAD_REQUEST" if status < 500 else "INTERNAL_ERROR")
-        return _error(api)
+        response = _error(api)
+        # What the exception carries (a 405's `Allow`, which RFC 9110 requires) stays.
+        for name, value in err.get_headers():
+            if name.lower() not in ("content-type", "content-length"):
+                response.headers[name] = value
+        return response
 
     @app.errorhandler(Exception)
     async def _unexpected(err: Exception) -> Response:

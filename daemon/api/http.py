@@ -21,6 +21,7 @@ from daemon.api.spec import (
     array,
     documented,
     error,
+    int_query,
     nullable,
     obj,
     ref,
@@ -88,7 +89,7 @@ _CHAT_RESULT = obj(
     session=_SESSION, **_STATS,
 )
 _SSE_FRAMES = Resp("the turn's session.stream events as SSE frames (`id:`, `event:`, "
-                   "`data:` the bus envelope), ending after its terminal", None, SSE)
+                   "`data:` the bus envelope), ending after its terminal", ref("SseFrame"), SSE)
 _NO_SESSION = error("no such session")
 _MESSAGE = obj(["role", "content", "createdAt", "turnId"], role=STR, content=STR,
                toolCalls=array(ANY), toolCallId=STR, createdAt=INT, turnId=nullable(STR))
@@ -212,8 +213,7 @@ def http_routes(rt: Runtime) -> Blueprint:
         "Sessions, newest first", {200: Resp("the sessions", obj(
             ["sessions"], sessions=array(_SESSION)))},
         params=(Param("agent", STR), Param("parent", STR, description="a parent session id"),
-                Param("limit", {"type": "integer", "minimum": 1, "maximum": parse.MAX_LIMIT},
-                      description="default 100")),
+                Param("limit", int_query(1, parse.MAX_LIMIT), description="default 100")),
         tags=("sessions",),
     ))
     async def list_sessions() -> Response:
@@ -266,11 +266,12 @@ def http_routes(rt: Runtime) -> Blueprint:
     @bp.get("/sessions/<session_id>/stream")
     @documented(Op(
         "The session's session.stream events, live, as SSE (replay after a seq)", {
-            200: Resp("SSE frames as in SSE chat mode; never ends by itself", None, SSE),
+            200: Resp("SSE frames as in SSE chat mode; never ends by itself",
+                      ref("SseFrame"), SSE),
             404: _NO_SESSION,
         },
-        params=(Param("after", {"type": "integer", "minimum": 0}),
-                Param("Last-Event-ID", {"type": "integer", "minimum": 0}, where="header")),
+        params=(Param("after", int_query()),
+                Param("Last-Event-ID", int_query(), where="header")),
         tags=("sessions",),
     ))
     async def stream(session_id: str) -> Response:

@@ -62,10 +62,10 @@ def _response(resp: Resp) -> dict[str, Any]:
     return out
 
 
-def _operation(method: str, path: str, op: Op) -> dict[str, Any]:
+def _operation(method: str, path: str, op: Op, auth: bool) -> dict[str, Any]:
     responses: dict[int, Resp] = dict(spec.COMMON)
     if not op.public:
-        responses.update(spec.AUTHED)
+        responses.update(spec.AUTHED if auth else {503: spec.AUTHED[503]})
     if op.body is not None:
         responses.update(spec.WITH_BODY)
     if any(p.where in ("query", "header") for p in op.params):
@@ -96,7 +96,7 @@ def _operation(method: str, path: str, op: Op) -> dict[str, Any]:
             "required": op.body_required,
             "content": {spec.JSON: {"schema": op.body}},
         }
-    if op.public:
+    if op.public and auth:
         operation["security"] = []
     operation.update(op.extra)
     return operation
@@ -108,11 +108,13 @@ def _operation_id(method: str, path: str) -> str:
         else method.lower() + "Root"
 
 
-def build_document(app: Quart) -> dict[str, Any]:
+def build_document(app: Quart, *, auth: bool = True) -> dict[str, Any]:
+    """The document; `auth`: the daemon requires a bearer token (it says so only then,
+    so that a client without one is told the truth)."""
     paths: dict[str, dict[str, Any]] = {}
     for method, path, entry in routes(app):
         if isinstance(entry, Op):
-            paths.setdefault(path, {})[method.lower()] = _operation(method, path, entry)
+            paths.setdefault(path, {})[method.lower()] = _operation(method, path, entry, auth)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -126,11 +128,11 @@ def build_document(app: Quart) -> dict[str, Any]:
             "schemas": spec.COMPONENTS,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
-        "security": [{"bearer": []}],
+        "security": [{"bearer": []}] if auth else [],
     }
 
 
-def openapi_routes() -> Blueprint:
+def openapi_routes(*, auth: bool) -> Blueprint:
     bp = Blueprint("openapi", __name__)
     built: list[dict[str, Any]] = []  # built on first use: every blueprint is in by then
 
@@ -142,7 +144,7 @@ def openapi_routes() -> Blueprint:
     ))
     async def openapi() -> Response:
         if not built:
-            built.append(build_document(current_app))
+            built.append(build_document(current_app, auth=auth))
         return jsonify(built[0])
 
     return bp

@@ -50,6 +50,14 @@ def nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
+def int_query(minimum: int = 0, maximum: int | None = None) -> dict[str, Any]:
+    """An integer query parameter (parse.int_param): empty is the same as absent."""
+    number: dict[str, Any] = {"type": "integer", "minimum": minimum}
+    if maximum is not None:
+        number["maximum"] = maximum
+    return {"anyOf": [number, {"type": "string", "maxLength": 0}]}
+
+
 @dataclass(frozen=True)
 class Resp:
     description: str
@@ -132,7 +140,20 @@ ERROR = obj(["error"], error=obj(
 TOOL_CALL_STAT = obj(["id", "name", "arguments", "isError", "durationMs"],
                      id=STR, name=STR, arguments=ANY, isError=BOOL, durationMs=INT)
 
+# One SSE frame's `data:`: a bus envelope (CONTRACT §4), or a `stream.gap`.
+EVENT = obj(["type"], seq=INT, type=STR, ts=INT, sessionId=STR, agentName=STR,
+            parentSessionId=nullable(STR), rootSessionId=STR, depth=INT,
+            spawnToolCallId=nullable(STR), turnId=STR, eventType=STR,
+            data={"type": "object"}, seqFrom=INT, **{"from": INT, "to": INT})
+
+# One SSE frame, as OpenAPI describes text/event-stream items: its `data:` holds an
+# Event as JSON.
+SSE_FRAME = obj(["data"], id=STR, event=STR, data={
+    "type": "string", "contentMediaType": JSON, "contentSchema": ref("Event")})
+
 COMPONENTS: dict[str, dict[str, Any]] = {
+    "Event": EVENT,
+    "SseFrame": SSE_FRAME,
     "TokenUsage": TOKEN_USAGE,
     "Session": SESSION,
     "Error": ERROR,

@@ -19,7 +19,7 @@ from quart import Blueprint, websocket
 from daemon import __version__
 from daemon.api import parse
 from daemon.api.auth import websocket_authorized
-from daemon.api.spec import INT, STR, Op, Param, Resp, documented, error
+from daemon.api.spec import STR, Op, Param, Resp, documented, error, int_query
 from daemon.errors import BadRequest
 from daemon.httpserver import Connections
 from daemon.runtime.bus import Filter, Item, Subscription
@@ -80,7 +80,7 @@ def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
         params=(Param("sessionIds", STR, description="comma-separated session ids"),
                 Param("includeChildren", {"enum": ["1", "0", "true", "false"]}),
                 Param("types", STR, description="comma-separated event types"),
-                Param("since", {**INT, "minimum": 0}),
+                Param("since", int_query()),
                 Param("batch", {"enum": ["1", "0", "true", "false"]}),
                 Param("token", STR, description="the bearer token, for browsers")),
         tags=("events",), extra={"x-websocket": True},
