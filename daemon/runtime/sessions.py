@@ -483,17 +483,22 @@ class SessionManager:
         self._deleting.update(ids)
         try:
             refs = await self._tree_refs(tree)
-            await self.store.delete_sessions(ids)
+            # Once it starts, a delete goes through to its events and workspaces even if
+            # the request that asked for it goes away (bounded: the store's busy
+            # timeout, then removing files).
+            with trio.CancelScope(shield=True):
+                await self.store.delete_sessions(ids)
+                self._deletions += 1
+                for sid in ids:
+                    state = self._sessions.pop(sid, None)
+                    if state is not None:
+                        state.deleted = True
+                for record in reversed(tree):
+                    self.bus.publish(ev.SESSION_DELETED, refs[record.id],
+                                     ev.session_deleted(record))
+                await trio.to_thread.run_sync(_remove_workspaces, self.services.workspaces, ids)
         finally:
             self._deleting.difference_update(ids)
-        self._deletions += 1
-        for sid in ids:
-            state = self._sessions.pop(sid, None)
-            if state is not None:
-                state.deleted = True
-        for record in reversed(tree):
-            self.bus.publish(ev.SESSION_DELETED, refs[record.id], ev.session_deleted(record))
-        await trio.to_thread.run_sync(_remove_workspaces, self.services.workspaces, ids)
         return tree
 
     async def _tree_refs(self, tree: list[SessionRecord]) -> dict[str, ev.SessionRef]:
