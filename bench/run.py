@@ -1,340 +1,107 @@
-"""`make bench`: throughput and cancel latency, measured in one run on this machine.
+"""`make bench`: issue 10's targets P1-P5 as one table, with the bare client and peers.
 
 The mock provider and the daemon run as child processes (as in production); this
-process is the client. Printed figures:
-  1. plain httpx reading a 20 000-token stream straight from the mock provider (chunks/s)
-  2. inference.chunk events/s reaching a /ws subscriber (batch=1) while one turn streams
-     the same 20 000 tokens through the daemon
-  3. cancel latency: from the cancel POST's answer to the terminal `error` on /ws
-     (median and worst of 50)
-  4. events/s reaching a /ws subscriber while one parent's 50 no-wait sub-agents stream
-     at once (each 400 tokens), from the first child chunk to the last child terminal
-  5. tree cancel: a parent with 10 background children and 1 waiting child, all
-     streaming; from the tree cancel's answer to the last terminal of the tree on /ws
-     (median and worst of 20)
-  6. claude-cli cancel: the real Claude Code CLI (as installed by the tests in .cache/,
-     talking to the mock provider's Messages API) streaming; from the cancel's answer to
-     the terminal on /ws (median and worst of 20). Skipped when it is not installed.
-  7. Studio: a 20 000-token turn at full speed with its session open in headless
-     chromium (Debian's /usr/bin/chromium, driven by playwright): tokens/s on screen next
-     to tokens/s the page's WebSocket delivered in the same run, the delay from the last
-     WebSocket frame to the last token on screen, and the longest gap between animation
-     frames. Skipped when chromium or playwright is missing.
+process is the client. Each row: the figure (the daemon's, or a peer's), the bare
+httpx-on-Trio client's figure measured beside it in the same run, their ratio, the
+target, and whether it holds. Every turn of every run is checked: exactly one terminal,
+and the words it delivered are what the mock sent (a cancelled turn: a whole prefix).
+The exit status is 1 when any run lost a token or a terminal, or a measurement failed;
+a target that does not hold is a `NO` in the table, not an exit status.
+
+  P1, P2  bench/throughput.py     P3  bench/children.py (on a fresh daemon: its peak RSS)
+  P4      bench/cancel.py         P5  bench/slow.py and bench/publish.py (in-process Bus)
+  peers   bench/peers.py          extras  bench/extras.py, bench/publish.py (durable log)
 """
 
 from __future__ import annotations
 
-import json
-import statistics
+import os
+import subprocess
 import sys
-import tempfile
 import time
-from functools import partial
+import traceback
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import httpx
 import trio
-from trio_websocket import open_websocket_url
 
-TOKENS = 20_000
-CLAUDE_VERSION = "2.1.332"  # the version tests/test_claude_cli_real.py installs
-CLAUDE = (Path(__file__).resolve().parent.parent / ".cache" / f"claude-code-{CLAUDE_VERSION}"
-          / "node_modules" / ".bin" / "claude")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import cancel, children, extras, peers, publish, slow, throughput
+from bench.procs import open_daemon, open_mock
+from bench.table import Ledger, Row, render
 
-def _claude_agent(messages_api: str) -> str:
-    env = {"ANTHROPIC_BASE_URL": messages_api, "ANTHROPIC_API_KEY": "sk-ant-bench-dummy",
-           "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-    if not CLAUDE.exists():
-        return ""
-    return ('[agents.claude]\nengine = "claude-cli"\n'
-            f'command = "{CLAUDE}"\n'
-            "env = {" + ", ".join(f'{k} = "{v}"' for k, v in env.items()) + "}\n")
-SCRIPT = "bench\n#mock " + json.dumps({"say": TOKENS})
+Phase = Callable[[], Awaitable[list[Row]]]
+PHASE_LIMIT_S = 600
 
 
-async def _line(process: trio.Process) -> str:
-    assert process.stdout is not None
-    data = b""
-    while not data.endswith(b"\n"):
-        data += await process.stdout.receive_some(1)
-    return data.decode().strip()
-
-
-async def plain_httpx(provider: str) -> float:
-    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": SCRIPT}]}
-    async with httpx.AsyncClient(timeout=60) as http:
-        start, n = time.perf_counter(), 0
-        async with http.stream("POST", f"{provider}/chat/completions", json=body) as r:
-            async for line in r.aiter_lines():
-                if line.startswith("data: {") and '"content"' in line:
-                    n += 1
-        return n / (time.perf_counter() - start)
-
-
-async def ws_rate(url: str) -> tuple[float, int]:
-    ws_url = url.replace("http://", "ws://") + "/ws?batch=1&types=inference.chunk,done"
-    async with open_websocket_url(ws_url, max_message_size=64 * 1024 * 1024) as ws, \
-            httpx.AsyncClient(base_url=url, timeout=120) as http, trio.open_nursery() as n:
-        await ws.get_message()
-        n.start_soon(partial(http.post, "/agents/bench/chat", json={"message": SCRIPT}))
-        first, count = None, 0
-        while True:
-            frame = json.loads(await ws.get_message())
-            for event in frame if isinstance(frame, list) else [frame]:
-                if event["eventType"] == "done":
-                    return count / (time.perf_counter() - first), count  # type: ignore[operator]
-                first = first or time.perf_counter()
-                count += 1
-
-
-async def cancel_latency(url: str, runs: int, agent: str = "bench") -> list[float]:
-    slow = "bench\n#mock " + json.dumps({"say": 100_000, "delay_ms": 1})
-    out = []
-    ws_url = url.replace("http://", "ws://") + "/ws?types=turn.start,inference.chunk,error"
-    async with open_websocket_url(ws_url) as ws, httpx.AsyncClient(base_url=url,
-                                                                   timeout=60) as http:
-        await ws.get_message()
-        for _ in range(runs):
-            async with trio.open_nursery() as n:
-                n.start_soon(partial(http.post, f"/agents/{agent}/chat", json={"message": slow}))
-                session = None
-                while session is None:
-                    e = json.loads(await ws.get_message())
-                    if e["eventType"] == "inference.chunk":
-                        session = e["sessionId"]
-                r = await http.post(f"/sessions/{session}/cancel")
-                answered = time.perf_counter()
-                assert r.json()["cancelled"]
-                while True:
-                    e = json.loads(await ws.get_message())
-                    if e["eventType"] == "error" and e["sessionId"] == session:
-                        out.append((time.perf_counter() - answered) * 1000)
-                        break
-    return out
-
-
-def _spawns(n: int, words: int, delay_ms: int, wait: bool = False) -> list[dict[str, object]]:
-    child = "child\n#mock " + json.dumps({"say": words, "delay_ms": delay_ms})
-    return [{"name": "agent_spawn", "arguments": {"agent": "bench", "message": child,
-                                                  "wait": wait}} for _ in range(n)]
-
-
-async def fifty_children(url: str) -> tuple[float, int]:
-    parent = "boss\n#mock " + json.dumps({"calls": [
-        {"tools": _spawns(50, 400, 0)}, {"say": "spawned"}]})
-    ws_url = url.replace("http://", "ws://") + "/ws?batch=1&types=inference.chunk,done,error"
-    async with open_websocket_url(ws_url, max_message_size=64 * 1024 * 1024) as ws, \
-            httpx.AsyncClient(base_url=url, timeout=120) as http, trio.open_nursery() as n:
-        await ws.get_message()
-        n.start_soon(partial(http.post, "/agents/boss/chat", json={"message": parent}))
-        first, count, ended = None, 0, 0
-        while ended < 50:
-            frame = json.loads(await ws.get_message())
-            for event in frame if isinstance(frame, list) else [frame]:
-                if event["depth"] != 1:
-                    continue
-                if event["eventType"] in ("done", "error"):
-                    ended += 1
-                else:
-                    first = first or time.perf_counter()
-                    count += 1
-        assert first is not None
-        return count / (time.perf_counter() - first), count
-
-
-async def tree_cancel(url: str, runs: int) -> list[float]:
-    parent = "boss\n#mock " + json.dumps({"calls": [
-        {"tools": _spawns(10, 100_000, 1) + _spawns(1, 100_000, 1, wait=True)},
-        {"say": "never"}]})
-    ws_url = url.replace("http://", "ws://") + "/ws?batch=1&types=inference.chunk,done,error"
-    out = []
-    async with open_websocket_url(ws_url, max_message_size=64 * 1024 * 1024) as ws, \
-            httpx.AsyncClient(base_url=url, timeout=60) as http:
-        await ws.get_message()
-        for _ in range(runs):
-            async with trio.open_nursery() as n:
-                n.start_soon(partial(http.post, "/agents/boss/chat", json={"message": parent}))
-                streaming: set[str] = set()
-                root = None
-                while len(streaming) < 11:
-                    frame = json.loads(await ws.get_message())
-                    for e in frame if isinstance(frame, list) else [frame]:
-                        if e["depth"] == 1 and e["eventType"] == "inference.chunk":
-                            streaming.add(e["turnId"])
-                            root = e["rootSessionId"]
-                r = await http.post(f"/sessions/{root}/cancel")
-                answered = time.perf_counter()
-                pending = {c["turnId"] for c in r.json()["cancelled"]}
-                assert len(pending) == 12, r.text
-                while pending:
-                    frame = json.loads(await ws.get_message())
-                    for e in frame if isinstance(frame, list) else [frame]:
-                        if e["eventType"] in ("done", "error"):
-                            pending.discard(e["turnId"])
-                out.append((time.perf_counter() - answered) * 1000)
-    return out
-
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
-# Before Studio loads: note when each /ws frame holding inference.chunk events arrives.
-WS_PROBE = """
-window.__bench = { ws: [], frames: [] };
-const Native = window.WebSocket;
-window.WebSocket = class extends Native {
-  constructor(...args) {
-    super(...args);
-    this.addEventListener('message', (e) => {
-      if (window.__bench.on && e.data.includes('"eventType":"inference.chunk"')) {
-        window.__bench.ws.push(performance.now());
-      }
-    });
-  }
-};
-"""
-# Once the session is open: per animation frame, the length of the turn's text.
-FRAME_PROBE = """
-(turnCount) => {
-  const b = window.__bench;
-  b.on = true;
-  b.prev = performance.now();
-  b.maxGap = 0;
-  const tick = () => {
-    const now = performance.now();
-    b.maxGap = Math.max(b.maxGap, now - b.prev);
-    b.prev = now;
-    const turns = document.querySelectorAll('[data-testid=transcript] [data-testid=turn]');
-    const turn = turns[turnCount];
-    const len = turn ? [...turn.querySelectorAll('[data-testid=assistant-text]')]
-      .reduce((n, el) => n + el.textContent.length, 0) : 0;
-    const last = b.frames[b.frames.length - 1];
-    if (!last || last[1] !== len) b.frames.push([now, len]);
-    if (!turn || !turn.dataset.terminal) requestAnimationFrame(tick);
-    else b.done = now;
-  };
-  requestAnimationFrame(tick);
-}
-"""
-
-
-def _studio_render(url: str) -> dict[str, float]:
-    """Runs in a worker thread: playwright's sync API, one headless chromium."""
-    from playwright.sync_api import sync_playwright
-
-    ready_script = "bench\n#mock " + json.dumps({"say": "ready"})
-    ready = httpx.post(f"{url}/agents/bench/chat", json={"message": ready_script},
-                       timeout=30).json()
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.add_init_script(WS_PROBE)
-            page.goto(f"{url}/studio#{ready['sessionId']}")
-            page.wait_for_function("""() => document.querySelector(
-                '[data-testid=transcript] [data-testid=turn]')?.dataset.terminal === 'done'""",
-                                   timeout=30_000)
-            page.evaluate(FRAME_PROBE, 1)
-            page.evaluate("""([sid, message]) => { fetch('/agents/bench/chat', { method: 'POST',
-                headers: { 'Content-Type': 'application/json' },
-                body: JSON.stringify({ message, sessionId: sid }) }); }""",
-                          [ready["sessionId"], SCRIPT])
-            page.wait_for_function("() => window.__bench.done", timeout=120_000, polling=500)
-            bench = page.evaluate("() => window.__bench")
-            text = page.evaluate("""() => document.querySelectorAll(
-                '[data-testid=transcript] [data-testid=turn]')[1].textContent""")
-        finally:
-            browser.close()
-    frames, ws = bench["frames"], bench["ws"]
-    shown = [t for t, n in frames if n > 0]
-    final = frames[-1][0]
-    assert f"word{TOKENS - 1}" in text, "the page did not show every token"
-    return {
-        "rendered": TOKENS / ((final - shown[0]) / 1000),
-        "delivered": TOKENS / ((ws[-1] - ws[0]) / 1000),
-        "delay_ms": final - ws[-1],
-        "max_gap_ms": bench["maxGap"],
-        "frames": len(frames),
-        "ws_frames": len(ws),
-    }
-
-
-def _studio_available() -> bool:
+async def _phase(name: str, run: Phase, ledger: Ledger, rows: list[Row]) -> None:
+    """One measurement; one that fails is a row and a loss (what it would have checked
+    was not checked), and the others still run."""
+    started = time.perf_counter()
+    print(f"bench: {name} …", file=sys.stderr, flush=True)
     try:
-        import playwright  # noqa: F401
-    except ImportError:
-        return False
-    return Path(CHROMIUM).exists()
+        with trio.fail_after(PHASE_LIMIT_S):  # a lost terminal must not hang the bench
+            rows.extend(await run())
+    except trio.TooSlowError:
+        rows.append(Row(name, "FAILED", note=f"not done after {PHASE_LIMIT_S} s"))
+        ledger.lost(f"{name}: not done after {PHASE_LIMIT_S} s (a turn that never ended?)")
+    except Exception as exc:
+        traceback.print_exc()
+        what = "; ".join(f"{type(e).__name__}: {e}" for e in _leaves(exc))
+        rows.append(Row(name, "FAILED", note=what[:300]))
+        ledger.lost(f"{name} failed: {what}")
+    print(f"bench: {name} took {time.perf_counter() - started:.0f} s", file=sys.stderr,
+          flush=True)
 
 
-async def studio_render(url: str) -> dict[str, float] | None:
-    if not await trio.to_thread.run_sync(_studio_available):
-        return None
-    return await trio.to_thread.run_sync(_studio_render, url)
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions themselves, out of the nurseries' groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
 
 
-async def main() -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="veild-bench-"))
-    async with trio.open_nursery() as nursery:
-        provider = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "daemon", "mock-provider", "--port", "0"], stdout=-1)
-        provider_url = (await _line(provider)).split(" on ")[1]
-        config = tmp / "daemon.toml"
-        config.write_text(
-            f'[server]\nport = 0\ndata_dir = "{tmp}/data"\n'
-            f'[providers.mock]\ntype = "openai"\nbase_url = "{provider_url}"\n'
-            '[agents.bench]\nprovider = "mock"\nmodel = "bench"\n'
-            '[agents.boss]\nprovider = "mock"\nmodel = "boss"\ntools = ["agent_spawn"]\n'
-            'max_tool_calls = 64\n'  # 50 spawns from one answer
-            + _claude_agent(provider_url.removesuffix("/v1"))
-        )
-        daemon = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "daemon", "serve", "--config", str(config)], stdout=-1,
-            env={"VEILD_LOG": "WARNING", "PATH": "/usr/bin:/bin"})
-        url = (await _line(daemon)).split(" on ")[1]
-        try:
-            plain = await plain_httpx(provider_url)
-            rate, count = await ws_rate(url)
-            latencies = await cancel_latency(url, 50)
-            tree_rate, tree_count = await fifty_children(url)
-            tree_latencies = await tree_cancel(url, 20)
-            cli_latencies = await cancel_latency(url, 20, "claude") if CLAUDE.exists() else []
-            studio = await studio_render(url)
-        finally:
-            daemon.terminate()
-            provider.terminate()
-            await daemon.wait()
-            await provider.wait()
-            nursery.cancel_scope.cancel()
-    print(f"plain httpx from the mock provider: {plain:,.0f} chunks/s ({TOKENS} tokens)")
-    print(f"/ws subscriber during one turn:     {rate:,.0f} inference.chunk/s "
-          f"({count} events; {rate / plain:.2f}x of plain httpx)")
-    print(f"cancel answer -> terminal on /ws:   median {statistics.median(latencies):.2f} ms, "
-          f"worst {max(latencies):.2f} ms (n={len(latencies)})")
-    print(f"/ws while 50 sub-agents stream:     {tree_rate:,.0f} inference.chunk/s "
-          f"({tree_count} events)")
-    print(f"tree cancel answer -> last terminal: median "
-          f"{statistics.median(tree_latencies):.2f} ms, worst {max(tree_latencies):.2f} ms "
-          f"(12 turns, n={len(tree_latencies)})")
-    if cli_latencies:
-        print(f"claude-cli {CLAUDE_VERSION} cancel -> terminal: median "
-              f"{statistics.median(cli_latencies):.2f} ms, worst {max(cli_latencies):.2f} ms "
-              f"(n={len(cli_latencies)})")
-    else:
-        print(f"claude-cli: not measured ({CLAUDE} is missing; `make test` installs it)")
-    if studio:
-        print(f"Studio, {TOKENS} tokens at full speed: "
-              f"{studio['rendered']:,.0f} tokens/s on screen, "
-              f"{studio['delivered']:,.0f} tokens/s delivered by its /ws "
-              f"({studio['ws_frames']:.0f} frames); last /ws frame -> last token on screen "
-              f"{studio['delay_ms']:.0f} ms; longest frame gap {studio['max_gap_ms']:.0f} ms "
-              f"({studio['frames']:.0f} painted frames)")
-    else:
-        print(f"Studio: not measured ({CHROMIUM} or playwright is missing)")
+def _header() -> str:
+    root = Path(__file__).resolve().parent.parent
+    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True, check=False).stdout.strip()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"make bench — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit "
+            f"{commit or '?'}, {os.cpu_count()} cores, load average {load} at the start")
+
+
+async def main() -> int:
+    header = _header()
+    ledger = Ledger()
+    rows: list[Row] = []
+    extra: list[Row] = []
+    async with open_mock() as mock:
+        async with open_daemon(mock.url, extras.claude_agent(mock.url.removesuffix("/v1"))
+                               ) as daemon:
+            await _phase("P1", lambda: throughput.p1(daemon, mock, ledger), ledger, rows)
+            await _phase("P2", lambda: throughput.p2(daemon, mock, ledger), ledger, rows)
+        async with open_daemon(mock.url) as fresh:
+            await _phase("P3", lambda: children.p3(fresh, ledger), ledger, rows)
+        async with open_daemon(mock.url, extras.claude_agent(mock.url.removesuffix("/v1"))
+                               ) as daemon:
+            await _phase("P4", lambda: cancel.p4(daemon, ledger), ledger, rows)
+            await _phase("P5 slow clients", lambda: slow.p5(daemon, ledger), ledger, rows)
+            await _phase("extras", lambda: extras.extra_rows(daemon, ledger), ledger, extra)
+        await _phase("P5 publish", lambda: publish.filtered(ledger), ledger, rows)
+        await _phase("durable log", lambda: publish.durable_log(ledger), ledger, extra)
+        await _phase("peers", lambda: peers.peer_rows(mock.url, ledger, rows), ledger, rows)
+    print(render([*rows, Row("-- extras (no target) --", ""), *extra], header))
+    if ledger.losses:
+        print(f"LOST: {len(ledger.losses)} problems in {ledger.turns} turns checked:")
+        for loss in ledger.losses[:30]:
+            print(f"  {loss}")
+        return 1
+    print(f"every run: {ledger.turns:,} turns and bare/peer streams checked, each with "
+          "exactly one terminal; "
+          f"{ledger.tokens:,} tokens, each delivered once, in order, as the mock sent it")
+    return 0
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    raise SystemExit(trio.run(main))

@@ -1,4 +1,4 @@
-"""`veild serve | mock-provider | chat | tail | prune`."""
+"""`veild serve | mock-provider | chat | tail | schedules | prune`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+from datetime import datetime
 from typing import Any
 
 import trio
@@ -180,6 +181,47 @@ def _prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _schedules(args: argparse.Namespace) -> int:
+    """`veild schedules` lists them; `veild schedules run|pause|resume NAME` acts."""
+    import httpx
+
+    with httpx.Client(base_url=args.url, headers=_headers(), timeout=30) as client:
+        if args.action != "list":
+            if not args.name:
+                print(f"veild: schedules {args.action} needs a schedule name", file=sys.stderr)
+                return EXIT_CONFIG
+            r = client.post(f"/schedules/{args.name}/{args.action}")
+            if r.status_code >= 400:
+                print(f"veild: {r.json()['error']['message']}", file=sys.stderr)
+                return 1
+            body = r.json()
+            print(f"{args.name}: started turn {body['turnId']} in session {body['sessionId']}"
+                  if args.action == "run" else f"{args.name}: {args.action}d")
+            return 0
+        r = client.get("/schedules")
+        if r.status_code >= 400:
+            print(f"veild: {r.json()['error']['message']}", file=sys.stderr)
+            return 1
+        rows = [("NAME", "AGENT", "WHEN", "STATE", "NEXT", "LAST", "OUTCOME", "SKIPPED")]
+        for s in r.json()["schedules"]:
+            when = (f"every {s['every']}" if "every" in s
+                    else f"cron {s['cron']} {s['timezone']}")
+            state = ("running" if s["running"] else "paused" if s["paused"]
+                     else "enabled" if s["enabled"] else "disabled")
+            rows.append((s["name"], s["agent"], when, state, _when(s["nextRunAt"]),
+                         _when(s["lastRunAt"]), s["lastOutcome"] or "-", str(s["skipped"])))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="veild", description="The veild agent daemon.")
     parser.add_argument("--version", action="version", version=f"veild {__version__}")
@@ -216,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="e.g. 30d, 12h, 15m, 45s")
     prune.add_argument("--url", default=default_url)
     prune.set_defaults(func=_prune)
+    schedules = sub.add_parser("schedules", help="list schedules, or run|pause|resume one")
+    schedules.add_argument("action", nargs="?", default="list",
+                           choices=("list", "run", "pause", "resume"))
+    schedules.add_argument("name", nargs="?")
+    schedules.add_argument("--url", default=default_url)
+    schedules.set_defaults(func=_schedules)
     return parser
 
 

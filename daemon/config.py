@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -16,10 +17,12 @@ from typing import Any
 
 from daemon.errors import ConfigError
 from daemon.hosts import configured_host, is_loopback, normalise_origin
+from daemon.schedules.timing import Every, Timing, TimingError, parse_cron, parse_every, parse_zone
 
 DEFAULT_CONFIG_PATH = Path("config/daemon.toml")
 ENGINES = ("openai", "claude-cli", "anthropic")  # the names CONTRACT §2 reserves
 PROVIDER_TYPES = ("openai", "anthropic", "mock")
+TRANSPORTS = ("auto", "lean", "httpx")  # how a provider's stream is read
 # Which provider types each engine can talk to (the mock speaks both APIs).
 ENGINE_PROVIDERS = {"openai": ("openai", "mock"), "anthropic": ("anthropic", "mock")}
 TOOL_NAMES = ("bash", "agent_spawn", "agent_message")
@@ -84,6 +87,12 @@ class ProviderConfig:
     # PROVIDER_ERROR, and how long connecting may take (CONTRACT §5.8).
     stall_timeout_s: float = 120.0
     connect_timeout_s: float = 10.0
+    # How the stream is read: "auto" (the lean transport unless a proxy applies), "lean"
+    # or "httpx" (daemon.llm.provider_http); a proxy URL (httpx only); a CA bundle
+    # that replaces the system's CAs for this provider's TLS.
+    transport: str = "auto"
+    proxy: str | None = None
+    ca_file: str | None = None
 
     @property
     def api_key(self) -> str | None:
@@ -136,12 +145,27 @@ class McpServerConfig:
 
 
 @dataclass(frozen=True)
+class ScheduleConfig:
+    """`[schedules.NAME]` (CONTRACT §11)."""
+
+    name: str
+    agent: str
+    message: str
+    timing: Timing  # from `every`, or `cron` + `timezone`
+    timezone: str = "UTC"
+    session: str = "new"  # "new" | "same": every run continues one session
+    enabled: bool = True
+    catch_up: bool = True
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     server: ServerConfig = field(default_factory=ServerConfig)
     providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
     agents: Mapping[str, AgentConfig] = field(default_factory=dict)
     mcp: Mapping[str, McpServerConfig] = field(default_factory=dict)
+    schedules: Mapping[str, ScheduleConfig] = field(default_factory=dict)
 
     def with_overrides(
         self, *, host: str | None = None, port: int | None = None, data_dir: str | None = None
@@ -314,6 +338,7 @@ def _provider(file: str, name: str, table: Any) -> ProviderConfig:
         api_key_env=r.get("api_key_env", str, None),
         stall_timeout_s=r.positive_seconds("stall_timeout_s", 120.0),
         connect_timeout_s=r.positive_seconds("connect_timeout_s", 10.0),
+        **_transport(r),
     )
     r.check_unknown()
     return cfg
@@ -378,6 +403,29 @@ def _check_tool(r: _Reader, tool: Any, mcp: Mapping[str, McpServerConfig]) -> No
                               f"mcp:NAME, mcp:NAME/TOOL)")
 
 
+def _transport(r: _Reader) -> dict[str, Any]:
+    transport = r.get("transport", str, "auto")
+    if transport not in TRANSPORTS:
+        raise r.fail("transport", f"must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+    proxy = r.get("proxy", str, None)
+    if proxy is not None:
+        if not proxy.startswith(("http://", "https://")):
+            raise r.fail("proxy", f"must be an http(s) URL, got {proxy[:100]!r}")
+        if transport == "lean":
+            raise r.fail("proxy", 'the lean transport does not speak to proxies: use '
+                                  'transport = "auto" or "httpx"')
+    ca_file = r.get("ca_file", str, None)
+    if ca_file is not None:
+        if not Path(ca_file).is_file():
+            raise r.fail("ca_file", f"{ca_file!r} is not a file")
+        try:
+            ssl.create_default_context(cafile=ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise r.fail("ca_file", f"{ca_file!r} holds no usable CA certificate: {exc}") \
+                from exc
+    return {"transport": transport, "proxy": proxy, "ca_file": ca_file}
+
+
 def _agent(
     file: str, prefix: str, name: str, table: Any, providers: Mapping[str, ProviderConfig],
     mcp: Mapping[str, McpServerConfig] | None = None,
@@ -438,6 +486,62 @@ def _agent(
     return cfg
 
 
+SCHEDULE_SESSIONS = ("new", "same")
+# A schedule's name is a URL path segment (POST /schedules/NAME/run).
+_SCHEDULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
+def _schedule(
+    file: str, name: str, table: Any, agents: Mapping[str, AgentConfig]
+) -> ScheduleConfig:
+    prefix = f"schedules.{name}"
+    if not isinstance(table, dict):
+        raise ConfigError(file, prefix, "must be a table")
+    if not _SCHEDULE_NAME.match(name):
+        raise ConfigError(file, prefix, "a schedule's name is letters, digits, - and _")
+    r = _Reader(file, prefix, table)
+    agent = r.get("agent", str, None)
+    if agent is None:
+        raise r.fail("agent", "is required")
+    if agent not in agents:
+        raise r.fail("agent", f"no agent {agent!r} is configured")
+    message = r.get("message", str, "")
+    if not message.strip():
+        raise r.fail("message", "is required (the user message of each run)")
+    every, cron = r.get("every", str, None), r.get("cron", str, None)
+    zone_name = r.get("timezone", str, "UTC")
+    try:
+        zone = parse_zone(zone_name)
+    except TimingError as exc:
+        raise r.fail("timezone", str(exc)) from None
+    timing: Timing
+    if (every is None) == (cron is None):
+        raise r.fail("every", "give either `every` (\"30s\", \"15m\", \"2h\") or `cron`")
+    if every is not None:
+        if "timezone" in table:
+            raise r.fail("timezone", "only applies to `cron`")
+        try:
+            timing = Every(every.strip(), parse_every(every))
+        except TimingError as exc:
+            raise r.fail("every", str(exc)) from None
+    else:
+        assert cron is not None
+        try:
+            timing = parse_cron(cron.strip(), zone)
+        except TimingError as exc:
+            raise r.fail("cron", str(exc)) from None
+    session = r.get("session", str, "new")
+    if session not in SCHEDULE_SESSIONS:
+        raise r.fail("session", f"must be \"new\" or \"same\", got {session!r}")
+    cfg = ScheduleConfig(
+        name=name, agent=agent, message=message, timing=timing, timezone=zone_name,
+        session=session, enabled=r.get("enabled", bool, True),
+        catch_up=r.get("catch_up", bool, True),
+    )
+    r.check_unknown()
+    return cfg
+
+
 def load_config(path: Path) -> Config:
     """Load and validate `path` and the agent files in `config/agents/` beside it."""
     file = str(path)
@@ -467,8 +571,13 @@ def load_config(path: Path) -> Config:
             agents[name] = _agent(
                 str(agent_file), "", name, _read_toml(agent_file), providers, mcp
             )
+    schedules = {
+        name: _schedule(file, name, table, agents)
+        for name, table in top.get("schedules", dict, {}).items()
+    }
     top.check_unknown()
-    return Config(path=path, server=server, providers=providers, agents=agents, mcp=mcp)
+    return Config(path=path, server=server, providers=providers, agents=agents, mcp=mcp,
+                  schedules=schedules)
 
 
 def resolve_config_path(cli_path: str | None) -> Path:

@@ -15,11 +15,10 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-import httpx
 import trio
 
 from daemon.api.app import build_app
-from daemon.clock import SYSTEM_CLOCK, Clock
+from daemon.clock import SYSTEM_CLOCK, Clock, SystemClock
 from daemon.config import AgentConfig, Config, check_exposure
 from daemon.engines.anthropic import AnthropicEngine
 from daemon.engines.base import Engine
@@ -29,7 +28,7 @@ from daemon.eventlog.sqlite import SqliteEventLog
 from daemon.httpserver import Connections, HttpServer, bind_socket
 from daemon.llm.anthropic_client import AnthropicClient
 from daemon.llm.openai_client import OpenAIClient
-from daemon.llm.sse import provider_limits, provider_timeout
+from daemon.llm.provider_http import ProviderHTTP, choose_transport, open_provider_http
 from daemon.mcp.manager import McpManager
 from daemon.mock.provider import serve_mock_provider
 from daemon.runtime.bus import Bus
@@ -38,6 +37,8 @@ from daemon.runtime.ports import Store
 from daemon.runtime.pruner import serve_pruner
 from daemon.runtime.sessions import SessionManager
 from daemon.runtime.turn import TurnServices
+from daemon.schedules.launch import SessionLauncher
+from daemon.schedules.scheduler import Scheduler
 from daemon.sdnotify import notify, serve_watchdog
 from daemon.store import open_store
 from daemon.tools.agents import AgentMessageTool, AgentSpawnTool
@@ -68,7 +69,7 @@ class Daemon:
 
 
 def _engine_factory(
-    config: Config, clients: dict[str, httpx.AsyncClient], mock_roots: dict[str, str]
+    config: Config, clients: dict[str, ProviderHTTP], mock_roots: dict[str, str]
 ) -> Callable[[AgentConfig], Engine]:
     """Engines by agent. A mock provider (started in-process, root URL in `mock_roots`)
     answers both the Chat Completions API (under /v1) and the Messages API. Each
@@ -167,13 +168,16 @@ async def _serve(
     mcp: McpManager | None = None
     async with AsyncExitStack() as clients_stack, trio.open_nursery() as services:
         clients = {
-            name: await clients_stack.enter_async_context(httpx.AsyncClient(
-                timeout=provider_timeout(p.stall_timeout_s, p.connect_timeout_s),
-                limits=provider_limits(),
-                follow_redirects=False,  # CONTRACT §5.8: a redirect is an error
+            name: await clients_stack.enter_async_context(open_provider_http(
+                base_url=p.base_url, transport=p.transport, proxy=p.proxy,
+                ca_file=p.ca_file, stall_timeout_s=p.stall_timeout_s,
+                connect_timeout_s=p.connect_timeout_s,
             ))
             for name, p in config.providers.items()
         }
+        for name, p in config.providers.items():
+            log.info("provider %s: %s transport (%s)", name,
+                     *choose_transport(p.transport, p.base_url, p.proxy))
         try:
             await services.start(event_log.serve)
             mcp = McpManager(config.mcp, config.agents.values())
@@ -196,7 +200,12 @@ async def _serve(
             sessions = SessionManager(config, store, bus, turn_services)
             await core.start(sessions.serve)
             await services.start(serve_pruner, sessions, server.keep_days, clock)
-            runtime = Runtime(config, store, bus, sessions, mcp, clock)
+            # A service (it stops after the turns it started have ended `shutdown`,
+            # so it records their outcome); its turns run in the session manager.
+            scheduler = Scheduler(config.schedules, store, SessionLauncher(sessions),
+                                  SystemClock())
+            await services.start(scheduler.serve)
+            runtime = Runtime(config, store, bus, sessions, mcp, scheduler, clock)
             connections = Connections()
             http_server = HttpServer(
                 build_app(runtime, connections), bind_socket(server.host, server.port),

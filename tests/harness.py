@@ -80,12 +80,14 @@ def inbox_rows(tmp: Path) -> list[dict[str, Any]]:
     return db_rows(tmp, "SELECT * FROM inbox ORDER BY id")
 
 
-def write_config(tmp: Path, provider_url: str, *, server: str = "", extra: str = "") -> Path:
+def write_config(tmp: Path, provider_url: str, *, server: str = "", extra: str = "",
+                 provider_keys: str = "") -> Path:
+    """`provider_keys`: more lines for [providers.mock] (e.g. its transport)."""
     path = tmp / "daemon.toml"
     path.write_text(
         f"[server]\nhost = \"127.0.0.1\"\nport = 0\ndata_dir = \"{tmp / 'data'}\"\n{server}\n"
         f"[providers.mock]\ntype = \"openai\"\nbase_url = \"{provider_url}\"\n"
-        f"{AGENTS_TOML}{extra}"
+        f"{provider_keys}\n{AGENTS_TOML}{extra}"
     )
     return path
 
@@ -134,8 +136,10 @@ class Running:
 async def open_daemon(
     tmp: Path, provider: Provider, *, server: str = "", extra: str = "",
     clock: Clock = SYSTEM_CLOCK,
+    provider_keys: str = "",
 ) -> AsyncIterator[Running]:
-    path = write_config(tmp, provider.url, server=server, extra=extra)
+    path = write_config(tmp, provider.url, server=server, extra=extra,
+                        provider_keys=provider_keys)
     config = load_config(path)
     async with trio.open_nursery() as nursery:
         daemon: Daemon = await nursery.start(partial(serve_daemon, config, clock=clock))

@@ -4,11 +4,14 @@ Each request (parsed by hand: request line, headers, a Content-Length body) is a
 by the next behaviour in `plan`, or, once the plan is empty, by a well-formed chunked
 event stream saying "fine" (connection kept). It records every request target and how
 many connections it accepted, so a test can tell a new connection from a reused one.
+Given a server-side SSL context it speaks TLS (tests make the certificates).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 import trio
 
 # A behaviour answers one request on `stream`; it returns whether to keep the connection.
-Behaviour = Callable[["RawProvider", trio.SocketStream], Awaitable[bool]]
+Behaviour = Callable[["RawProvider", trio.abc.Stream], Awaitable[bool]]
 MAX_HEAD = 64 * 1024
 
 
@@ -36,20 +39,20 @@ def _chunked(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
-async def ok(provider: RawProvider, stream: trio.SocketStream) -> bool:
+async def ok(provider: RawProvider, stream: trio.abc.Stream) -> bool:
     await stream.send_all(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(sse_body()) + b"0\r\n\r\n")
     return True
 
 
-async def stall_before_headers(provider: RawProvider, stream: trio.SocketStream) -> bool:
+async def stall_before_headers(provider: RawProvider, stream: trio.abc.Stream) -> bool:
     """Takes the request, then says nothing (until the connection is closed)."""
     await stream.receive_some(1)
     return False
 
 
-async def _stall_after(stream: trio.SocketStream, event: bytes) -> bool:
+async def _stall_after(stream: trio.abc.Stream, event: bytes) -> bool:
     await stream.send_all(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(event))
@@ -57,25 +60,25 @@ async def _stall_after(stream: trio.SocketStream, event: bytes) -> bool:
     return False
 
 
-async def stall_mid_stream(provider: RawProvider, stream: trio.SocketStream) -> bool:
+async def stall_mid_stream(provider: RawProvider, stream: trio.abc.Stream) -> bool:
     """Headers and one event both APIs take (a Messages API ping; a Chat Completions
     chunk without choices), then silence."""
     return await _stall_after(stream, b'event: ping\ndata: {"type": "ping"}\n\n')
 
 
-async def stall_after_content(provider: RawProvider, stream: trio.SocketStream) -> bool:
+async def stall_after_content(provider: RawProvider, stream: trio.abc.Stream) -> bool:
     """Headers and one Chat Completions content chunk, then silence."""
     return await _stall_after(stream, _chunk({"role": "assistant", "content": "partial "}))
 
 
-async def redirect(provider: RawProvider, stream: trio.SocketStream) -> bool:
+async def redirect(provider: RawProvider, stream: trio.abc.Stream) -> bool:
     await stream.send_all(
         f"HTTP/1.1 302 Found\r\nLocation: {provider.url}/elsewhere/chat/completions\r\n"
         "Content-Length: 0\r\n\r\n".encode())
     return True
 
 
-async def html(provider: RawProvider, stream: trio.SocketStream) -> bool:
+async def html(provider: RawProvider, stream: trio.abc.Stream) -> bool:
     page = b"<html><body>Please log in to the hotel Wi-Fi</body></html>"
     await stream.send_all(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n"
@@ -83,7 +86,7 @@ async def html(provider: RawProvider, stream: trio.SocketStream) -> bool:
     return True
 
 
-async def past_content_length(provider: RawProvider, stream: trio.SocketStream) -> bool:
+async def past_content_length(provider: RawProvider, stream: trio.abc.Stream) -> bool:
     """A complete stream framed by a Content-Length, then bytes past it, in one write,
     and the connection kept open as if it could serve another request."""
     body = sse_body("counted")
@@ -91,6 +94,114 @@ async def past_content_length(provider: RawProvider, stream: trio.SocketStream) 
     await stream.send_all(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body + junk)
+    return True
+
+
+def status_with_body(status: int, body: bytes) -> Behaviour:
+    """An error status with a JSON body of its own (Content-Length framed)."""
+    async def answer(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+        await stream.send_all(
+            f"HTTP/1.1 {status} Error\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        return True
+    return answer
+
+
+HUGE = 8 * 1024 * 1024
+
+
+async def huge_error_body(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """A 500 whose body (8 MiB of one letter) the client should not read to its end."""
+    await stream.send_all(b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain"
+                          b"\r\nContent-Length: " + str(HUGE).encode() + b"\r\n\r\n")
+    for _ in range(HUGE // 65536):
+        await stream.send_all(b"x" * 65536)
+    return True
+
+
+async def drop_mid_stream(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """Headers and one event both APIs take, then the connection closes mid-body."""
+    await stream.send_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+        + _chunked(b'event: ping\ndata: {"type": "ping"}\n\n'))
+    return False
+
+
+async def early_hints(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """An interim 103 before the real answer."""
+    await stream.send_all(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
+    return await ok(provider, stream)
+
+
+async def ok_then_close(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """A clean answer, then the server closes the connection (its idle timeout)."""
+    await ok(provider, stream)
+    return False
+
+
+async def close_without_answer(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """Takes the request and closes the connection (as a server whose idle timeout
+    struck just as the request came)."""
+    return False
+
+
+async def garbage(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """Not HTTP at all."""
+    await stream.send_all(b"SSH-2.0-OpenSSH_9.6\r\nProtocol mismatch.\r\n\r\n")
+    return False
+
+
+async def content_length_framed(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    body = sse_body("by length")
+    await stream.send_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return True
+
+
+async def close_delimited(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """No length, not chunked: the body ends where the connection does."""
+    await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+                          + sse_body("until close"))
+    return False
+
+
+async def chunked_in_pieces(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """CRLF event lines in 5-byte HTTP chunks (one with an extension), each its own
+    write: chunk and line boundaries fall anywhere, a CR and its LF apart."""
+    body = sse_body("in pieces").replace(b"\n", b"\r\n")
+    await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                          b"Transfer-Encoding: chunked\r\n\r\n")
+    for i in range(0, len(body), 5):
+        piece = body[i:i + 5]
+        extension = b";note=1" if i == 0 else b""
+        await stream.send_all(f"{len(piece):x}".encode() + extension + b"\r\n" + piece + b"\r\n")
+    await stream.send_all(b"0\r\n\r\n")
+    return True
+
+
+async def gzipped(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """Compressed although the client did not ask for it."""
+    body = gzip.compress(sse_body("unzipped"))
+    await stream.send_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return True
+
+
+MANY = 64
+BIG_TEXT = "ab" * 4_000
+
+
+async def gzipped_many(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """MANY content chunks of BIG_TEXT: 0.5 MiB (more than transport.DECODED_MAX) that
+    gzip to a few KiB."""
+    body = b"".join(_chunk({"role": "assistant", "content": BIG_TEXT}) for _ in range(MANY))
+    body = gzip.compress(body + _chunk({}, "stop") + b"data: [DONE]\n\n")
+    await stream.send_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     return True
 
 
@@ -102,7 +213,7 @@ class RawProvider:
     connections: int = 0
 
 
-async def _read_request(stream: trio.SocketStream, buffer: bytearray) -> str | None:
+async def _read_request(stream: trio.abc.Stream, buffer: bytearray) -> str | None:
     """The target of the next request (its body read and dropped); None at EOF."""
     while b"\r\n\r\n" not in buffer:
         data = await stream.receive_some(65536)
@@ -125,7 +236,7 @@ async def _read_request(stream: trio.SocketStream, buffer: bytearray) -> str | N
     return lines[0].split(" ")[1]
 
 
-async def _serve_connection(provider: RawProvider, stream: trio.SocketStream) -> None:
+async def _serve_connection(provider: RawProvider, stream: trio.abc.Stream) -> None:
     provider.connections += 1
     buffer = bytearray()
     try:
@@ -144,12 +255,18 @@ async def _serve_connection(provider: RawProvider, stream: trio.SocketStream) ->
 
 
 @asynccontextmanager
-async def open_raw_provider() -> AsyncIterator[RawProvider]:
+async def open_raw_provider(tls: ssl.SSLContext | None = None,
+                            name: str = "127.0.0.1") -> AsyncIterator[RawProvider]:
+    """`name`: the host in its URL (with `tls`, the name its certificate is for)."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    provider = RawProvider(f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1")
+    scheme = "https" if tls else "http"
+    provider = RawProvider(f"{scheme}://{name}:{listeners[0].socket.getsockname()[1]}/v1")
 
     async def handler(stream: trio.SocketStream) -> None:
-        await _serve_connection(provider, stream)
+        if tls is not None:
+            await _serve_connection(provider, trio.SSLStream(stream, tls, server_side=True))
+        else:
+            await _serve_connection(provider, stream)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio.serve_listeners, handler, listeners)

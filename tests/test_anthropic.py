@@ -89,8 +89,12 @@ async def test_thinking_when_the_agent_asks(daemon: Running, provider: Provider)
         body = (await daemon.chat(mock(think=5, say="thought"), agent="thinker")).json()
         await rec.terminal(body["turnId"])
     assert provider.served[before].thinking == {"type": "enabled", "budget_tokens": 1024}
-    thinking = [e for e in rec.stream(body["turnId"]) if e["eventType"] == "thinking.chunk"]
-    assert len(thinking) == 5 and body["content"] == "thought"
+    thinking = [e["data"]["content"] for e in rec.stream(body["turnId"])
+                if e["eventType"] == "thinking.chunk"]
+    # The five thinking tokens, in order; tokens that arrive in one read travel in one
+    # chunk event (CONTRACT §4 allows a chunk to carry several), so count them, not events.
+    assert "".join(thinking) == "hmm0 hmm1 hmm2 hmm3 hmm4 " and 1 <= len(thinking) <= 5
+    assert body["content"] == "thought"
 
 
 @pytest.mark.parametrize("spec", [

@@ -88,8 +88,11 @@ async def test_real_cli_streams_like_any_turn(daemon: Running) -> None:
     done = assert_one_terminal_last(stream)
     assert done["eventType"] == "done"
     assert done["data"]["model"] == body["model"] == "claude-fake-1"
-    assert [e["data"]["content"] for e in stream if e["eventType"] == "thinking.chunk"] == [
-        "hmm0 ", "hmm1 ", "hmm2 ", "hmm3 "]
+    # The four thinking tokens in order, each whole in one chunk: the CLI's lines that one
+    # read brings travel as one chunk (issue 10), so a chunk may hold several of them.
+    thinking = [e["data"]["content"] for e in stream if e["eventType"] == "thinking.chunk"]
+    assert "".join(thinking) == "hmm0 hmm1 hmm2 hmm3 " and 1 <= len(thinking) <= 4
+    assert all(c.endswith(" ") and c.startswith("hmm") for c in thinking), thinking
     assert "".join(e["data"]["content"] for e in stream
                    if e["eventType"] == "inference.chunk") == "let me run itall done here"
     tool = next(e["data"] for e in stream if e["eventType"] == "inference.tool")

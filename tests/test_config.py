@@ -34,6 +34,13 @@ def test_default_config_loads() -> None:
     ("[providers.p]\ntype = \"mock\"\nconnect_timeout_s = \"10\"\n",
      "providers.p.connect_timeout_s"),
     ("[server]\nstore_busy_timeout_s = -1\n", "server.store_busy_timeout_s"),
+    ("[providers.p]\ntype = \"mock\"\ntransport = \"h2\"\n", "providers.p.transport"),
+    ("[providers.p]\ntype = \"mock\"\nproxy = \"proxy:3128\"\n", "providers.p.proxy"),
+    ("[providers.p]\ntype = \"mock\"\ntransport = \"lean\"\nproxy = \"http://proxy:3128\"\n",
+     "providers.p.proxy"),
+    ("[providers.p]\ntype = \"mock\"\nca_file = \"/nonexistent/ca.pem\"\n",
+     "providers.p.ca_file"),
+    ("[providers.p]\ntype = \"mock\"\nca_file = \"pyproject.toml\"\n", "providers.p.ca_file"),
     ("[providers.p]\ntype = \"mock\"\n[agents.a]\nprovider = \"p\"\nmodel = \"m\"\n"
      "max_tool_calls = 0\n", "agents.a.max_tool_calls"),
     # CONTRACT §10: MCP servers and the agents that name them
@@ -88,6 +95,8 @@ def test_hardening_defaults(tmp_path: Path) -> None:
     config = load_config(path)
     assert config.providers["p"].stall_timeout_s == 120
     assert config.providers["p"].connect_timeout_s == 10
+    assert config.providers["p"].transport == "auto"
+    assert config.providers["p"].proxy is None and config.providers["p"].ca_file is None
     assert config.server.store_busy_timeout_s == 5
     assert config.agents["a"].max_tool_calls == 32
 
@@ -101,3 +110,9 @@ def test_cli_exits_2_on_a_config_error(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert str(path) in result.stderr and "server.port" in result.stderr
+
+
+def test_demo_config_has_one_schedule_disabled() -> None:
+    config = load_config(Path("config/daemon.toml"))
+    [demo] = config.schedules.values()
+    assert demo.enabled is False and demo.agent in config.agents

@@ -13,7 +13,6 @@ from typing import Any
 
 import trio
 
-from daemon.clock import Clock
 from daemon.runtime.pruner import DAY_MS
 from tests.harness import (
     Provider,
@@ -164,10 +163,10 @@ async def test_a_reply_owed_to_a_deleted_session_does_not_fail_the_turn(
     assert [t["terminal"] for t in turns] == ["done", "done"]
 
 
-class ManualClock(Clock):
-    """A wall clock the test moves: `sleep` returns once `advance` has passed its end;
-    `wait_sleeps(n)` returns once `sleep` has been entered n times (the pruner sleeps
-    only after a pass, so that is when a pass has ended)."""
+class ManualClock:
+    """A wall clock the test moves (daemon/clock.Clock): `sleep_until` returns once
+    `advance_to` has passed its end; `wait_sleeps(n)` returns once `sleep_until` has
+    been entered n times (the pruner sleeps only after a pass: a pass has ended)."""
 
     def __init__(self, now: int) -> None:
         self.now = now
@@ -181,8 +180,7 @@ class ManualClock(Clock):
         self._changed.set()
         self._changed = trio.Event()
 
-    async def sleep(self, seconds: float) -> None:
-        end = self.now + seconds * 1000
+    async def sleep_until(self, end: int) -> None:
         self.sleeps += 1
         self._poke()
         while self.now < end:

@@ -1,12 +1,31 @@
 """CONTRACT §5.8 — honest failure: a provider that answers 4xx/5xx, drops the connection,
 sends a malformed chunk or an error object ends the turn in `error` PROVIDER_ERROR,
-never a partial `done`; JSON mode answers 502 with the terminal's code and ids."""
+never a partial `done`; JSON mode answers 502 with the terminal's code and ids — read
+through either provider transport (lean or httpx)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
+
 import pytest
 
-from tests.harness import Running, assert_one_terminal_last, mock, open_recorder
+from tests.harness import (
+    Provider,
+    Running,
+    assert_one_terminal_last,
+    mock,
+    open_daemon,
+    open_recorder,
+)
+
+
+@pytest.fixture(params=["lean", "httpx"])
+async def daemon(request: pytest.FixtureRequest, tmp_path: Path,
+                 provider: Provider) -> AsyncIterator[Running]:
+    keys = f'transport = "{request.param}"'
+    async with open_daemon(tmp_path, provider, provider_keys=keys) as d:
+        yield d
 
 
 @pytest.mark.parametrize("spec", [

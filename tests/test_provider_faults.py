@@ -1,10 +1,13 @@
 """CONTRACT §5.8 — honest failure at the HTTP level, against a provider that speaks raw
-bytes (tests/rawprovider.py): silence before the headers or mid-stream past
-`stall_timeout_s`, a connect that hangs past `connect_timeout_s`, a redirect (never
-followed), a 200 HTML page — each ends the turn in PROVIDER_ERROR with a message naming
-the stall, status or content type; and none of them spoils a later request. A response
-with bytes past its Content-Length closes its connection instead of returning it to the
-pool, so the next two turns of another agent on that host succeed."""
+bytes (tests/rawprovider.py), for both provider transports (`lean` and `httpx`): silence
+before the headers or mid-stream past `stall_timeout_s`, a connect that hangs past
+`connect_timeout_s`, a redirect (never followed), a 200 HTML page, an error status with
+a body (kept bounded when huge), a drop mid-stream, bytes that are not HTTP — each ends
+the turn in PROVIDER_ERROR with a message naming the stall, status or content type; and
+none of them spoils a later request. A response with bytes past its Content-Length
+closes its connection instead of returning it to the pool, so the next two turns of
+another agent on that host succeed. Bodies framed by length, by chunks (in pieces) or by
+the connection's end, and gzip, all read whole; a clean connection is reused."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import Any
 import pytest
 import trio
 
+from daemon.llm.sse import ERROR_BODY_MAX
 from tests import rawprovider as raw
 from tests.harness import (
     Provider,
@@ -32,6 +36,7 @@ AGENTS = """
 [providers.raw]
 type = "openai"
 base_url = "{url}"
+transport = "{transport}"
 stall_timeout_s = {stall}
 connect_timeout_s = {connect}
 
@@ -48,6 +53,7 @@ model = "m2"
 [providers.rawmessages]
 type = "anthropic"
 base_url = "{root}"
+transport = "{transport}"
 stall_timeout_s = {stall}
 connect_timeout_s = {connect}
 
@@ -58,8 +64,15 @@ model = "m3"
 """
 
 
-def _extra(url: str, stall: float = STALL_S, connect: float = 10) -> str:
-    return AGENTS.format(url=url, root=url.removesuffix("/v1"), stall=stall, connect=connect)
+def _extra(url: str, transport: str, stall: float = STALL_S, connect: float = 10) -> str:
+    return AGENTS.format(url=url, root=url.removesuffix("/v1"), stall=stall, connect=connect,
+                         transport=transport)
+
+
+@pytest.fixture(params=["lean", "httpx"])
+def transport(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    return kind
 
 
 @pytest.fixture
@@ -106,9 +119,10 @@ ENGINES = pytest.mark.parametrize("agent", ["first", "messages"])
     (raw.stall_mid_stream, "mid-stream"),
 ])
 async def test_stall_ends_the_turn(tmp_path: Path, provider: Provider, rawp: RawProvider,
-                                   behaviour: raw.Behaviour, where: str, agent: str) -> None:
+                                   behaviour: raw.Behaviour, where: str, agent: str,
+                                   transport: str) -> None:
     rawp.plan = [behaviour]
-    async with open_daemon(tmp_path, provider, extra=_extra(rawp.url)) as daemon:
+    async with open_daemon(tmp_path, provider, extra=_extra(rawp.url, transport)) as daemon:
         started = trio.current_time()
         message = await _provider_error(daemon, agent)
         assert "stall" in message and where in message and "stall_timeout_s" in message
@@ -119,7 +133,8 @@ async def test_stall_ends_the_turn(tmp_path: Path, provider: Provider, rawp: Raw
 
 
 @ENGINES
-async def test_connect_timeout(tmp_path: Path, provider: Provider, agent: str) -> None:
+async def test_connect_timeout(tmp_path: Path, provider: Provider, agent: str,
+                               transport: str) -> None:
     # A listener that never accepts, its one-connection backlog already full: the
     # kernel drops further SYNs, so connecting hangs.
     listener = socket.socket()
@@ -129,7 +144,7 @@ async def test_connect_timeout(tmp_path: Path, provider: Provider, agent: str) -
     url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
     try:
         async with open_daemon(tmp_path, provider,
-                               extra=_extra(url, connect=0.5)) as daemon:
+                               extra=_extra(url, transport, connect=0.5)) as daemon:
             message = await _provider_error(daemon, agent)
             assert "could not connect" in message and "connect_timeout_s" in message
     finally:
@@ -139,9 +154,9 @@ async def test_connect_timeout(tmp_path: Path, provider: Provider, agent: str) -
 
 @ENGINES
 async def test_redirect_is_not_followed(tmp_path: Path, provider: Provider,
-                                        rawp: RawProvider, agent: str) -> None:
+                                        rawp: RawProvider, agent: str, transport: str) -> None:
     rawp.plan = [raw.redirect]
-    async with open_daemon(tmp_path, provider, extra=_extra(rawp.url)) as daemon:
+    async with open_daemon(tmp_path, provider, extra=_extra(rawp.url, transport)) as daemon:
         message = await _provider_error(daemon, agent)
         assert "HTTP 302" in message and "not followed" in message
         assert not [t for t in rawp.targets if "elsewhere" in t]
@@ -151,9 +166,10 @@ async def test_redirect_is_not_followed(tmp_path: Path, provider: Provider,
 
 @ENGINES
 async def test_html_page_is_not_an_event_stream(tmp_path: Path, provider: Provider,
-                                                rawp: RawProvider, agent: str) -> None:
+                                                rawp: RawProvider, agent: str,
+                                                transport: str) -> None:
     rawp.plan = [raw.html]
-    async with open_daemon(tmp_path, provider, extra=_extra(rawp.url)) as daemon:
+    async with open_daemon(tmp_path, provider, extra=_extra(rawp.url, transport)) as daemon:
         message = await _provider_error(daemon, agent)
         assert "text/html" in message and "text/event-stream" in message
         assert "hotel Wi-Fi" in message
@@ -162,10 +178,9 @@ async def test_html_page_is_not_an_event_stream(tmp_path: Path, provider: Provid
 
 
 async def test_bytes_past_content_length_do_not_spoil_the_pool(
-    tmp_path: Path, provider: Provider, rawp: RawProvider
-) -> None:
+    tmp_path: Path, provider: Provider, rawp: RawProvider, transport: str) -> None:
     rawp.plan = [raw.past_content_length]
-    async with open_daemon(tmp_path, provider, extra=_extra(rawp.url)) as daemon:
+    async with open_daemon(tmp_path, provider, extra=_extra(rawp.url, transport)) as daemon:
         r, terminal = await _turn(daemon, "first")
         # The stream inside the length was complete: that turn itself is fine ...
         assert r.status_code == 200 and r.json()["content"] == "counted", r.text
@@ -178,11 +193,10 @@ async def test_bytes_past_content_length_do_not_spoil_the_pool(
 
 
 async def test_a_cancelled_stream_does_not_return_its_connection(
-    tmp_path: Path, provider: Provider, rawp: RawProvider
-) -> None:
+    tmp_path: Path, provider: Provider, rawp: RawProvider, transport: str) -> None:
     rawp.plan = [raw.stall_after_content]
     async with open_daemon(tmp_path, provider,
-                           extra=_extra(rawp.url, stall=60)) as daemon, \
+                           extra=_extra(rawp.url, transport, stall=60)) as daemon, \
             open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
         nursery.start_soon(daemon.chat, "hello", "first")
         chunk = await rec.wait_for(lambda evs: next(
@@ -192,3 +206,104 @@ async def test_a_cancelled_stream_does_not_return_its_connection(
         assert terminal["data"]["code"] == "CANCELLED"
         await _fine(daemon)
         assert rawp.connections == 2
+
+
+@ENGINES
+@pytest.mark.parametrize(("status", "body"), [
+    (429, '{"error": {"message": "rate limited: slow down"}}'),
+    (503, '{"error": "overloaded, try again later"}'),
+])
+async def test_error_status_names_status_and_body(
+    tmp_path: Path, provider: Provider, rawp: RawProvider, agent: str, transport: str,
+    status: int, body: str,
+) -> None:
+    rawp.plan = [raw.status_with_body(status, body.encode())]
+    async with open_daemon(tmp_path, provider, extra=_extra(rawp.url, transport)) as daemon:
+        message = await _provider_error(daemon, agent)
+        assert f"HTTP {status}" in message and body in message
+        await _fine(daemon)
+        await _fine(daemon, "first")
+
+
+@ENGINES
+async def test_a_huge_error_body_is_bounded(tmp_path: Path, provider: Provider,
+                                            rawp: RawProvider, agent: str,
+                                            transport: str) -> None:
+    rawp.plan = [raw.huge_error_body]
+    async with open_daemon(tmp_path, provider, extra=_extra(rawp.url, transport)) as daemon:
+        message = await _provider_error(daemon, agent)
+        assert "HTTP 500" in message and "x" * 100 in message
+        assert len(message) <= ERROR_BODY_MAX + 100
+        await _fine(daemon)
+        await _fine(daemon, "first")
+
+
+@ENGINES
+@pytest.mark.parametrize("behaviour", [raw.drop_mid_stream, raw.garbage,
+                                       raw.close_without_answer])
+async def test_a_broken_answer_ends_the_turn(tmp_path: Path, provider: Provider,
+                                             rawp: RawProvider, agent: str, transport: str,
+                                             behaviour: raw.Behaviour) -> None:
+    rawp.plan = [behaviour]
+    async with open_daemon(tmp_path, provider, extra=_extra(rawp.url, transport)) as daemon:
+        message = await _provider_error(daemon, agent)
+        assert message.startswith("provider connection failed: ")
+        await _fine(daemon)
+        await _fine(daemon, "first")
+        # The failing request was sent once: a new connection that broke is not retried.
+        assert len(rawp.targets) == 3
+
+
+# What a connection carried before it can serve the next request: the same connection
+# (True), a new one (False), or it depends on the transport (None: httpx drops every
+# connection whose body was framed by a length, the lean one reuses it when read whole).
+@pytest.mark.parametrize(("behaviour", "content", "reused"), [
+    (raw.ok, "fine", True),
+    (raw.chunked_in_pieces, "in pieces", True),
+    (raw.early_hints, "fine", True),
+    (raw.content_length_framed, "by length", None),
+    (raw.gzipped, "unzipped", None),
+    (raw.gzipped_many, raw.BIG_TEXT * raw.MANY, None),
+    (raw.close_delimited, "until close", False),
+])
+async def test_every_framing_is_read_whole(
+    tmp_path: Path, provider: Provider, rawp: RawProvider, transport: str,
+    behaviour: raw.Behaviour, content: str, reused: bool | None,
+) -> None:
+    rawp.plan = [behaviour]
+    async with open_daemon(tmp_path, provider, extra=_extra(rawp.url, transport)) as daemon:
+        r, terminal = await _turn(daemon, "first")
+        assert r.status_code == 200 and r.json()["content"] == content, r.text
+        assert terminal["eventType"] == "done"
+        await _fine(daemon, "second")
+        if reused is None:
+            reused = transport == "lean"
+        assert rawp.connections == (1 if reused else 2)
+        assert len(rawp.targets) == 2
+
+
+async def test_lean_retries_a_pooled_connection_the_server_closed(
+    tmp_path: Path, provider: Provider, rawp: RawProvider
+) -> None:
+    # The first answer keeps its connection; the server then closes that connection on
+    # the next request without a byte of answer. The lean transport sends the request
+    # again, once, on a new connection: the server never took it.
+    rawp.plan = [raw.ok, raw.close_without_answer]
+    async with open_daemon(tmp_path, provider, extra=_extra(rawp.url, "lean")) as daemon:
+        await _fine(daemon, "first")
+        await _fine(daemon, "second")
+        assert rawp.connections == 2 and len(rawp.targets) == 3
+
+
+async def test_lean_drops_a_pooled_connection_the_server_closed_while_idle(
+    tmp_path: Path, provider: Provider, rawp: RawProvider
+) -> None:
+    # Whether the close has reached the pool when the next request comes (then the idle
+    # check drops it) or not (then the request meets the closed connection and goes
+    # again on a new one), the next turn is fine and the server saw it once.
+    rawp.plan = [raw.ok_then_close]
+    async with open_daemon(tmp_path, provider, extra=_extra(rawp.url, "lean")) as daemon:
+        await _fine(daemon, "first")
+        await _fine(daemon, "second")
+        await _fine(daemon, "second")
+        assert rawp.connections == 2 and len(rawp.targets) == 3

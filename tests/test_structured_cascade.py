@@ -53,12 +53,18 @@ MOMENTS = ["parent thinking", "background stream", "waiting stream",
 
 
 def turn_named(rec: Recorder, who: str) -> str | None:
-    """parent: the chat turn; background / waiting: the first / second spawned child."""
+    """parent: the chat turn; background / waiting: the child of the first / second
+    spawn call (the two start together, so their turn.starts come in either order)."""
     starts = [e for e in rec.stream() if e["eventType"] == "turn.start"]
     if who == "parent":
         found = [e for e in starts if e["depth"] == 0]
-    else:
-        found = [e for e in starts if e["depth"] == 1][(0 if who == "background" else 1):]
+        return found[0]["turnId"] if found else None
+    calls = [e["data"]["toolCallId"] for e in rec.stream()
+             if e["eventType"] == "inference.tool" and e["depth"] == 0]
+    index = 0 if who == "background" else 1
+    if len(calls) <= index:
+        return None
+    found = [e for e in starts if e["depth"] == 1 and e["spawnToolCallId"] == calls[index]]
     return found[0]["turnId"] if found else None
 
 

@@ -13,7 +13,7 @@ import trio
 from tests.harness import Provider, Running, mock, open_daemon, open_recorder, spawn
 
 TURN_KEYS = {"turnId", "trigger", "fromSessionId", "startedAt", "endedAt", "terminal",
-             "errorCode", "cancelReason", "tokenUsage", "model", "startSeq"}
+             "errorCode", "cancelReason", "tokenUsage", "model", "startSeq", "schedule"}
 HELPER = """
 [agents.helper]
 engine = "openai"
@@ -95,6 +95,7 @@ async def test_turns_and_message_turn_ids(daemon: Running) -> None:
     assert all(set(t) == TURN_KEYS for t in turns)
     one, two = turns
     assert one["trigger"] == "http" and one["fromSessionId"] is None
+    assert one["schedule"] is None  # set only on turns a schedule started (§11)
     assert (one["terminal"], one["errorCode"], one["cancelReason"]) == ("done", None, None)
     assert one["tokenUsage"] == first["tokenUsage"] and one["model"] == "test-model"
     assert one["startedAt"] <= one["endedAt"]

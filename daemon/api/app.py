@@ -12,6 +12,7 @@ from daemon.api.auth import request_authorized
 from daemon.api.guard import HostOriginGuard, HostPolicy
 from daemon.api.http import http_routes
 from daemon.api.openapi import openapi_routes
+from daemon.api.schedules import schedule_routes
 from daemon.api.studio import studio_routes
 from daemon.api.ws import ws_routes
 from daemon.errors import (
@@ -50,6 +51,7 @@ def build_app(rt: Runtime, connections: Connections) -> QuartTrio:
         PROPAGATE_EXCEPTIONS=False,
     )
     app.register_blueprint(http_routes(rt))
+    app.register_blueprint(schedule_routes(rt))
     app.register_blueprint(ws_routes(rt, connections))
     app.register_blueprint(studio_routes())
     app.register_blueprint(openapi_routes(auth=rt.config.server.auth_token is not None))

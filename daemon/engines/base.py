@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from daemon.config import AgentConfig
+from daemon.llm.sse import MERGE_MAX_CHARS
 from daemon.store.models import MessageRecord, TokenUsage
 from daemon.tools.base import Tool, ToolOutcome
 
@@ -91,6 +92,34 @@ EngineEvent = (
     ThinkingDelta | ContentDelta | ModelNamed | UsageReport | ToolStarted | ToolFinished
     | ToolOutput | EngineSessionNamed | MessageAppended | Finished
 )
+
+
+def merge_text_runs(events: list[EngineEvent]) -> list[EngineEvent]:
+    """`events` (what one read brought) with each run of adjacent ThinkingDeltas, and of
+    adjacent ContentDeltas, as one delta holding their text: what arrives together
+    travels together, in the order it came."""
+    if len(events) < 2:
+        return events
+    out: list[EngineEvent] = []
+    run: list[str] = []
+    chars = 0
+    kind: type[ThinkingDelta] | type[ContentDelta] | None = None
+    for event in events:
+        if isinstance(event, ThinkingDelta | ContentDelta):
+            if type(event) is not kind or chars + len(event.text) > MERGE_MAX_CHARS:
+                if kind is not None:
+                    out.append(kind("".join(run)))
+                kind, run, chars = type(event), [], 0
+            run.append(event.text)
+            chars += len(event.text)
+            continue
+        if kind is not None:
+            out.append(kind("".join(run)))
+            kind = None
+        out.append(event)
+    if kind is not None:
+        out.append(kind("".join(run)))
+    return out
 
 
 class EngineContext(Protocol):

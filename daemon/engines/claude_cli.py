@@ -48,6 +48,7 @@ from daemon.engines.base import (
     ToolOutput,
     ToolStarted,
     UsageReport,
+    merge_text_runs,
 )
 from daemon.errors import MaxIterationsError, ProviderError
 from daemon.llm.sse import json_object
@@ -225,19 +226,21 @@ class _Lines:
         self._scanned = 0  # bytes of the buffer known to hold no newline
         self._eof = False
 
-    async def next(self) -> bytes | None:
+    async def next(self) -> list[bytes] | None:
+        """Every whole line the buffer holds (at least one: reading for it if need be),
+        so that what one read brought is handled together; None at the end."""
         while True:
-            end = self._buffer.find(b"\n", self._scanned)
+            end = self._buffer.rfind(b"\n", self._scanned)
             if end >= 0:
-                line = bytes(self._buffer[:end])
+                lines = bytes(self._buffer[:end]).split(b"\n")
                 del self._buffer[:end + 1]
                 self._scanned = 0
-                return line
+                return lines
             self._scanned = len(self._buffer)
             if self._eof:
                 if self._buffer:
                     line, self._buffer = bytes(self._buffer), bytearray()
-                    return line
+                    return [line]
                 return None
             if len(self._buffer) > MAX_LINE:
                 raise ProviderError(f"claude-cli printed a line over {MAX_LINE} bytes")
@@ -288,17 +291,25 @@ class ClaudeCliEngine:
             lines = _Lines(process.stdout)
             while True:
                 with trio.move_on_after(self.agent.stall_timeout_s) as waiting:
-                    raw = await lines.next()
+                    batch = await lines.next()
                 if waiting.cancelled_caught:
                     raise ProviderError(
                         f"claude-cli printed nothing for {self.agent.stall_timeout_s:g}s")
-                if raw is None:
+                if batch is None:
                     break
-                if not raw.strip():
-                    continue
-                for event in mapper.feed(json_object(raw, "claude-cli line"),
-                                         trio.current_time()):
+                now = trio.current_time()
+                events: list[EngineEvent] = []
+                failure: ProviderError | None = None
+                try:
+                    for raw in batch:
+                        if raw.strip():
+                            events += mapper.feed(json_object(raw, "claude-cli line"), now)
+                except ProviderError as exc:
+                    failure = exc  # what came before the bad line is still out first
+                for event in merge_text_runs(events):
                     yield event
+                if failure is not None:
+                    raise failure
             code = await process.wait()
             if code != 0:
                 # Off the Trio thread: a disk read can block (a CLI that wrote a lot).

@@ -5,6 +5,10 @@ usage), each content block's start and deltas (text, thinking, signature, tool i
 JSON), and the message's end (stop reason, output usage). A stream is complete only at
 `message_stop`; an HTTP error status, a transport error, an `error` event, a malformed
 or wrongly shaped event, or a stream that closes early raise ProviderError.
+
+What one network read brought travels together: the deltas of one read that follow each
+other in the same block and of the same kind are yielded as one BlockDelta holding their
+concatenated text, as soon as that read is parsed (no timer).
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import msgspec
 
 from daemon.errors import ProviderError
-from daemon.llm.sse import data_lines, json_object
+from daemon.llm.jsonload import load_object
+from daemon.llm.provider_http import ProviderHTTP
+from daemon.llm.sse import MERGE_MAX_CHARS, data_batches
 
 API_VERSION = "2023-06-01"
 
@@ -56,8 +62,28 @@ _DELTA_FIELDS = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", 
                  "input_json_delta": ("input_json", "partial_json")}
 
 
+# The hot path's view of an event: msgspec decodes a content_block_delta straight into
+# these (skipping what we do not read). Any other event, or one they do not fit, takes
+# the general path over a dict, which judges it.
+class _WireDelta(msgspec.Struct):
+    type: str
+    text: str | None = None
+    thinking: str | None = None
+    signature: str | None = None
+    partial_json: str | None = None
+
+
+class _WireEvent(msgspec.Struct):
+    type: str
+    index: int | None = None
+    delta: _WireDelta | None = None
+
+
+_decode_event = msgspec.json.Decoder(_WireEvent).decode
+
+
 class AnthropicClient:
-    def __init__(self, http: httpx.AsyncClient, base_url: str, api_key: str | None) -> None:
+    def __init__(self, http: ProviderHTTP, base_url: str, api_key: str | None) -> None:
         self._http = http
         self._url = f"{base_url.rstrip('/')}/v1/messages"
         self._headers = {"Accept": "text/event-stream", "anthropic-version": API_VERSION}
@@ -65,48 +91,112 @@ class AnthropicClient:
             self._headers["x-api-key"] = api_key
 
     async def stream_messages(self, body: dict[str, Any]) -> AsyncGenerator[Event, None]:
-        stopped = False
-        async with aclosing(data_lines(self._http, self._url, {**body, "stream": True},
-                                       self._headers)) as lines:
-            async for payload in lines:
-                if stopped or not payload:
+        state = _State()
+        async with aclosing(data_batches(self._http, self._url, {**body, "stream": True},
+                                         self._headers)) as batches:
+            async for batch in batches:
+                if state.stopped:
                     continue  # read to the end: httpx cleans up exhausted generators
-                event = json_object(payload, "event from the provider")
-                try:
-                    kind = event["type"]
-                    if kind == "message_start":
-                        message = event["message"]
-                        usage = message.get("usage") or {}
-                        yield MessageStart(
-                            str(message.get("model") or ""),
-                            int(usage.get("input_tokens") or 0),
-                            int(usage.get("cache_read_input_tokens") or 0)
-                            + int(usage.get("cache_creation_input_tokens") or 0),
-                        )
-                    elif kind == "content_block_start":
-                        block = event["content_block"]
-                        yield BlockStart(int(event["index"]), str(block["type"]), block)
-                    elif kind == "content_block_delta":
-                        delta = event["delta"]
-                        field = _DELTA_FIELDS.get(delta["type"])
-                        if field is not None:
-                            yield BlockDelta(int(event["index"]), field[0],
-                                             str(delta.get(field[1]) or ""))
-                    elif kind == "message_delta":
-                        yield MessageEnd((event.get("delta") or {}).get("stop_reason"),
-                                         int((event.get("usage") or {}).get("output_tokens")
-                                             or 0))
-                    elif kind == "message_stop":
-                        stopped = True
-                    elif kind == "error":
-                        error = event.get("error") or {}
-                        raise ProviderError(
-                            f"provider reported an error mid-stream: "
-                            f"{error.get('type')}: {error.get('message')}")
-                    # ping and content_block_stop carry nothing we need
-                except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                    raise ProviderError(f"provider sent an event of the wrong shape: "
-                                        f"{payload[:200]!r}") from exc
-        if not stopped:
+                for event in state.read(batch):
+                    yield event
+                if state.failure is not None:
+                    raise state.failure
+        if not state.stopped:
             raise ProviderError("provider closed the stream before message_stop")
 
+
+class _State:
+    """One stream's parse: whether it stopped, and the current read's run of deltas."""
+
+    __slots__ = ("failure", "out", "run", "run_chars", "run_index", "run_kind", "stopped")
+
+    def __init__(self) -> None:
+        # What went wrong in the current read, raised once what came before it is out.
+        self.failure: ProviderError | None = None
+        self.stopped = False
+        self.out: list[Event] = []
+        self.run: list[str] = []
+        self.run_index = -1
+        self.run_kind = ""
+        self.run_chars = 0
+
+    def read(self, batch: list[bytes]) -> list[Event]:
+        """The events of one read, adjacent deltas of one block and kind merged."""
+        try:
+            for payload in batch:
+                if self.stopped:
+                    break
+                if payload:
+                    self._event(payload)
+        except ProviderError as exc:
+            self.failure = exc
+        self._end_run()
+        out, self.out = self.out, []
+        return out
+
+    def _end_run(self) -> None:
+        if self.run:
+            run = self.run
+            self.out.append(BlockDelta(self.run_index, self.run_kind,
+                                       run[0] if len(run) == 1 else "".join(run)))
+            self.run = []
+            self.run_chars = 0
+
+    def _other(self, event: Event) -> None:
+        self._end_run()
+        self.out.append(event)
+
+    def _delta(self, index: int, kind: str, text: str) -> None:
+        if self.run and (index != self.run_index or kind != self.run_kind
+                         or self.run_chars + len(text) > MERGE_MAX_CHARS):
+            self._end_run()
+        self.run_index, self.run_kind = index, kind
+        self.run.append(text)
+        self.run_chars += len(text)
+
+    def _event(self, payload: bytes) -> None:
+        try:
+            wire = _decode_event(payload)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            wire = None
+        if (wire is not None and wire.type == "content_block_delta"
+                and wire.index is not None and wire.delta is not None):
+            field = _DELTA_FIELDS.get(wire.delta.type)
+            if field is not None:
+                self._delta(wire.index, field[0], getattr(wire.delta, field[1]) or "")
+            return
+        event = load_object(payload, "event from the provider")
+        try:
+            kind = event["type"]
+            if kind == "content_block_delta":
+                delta = event["delta"]
+                field = _DELTA_FIELDS.get(delta["type"])
+                if field is not None:
+                    self._delta(int(event["index"]), field[0], str(delta.get(field[1]) or ""))
+            elif kind == "message_start":
+                message = event["message"]
+                usage = message.get("usage") or {}
+                self._other(MessageStart(
+                    str(message.get("model") or ""),
+                    int(usage.get("input_tokens") or 0),
+                    int(usage.get("cache_read_input_tokens") or 0)
+                    + int(usage.get("cache_creation_input_tokens") or 0),
+                ))
+            elif kind == "content_block_start":
+                block = event["content_block"]
+                self._other(BlockStart(int(event["index"]), str(block["type"]), block))
+            elif kind == "message_delta":
+                self._other(MessageEnd((event.get("delta") or {}).get("stop_reason"),
+                                       int((event.get("usage") or {}).get("output_tokens")
+                                           or 0)))
+            elif kind == "message_stop":
+                self.stopped = True
+            elif kind == "error":
+                error = event.get("error") or {}
+                raise ProviderError(
+                    f"provider reported an error mid-stream: "
+                    f"{error.get('type')}: {error.get('message')}")
+            # ping and content_block_stop carry nothing we need
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProviderError(f"provider sent an event of the wrong shape: "
+                                f"{payload[:200]!r}") from exc

@@ -1,22 +1,28 @@
 """A streaming OpenAI-compatible Chat Completions client on httpx.
 
-`stream_chat` yields typed deltas. Anything that is not a whole, well-formed stream —
-an HTTP error status, a transport error, a connection closed before `[DONE]` (or before
-a finish_reason), a chunk that is not JSON or not shaped like one — raises
-ProviderError. There is no partial success.
+`stream_chat` yields typed deltas. What one network read brought travels together: the
+reasoning or content deltas of one read that follow each other are yielded as one
+delta holding their concatenated text (a run ends where another kind of delta comes),
+and each read's deltas are yielded as soon as it is parsed — nothing waits for a timer.
+
+Anything that is not a whole, well-formed stream — an HTTP error status, a transport
+error, a connection closed before `[DONE]` (or before a finish_reason), a chunk that is
+not JSON or not shaped like one — raises ProviderError. There is no partial success.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import msgspec
 
 from daemon.errors import ProviderError
-from daemon.llm.sse import data_lines, json_object
+from daemon.llm.jsonload import load_object
+from daemon.llm.provider_http import ProviderHTTP
+from daemon.llm.sse import MERGE_MAX_CHARS, data_batches
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +59,33 @@ class ModelDelta:
 Delta = ContentDelta | ReasoningDelta | ToolCallDelta | UsageDelta | ModelDelta
 
 
+# The hot path's view of a chunk: msgspec decodes straight into these, skipping every
+# field we do not read. A chunk they do not fit (another shape, an `error`, a lone
+# surrogate) takes the general path (`_State._chunk` over a dict), which judges it.
+class _WireDelta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[Any] | None = None
+
+
+class _WireChoice(msgspec.Struct):
+    delta: _WireDelta | None = None
+    finish_reason: str | None = None
+
+
+class _WireChunk(msgspec.Struct):
+    model: str | None = None
+    choices: list[_WireChoice] | None = None
+    usage: dict[str, Any] | None = None
+    error: Any = msgspec.UNSET
+
+
+_decode_chunk = msgspec.json.Decoder(_WireChunk).decode
+
+
 class OpenAIClient:
-    def __init__(self, http: httpx.AsyncClient, base_url: str, api_key: str | None) -> None:
+    def __init__(self, http: ProviderHTTP, base_url: str, api_key: str | None) -> None:
         self._http = http
         self._url = f"{base_url.rstrip('/')}/chat/completions"
         self._headers = {"Accept": "text/event-stream"}
@@ -63,77 +94,154 @@ class OpenAIClient:
 
     async def stream_chat(self, body: dict[str, Any]) -> AsyncGenerator[Delta, None]:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        finished = done = False
-        model_seen: str | None = None
-        async with aclosing(data_lines(self._http, self._url, body, self._headers)) as lines:
-            async for payload in lines:
-                if payload == b"[DONE]":
+        state = _State()
+        async with aclosing(data_batches(self._http, self._url, body, self._headers)
+                            ) as batches:
+            async for batch in batches:
+                if state.done:
                     # Read on to the end of the body rather than break: httpx's
                     # generators are only cleaned up when exhausted.
-                    finished = done = True
                     continue
-                if done or not payload:
-                    continue
-                chunk = _parse_chunk(payload)
-                model = chunk.get("model")
-                if isinstance(model, str) and model and model != model_seen:
-                    model_seen = model
-                    yield ModelDelta(model)
-                for delta in _deltas(chunk):
-                    if delta is _FINISH:
-                        finished = True
-                    else:
-                        yield delta
-        if not finished:
+                for delta in state.read(batch):
+                    yield delta
+                if state.failure is not None:
+                    raise state.failure
+        if not state.finished:
             raise ProviderError("provider closed the stream before it finished")
 
 
-_FINISH = object()
+class _State:
+    """One stream's parse: what it has seen, and the runs of text of the current read."""
+
+    __slots__ = ("done", "failure", "finished", "kind", "model", "out", "run", "run_chars")
+
+    def __init__(self) -> None:
+        # What went wrong in the current read, raised once what came before it is out.
+        self.failure: ProviderError | None = None
+        self.finished = self.done = False
+        self.model: str | None = None
+        self.out: list[Delta] = []
+        self.kind: type[ContentDelta] | type[ReasoningDelta] | None = None
+        self.run: list[str] = []
+        self.run_chars = 0
+
+    def read(self, batch: list[bytes]) -> list[Delta]:
+        """The deltas of one read, runs of one kind of text merged."""
+        try:
+            for payload in batch:
+                if payload == b"[DONE]":
+                    self.finished = self.done = True
+                    break
+                if payload:
+                    self._payload(payload)
+        except ProviderError as exc:
+            self.failure = exc
+        self._end_run()
+        out, self.out = self.out, []
+        return out
+
+    def _text(self, kind: type[ContentDelta] | type[ReasoningDelta], text: str) -> None:
+        if kind is not self.kind or self.run_chars + len(text) > MERGE_MAX_CHARS:
+            self._end_run()
+            self.kind = kind
+        self.run.append(text)
+        self.run_chars += len(text)
+
+    def _other(self, delta: Delta) -> None:
+        self._end_run()
+        self.out.append(delta)
+
+    def _end_run(self) -> None:
+        if self.kind is not None:
+            run = self.run
+            self.out.append(self.kind(run[0] if len(run) == 1 else "".join(run)))
+            self.kind = None
+            self.run = []
+            self.run_chars = 0
+
+    def _payload(self, payload: bytes) -> None:
+        try:
+            chunk = _decode_chunk(payload)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            self._chunk(_parse_chunk(payload))
+            return
+        if chunk.error is not msgspec.UNSET:
+            self._chunk(_parse_chunk(payload))
+            return
+        model = chunk.model
+        if model and model != self.model:
+            self.model = model
+            self._other(ModelDelta(model))
+        for choice in chunk.choices or ():
+            delta = choice.delta
+            if delta is not None:
+                reasoning = delta.reasoning_content or delta.reasoning
+                if reasoning:
+                    self._text(ReasoningDelta, reasoning)
+                if delta.content:
+                    self._text(ContentDelta, delta.content)
+                if delta.tool_calls:
+                    self._shaped(self._tool_calls, delta.tool_calls)
+            if choice.finish_reason:
+                self.finished = True
+        if chunk.usage:
+            self._shaped(self._usage, chunk.usage)
+
+    def _chunk(self, chunk: dict[str, Any]) -> None:
+        """The general path: any chunk, as a dict."""
+        model = chunk.get("model")
+        if model and model != self.model and isinstance(model, str):
+            self.model = model
+            self._other(ModelDelta(model))
+        try:
+            for choice in chunk.get("choices") or ():
+                delta = choice.get("delta") or {}
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                if reasoning:
+                    self._text(ReasoningDelta, str(reasoning))
+                content = delta.get("content")
+                if content:
+                    self._text(ContentDelta, str(content))
+                self._tool_calls(delta.get("tool_calls") or ())
+                if choice.get("finish_reason"):
+                    self.finished = True
+            usage = chunk.get("usage")
+            if usage:
+                self._usage(usage)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ProviderError(f"provider sent a chunk of the wrong shape: {exc}") from exc
+
+    @staticmethod
+    def _shaped(part: Callable[[Any], None], value: Any) -> None:
+        try:
+            part(value)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ProviderError(f"provider sent a chunk of the wrong shape: {exc}") from exc
+
+    def _tool_calls(self, calls: Any) -> None:
+        for tc in calls:
+            fn = tc.get("function") or {}
+            self._other(ToolCallDelta(
+                index=int(tc.get("index", 0)),
+                id=tc.get("id"),
+                name=fn.get("name"),
+                arguments=fn.get("arguments") or "",
+            ))
+
+    def _usage(self, usage: Any) -> None:
+        details = usage.get("prompt_tokens_details") or {}
+        self._other(UsageDelta(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            cached_tokens=int(details.get("cached_tokens") or 0),
+            cost=float(usage.get("cost") or 0.0),
+        ))
 
 
 def _parse_chunk(payload: bytes) -> dict[str, Any]:
-    chunk = json_object(payload, "chunk from the provider")
+    chunk = load_object(payload, "chunk from the provider")
     if "error" in chunk:
         err = chunk["error"]
         message = err.get("message") if isinstance(err, dict) else err
         raise ProviderError(f"provider reported an error mid-stream: {message}")
     return chunk
-
-
-def _deltas(chunk: dict[str, Any]) -> list[Any]:
-    out: list[Any] = []
-    try:
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            if reasoning:
-                out.append(ReasoningDelta(str(reasoning)))
-            content = delta.get("content")
-            if content:
-                out.append(ContentDelta(str(content)))
-            for tc in delta.get("tool_calls") or ():
-                fn = tc.get("function") or {}
-                out.append(
-                    ToolCallDelta(
-                        index=int(tc.get("index", 0)),
-                        id=tc.get("id"),
-                        name=fn.get("name"),
-                        arguments=fn.get("arguments") or "",
-                    )
-                )
-            if choice.get("finish_reason"):
-                out.append(_FINISH)
-        usage = chunk.get("usage")
-        if usage:
-            details = usage.get("prompt_tokens_details") or {}
-            out.append(
-                UsageDelta(
-                    prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                    completion_tokens=int(usage.get("completion_tokens") or 0),
-                    cached_tokens=int(details.get("cached_tokens") or 0),
-                    cost=float(usage.get("cost") or 0.0),
-                )
-            )
-    except (AttributeError, TypeError, ValueError) as exc:
-        raise ProviderError(f"provider sent a chunk of the wrong shape: {exc}") from exc
-    return out

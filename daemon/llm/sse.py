@@ -6,23 +6,26 @@ What is refused (CONTRACT §5.8), each with a message naming what was wrong:
   Location), with a bounded piece of its body;
 - a 2xx whose content type is not `text/event-stream` (a captive portal's HTML page);
 - silence: connecting longer than the provider's `connect_timeout_s`, or no byte for
-  `stall_timeout_s` before the response headers or mid-stream. The client's timeouts
-  (`provider_timeout`) are httpx's per-read deadlines: they cost nothing per token;
+  `stall_timeout_s` before the response headers or mid-stream (per-read deadlines in
+  either transport: they cost nothing per token);
 - a transport error or an oversized line.
 Whether the stream was *complete* is the caller's to judge (each API marks its end its
 own way).
 
-A response that did not end cleanly never goes back to the connection pool: unless its
-body was read to its end and was not framed by Content-Length (bytes past a length
-would be read as the start of the next response on that connection), its socket is
-shut down here, so the pool discards the connection instead of handing it to the next
-request — of this turn or another agent's.
+The bytes come through the provider's ProviderHTTP: the lean transport
+(daemon.llm.transport), or httpx (proxies, or `transport = "httpx"`); the same refusals
+and messages either way. A response that did not end cleanly never goes back to a
+connection pool — of this turn or another agent's. The lean pool takes back only
+connections read to a clean end; with httpx, unless the body was read to its end and
+was not framed by Content-Length (bytes past a length would be read as the start of
+the next response on that connection), its socket is shut down here, so httpcore's pool
+discards the connection.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
 
@@ -30,30 +33,19 @@ import httpx
 import orjson
 
 from daemon.errors import ProviderError
+from daemon.llm.provider_http import ProviderHTTP
+from daemon.llm.transport import ConnectTimeout, LeanPool, Response, StallTimeout, TransportError
 
 # How much of an error body we keep for the message.
 ERROR_BODY_MAX = 2048
+# The text of deltas one read brings that is merged into one delta (one event) at most:
+# a burst (a gzip piece, a replay) goes out as several events of this size, each well
+# within what a WebSocket client takes in one frame.
+MERGE_MAX_CHARS = 64 * 1024
 # A provider line longer than this is not a chunk we can trust.
 LINE_MAX = 4 * 1024 * 1024
 EVENT_STREAM = "text/event-stream"
-# Waiting for a free pooled connection (all of this provider's are streaming).
-POOL_TIMEOUT_S = 30.0
-
-
-# Connections to a provider are not capped (turns are, by max_running_turns); the idle
-# ones kept for reuse are few: httpcore scans its pool per request.
-KEEPALIVE_CONNECTIONS = 32
-
-
-def provider_limits() -> httpx.Limits:
-    return httpx.Limits(max_connections=None, max_keepalive_connections=KEEPALIVE_CONNECTIONS)
-
-
-def provider_timeout(stall_timeout_s: float, connect_timeout_s: float) -> httpx.Timeout:
-    """The httpx client timeouts of one provider. A read deadline is per socket read, so
-    it measures silence; whole-turn deadlines belong to the caller."""
-    return httpx.Timeout(connect=connect_timeout_s, read=stall_timeout_s,
-                         write=stall_timeout_s, pool=POOL_TIMEOUT_S)
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 def discard_connection(response: httpx.Response) -> None:
@@ -69,7 +61,7 @@ def discard_connection(response: httpx.Response) -> None:
         pass  # already closed or reset: not reusable either
 
 
-async def _body_piece(response: httpx.Response) -> str:
+async def _httpx_body_piece(response: httpx.Response) -> str:
     raw = b""
     async for part in response.aiter_bytes():
         raw += part
@@ -78,40 +70,79 @@ async def _body_piece(response: httpx.Response) -> str:
     return raw[:ERROR_BODY_MAX].decode("utf-8", "replace")
 
 
-async def _refuse(response: httpx.Response) -> None:
-    """ProviderError unless `response` is a 2xx event stream."""
-    status = response.status_code
+async def _lean_body_piece(response: Response) -> str:
+    return (await response.read_up_to(ERROR_BODY_MAX)).decode("utf-8", "replace")
+
+
+async def _refuse(status: int, headers: Mapping[str, str],
+                  body_piece: Callable[[], Awaitable[str]]) -> None:
+    """ProviderError unless the answer is a 2xx event stream."""
     if 300 <= status < 400:
-        location = response.headers.get("location", "(none)")
+        location = headers.get("location", "(none)")
         raise ProviderError(
             f"provider answered HTTP {status}, a redirect to {location[:200]}: redirects "
             f"are not followed (check base_url)", status=status)
     if not 200 <= status < 300:
-        raise ProviderError(f"provider answered HTTP {status}: {await _body_piece(response)}",
+        raise ProviderError(f"provider answered HTTP {status}: {await body_piece()}",
                             status=status)
-    content_type = response.headers.get("content-type", "")
+    content_type = headers.get("content-type", "")
     if content_type.split(";", 1)[0].strip().lower() != EVENT_STREAM:
-        piece = (await _body_piece(response))[:200]
+        piece = (await body_piece())[:200]
         raise ProviderError(
             f"provider answered HTTP {status} with content type "
             f"{content_type[:100] or '(none)'!r}, not {EVENT_STREAM}: {piece!r}", status=status)
 
 
+def _stalled(seconds: float, headers_in: bool) -> ProviderError:
+    where = "mid-stream" if headers_in else "before the response headers"
+    return ProviderError(f"provider stalled: nothing received for {seconds:g}s {where} "
+                         f"(stall_timeout_s)")
+
+
+def _not_taken(seconds: float) -> ProviderError:
+    return ProviderError(f"provider stalled: it took no part of the request for "
+                         f"{seconds:g}s (stall_timeout_s)")
+
+
+def _no_connect(seconds: float) -> ProviderError:
+    return ProviderError(f"could not connect to the provider within {seconds:g}s "
+                         f"(connect_timeout_s)")
+
+
 def _translate(exc: httpx.HTTPError, timeout: httpx.Timeout, headers_in: bool) -> ProviderError:
     if isinstance(exc, httpx.ConnectTimeout):
-        return ProviderError(f"could not connect to the provider within {timeout.connect:g}s "
-                             f"(connect_timeout_s)")
+        return _no_connect(timeout.connect or 0)
     if isinstance(exc, httpx.ReadTimeout):
-        where = "mid-stream" if headers_in else "before the response headers"
-        return ProviderError(f"provider stalled: nothing received for {timeout.read:g}s "
-                             f"{where} (stall_timeout_s)")
+        return _stalled(timeout.read or 0, headers_in)
     if isinstance(exc, httpx.WriteTimeout):
-        return ProviderError(f"provider stalled: it took no part of the request for "
-                             f"{timeout.write:g}s (stall_timeout_s)")
+        return _not_taken(timeout.write or 0)
     if isinstance(exc, httpx.PoolTimeout):
         return ProviderError(f"no free connection to the provider within {timeout.pool:g}s: "
                              f"every pooled connection is busy")
-    return ProviderError(f"provider connection failed: {type(exc).__name__}: {exc}")
+    return ProviderError(f"provider connection failed: {type(exc).__name__}: {_reason(exc)}")
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong: httpx's own message, else that of what it wraps (a TLS failure
+    comes as a ConnectError with no text of its own)."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            break
+        if str(seen):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return "(no detail)"
+
+
+def _translate_lean(exc: TransportError, pool: LeanPool) -> ProviderError:
+    if isinstance(exc, ConnectTimeout):
+        return _no_connect(pool.connect_timeout_s)
+    if isinstance(exc, StallTimeout):
+        if exc.writing:
+            return _not_taken(pool.stall_timeout_s)
+        return _stalled(pool.stall_timeout_s, exc.headers_in)
+    return ProviderError(f"provider connection failed: {exc}")
 
 
 def split_payloads(buffer: bytearray, piece: bytes) -> list[bytes]:
@@ -143,21 +174,52 @@ def split_payloads(buffer: bytearray, piece: bytes) -> list[bytes]:
     return out
 
 
-async def data_batches(
-    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
+def data_batches(
+    http: ProviderHTTP, url: str, body: dict[str, Any], headers: dict[str, str]
 ) -> AsyncGenerator[list[bytes], None]:
     """The `data:` payloads of a streamed POST, in order, grouped by the read that
     completed them: what arrives together can travel together (one event per read, not
     per token), and nothing waits for a timer — each read's payloads are yielded at once.
     Never yields an empty list."""
+    if http.lean is not None:
+        return _lean_batches(http.lean, url, body, headers)
+    assert http.client is not None
+    return _httpx_batches(http.client, url, body, headers)
+
+
+async def _lean_batches(
+    pool: LeanPool, url: str, body: dict[str, Any], headers: dict[str, str]
+) -> AsyncGenerator[list[bytes], None]:
+    # The pool puts a connection back only if its body was read to a clean end.
+    try:
+        async with pool.stream(url, dumps(body), {**headers, **JSON_HEADERS}) as response:
+            await _refuse(response.status, response.headers,
+                          lambda: _lean_body_piece(response))
+            buffer = bytearray()
+            while piece := await response.receive_some():
+                payloads = split_payloads(buffer, piece)
+                if payloads:
+                    yield payloads
+            if buffer:  # a last line with no line ending
+                payloads = split_payloads(buffer, b"\n")
+                if payloads:
+                    yield payloads
+    except TransportError as exc:
+        raise _translate_lean(exc, pool) from exc
+
+
+async def _httpx_batches(
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
+) -> AsyncGenerator[list[bytes], None]:
     headers_in = False
     try:
-        async with http.stream("POST", url, content=dumps(body), headers={
-                **headers, "Content-Type": "application/json"}) as response:
+        async with http.stream("POST", url, content=dumps(body),
+                               headers={**headers, **JSON_HEADERS}) as response:
             headers_in = True
             clean = False
             try:
-                await _refuse(response)
+                await _refuse(response.status_code, response.headers,
+                              lambda: _httpx_body_piece(response))
                 buffer = bytearray()
                 async with aclosing(response.aiter_bytes()) as pieces:  # type: ignore[type-var]
                     async for piece in pieces:
@@ -177,7 +239,7 @@ async def data_batches(
 
 
 async def data_lines(
-    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
+    http: ProviderHTTP, url: str, body: dict[str, Any], headers: dict[str, str]
 ) -> AsyncGenerator[bytes, None]:
     """The `data:` payloads of a streamed POST, one at a time."""
     async with aclosing(data_batches(http, url, body, headers)) as batches:

@@ -92,6 +92,10 @@ def _events(spec: CallSpec, model: str, messages: list[dict[str, Any]],
     words = spec.say.split(" ") if spec.say else []
     for i, word in enumerate(words):
         completion += 1
+        if spec.stamp:
+            # Taken as the chunk is made: _stream sends each chunk right after making it
+            # when the stream is paced, so the stamp is the moment it leaves the mock.
+            word = f"{word}@{time.time_ns()}"
         yield _chunk(model, cid, {"content": word if i == len(words) - 1 else word + " "})
     for index, tool in enumerate(spec.tools):
         call_id = f"call_{secrets.token_hex(6)}"

@@ -23,6 +23,9 @@ A call spec:
     pause_until      at that path exists, then go on (tests release a turn at a
                      moment they choose; Chat Completions only)
     usage            false to send no usage chunk
+    stamp            true: each `say` word carries the wall-clock time (time.time_ns())
+                     at which the mock wrote it, as `word7@1764590000123456789` (Chat
+                     Completions only; `make bench` measures emit -> receipt with it)
 
 Without a script the demo behaviour applies, paced so that a person can watch it:
   - when the request offers `agent_spawn`, spawn the `helper` agent (wait) with a task,
@@ -88,6 +91,7 @@ class CallSpec:
     pause_after: int | None = None
     pause_until: str | None = None
     usage: bool = True
+    stamp: bool = False
 
 
 def _words(value: Any, stem: str) -> str:
@@ -111,6 +115,7 @@ def _spec(raw: dict[str, Any]) -> CallSpec:
         pause_after=raw.get("pause_after"),
         pause_until=raw.get("pause_until"),
         usage=bool(raw.get("usage", True)),
+        stamp=bool(raw.get("stamp", False)),
     )
 
 

@@ -25,7 +25,7 @@ import trio
 
 from daemon.clock import now_ms
 from daemon.runtime import events
-from daemon.runtime.events import Envelope, Gap, SessionRef
+from daemon.runtime.events import ChunkEncoder, Envelope, Gap, SessionRef
 from daemon.runtime.ports import EventLog, Replay
 
 log = logging.getLogger(__name__)
@@ -185,10 +185,19 @@ class Bus:
         self, type: str, ref: SessionRef | None, fields: dict[str, Any],
         *, turn_id: str | None = None, event_type: str | None = None,
     ) -> Envelope:
-        log_ = self.log
-        env = events.build(log_.take_seq(), now_ms(), type, ref, fields, turn_id=turn_id,
+        env = events.build(self.log.take_seq(), now_ms(), type, ref, fields, turn_id=turn_id,
                            event_type=event_type)
-        log_.append(env)
+        self._fan_out(env, ref)
+        return env
+
+    def publish_chunk(self, encoder: ChunkEncoder, content: str, offset: int = 0) -> Envelope:
+        """A chunk event of one turn: the per-token path, spliced by its encoder."""
+        env = encoder.envelope(self.log.take_seq(), now_ms(), content, offset)
+        self._fan_out(env, encoder.ref)
+        return env
+
+    def _fan_out(self, env: Envelope, ref: SessionRef | None) -> None:
+        self.log.append(env)
         if self._unfiltered:
             for sub in tuple(self._unfiltered):
                 if sub.filter.matches(env):
@@ -210,7 +219,6 @@ class Bus:
                             if sub.last_seq != env.seq and sub.filter.matches(env):
                                 sub._offer(env)
         self.published += 1
-        return env
 
     def publish_stream(
         self, ref: SessionRef, turn_id: str, event_type: str, data: dict[str, Any]

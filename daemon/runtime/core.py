@@ -1,8 +1,10 @@
-"""The runtime as the transports see it: config, store, bus and session manager."""
+"""The runtime as the transports see it: config, store, bus, session manager, and the
+services they answer for (MCP servers, the scheduler)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from daemon.clock import SYSTEM_CLOCK, Clock
 from daemon.config import Config
@@ -10,6 +12,9 @@ from daemon.mcp.manager import McpManager
 from daemon.runtime.bus import Bus
 from daemon.runtime.ports import Store
 from daemon.runtime.sessions import SessionManager
+
+if TYPE_CHECKING:
+    from daemon.schedules.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -19,4 +24,5 @@ class Runtime:
     bus: Bus
     sessions: SessionManager
     mcp: McpManager
+    schedules: Scheduler | None = None
     clock: Clock = SYSTEM_CLOCK  # what "older than" is measured from (DELETE /sessions)

@@ -1,8 +1,13 @@
 """The one place that knows the wire shape of every event (CONTRACT §4).
 
-Everything that reaches a client is built here as a dict, stamped with `seq` and `ts` by
-the bus, and encoded to JSON exactly once (`Envelope.json`); the SSE frame of an event is
-derived from that same string, once, on first use.
+Everything that reaches a client is built here, stamped with `seq` and `ts` by the bus,
+and encoded to UTF-8 JSON exactly once (`Envelope.data`, by orjson); its str form
+(`Envelope.json`) and SSE frame are derived from those bytes, once, on first use.
+
+Chunk events are the per-token path: a `ChunkEncoder` holds the part of one turn's chunk
+envelopes of one eventType that never changes (session fields, turnId, eventType),
+encoded once, and splices in only what each event has of its own (seq, ts, content, and
+a tool.chunk's offset). The result is byte for byte what `build` makes of the same event.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ import json
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Final
+
+import orjson
 
 from daemon.store.models import MessageRecord, SessionRecord, TokenUsage, TurnHistory
 
@@ -30,20 +37,29 @@ CHUNK_TYPES: Final = frozenset({THINKING_CHUNK, INFERENCE_CHUNK, TOOL_CHUNK})
 TERMINAL_TYPES: Final = frozenset({DONE, ERROR})
 
 TRIGGERS: Final = frozenset(
-    {"http", "sse", "agent_spawn", "agent_message", "async_inform", "wake"}
+    {"http", "sse", "agent_spawn", "agent_message", "async_inform", "wake", "schedule"}
 )
 CANCEL_REASONS: Final = frozenset(
     {"user_cancel", "budget_exceeded", "parent_cancelled", "shutdown"}
 )
 
 
-# One encoder for the process: json.dumps with non-default options builds a new
-# JSONEncoder on every call, which is measurable on the per-token path.
+# For the transport's own rare frames (hello, subscribed, errors), which it sends as str.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 encode = _ENCODER.encode
-# For the rare event holding a lone surrogate (a provider that split an emoji's pair
-# across chunks): escaped as \udXXX, still valid JSON, and always encodable as UTF-8.
+# For the rare event orjson refuses: a lone surrogate (a provider that split an emoji's
+# pair across chunks: escaped as \udXXX, still valid JSON, always encodable as UTF-8) or
+# an integer past 64 bits (in a tool call's arguments).
 _ASCII_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
+
+
+def dumps(value: Any) -> bytes:
+    """`value` as compact UTF-8 JSON. Never fails on what the stdlib can encode: the
+    bus has taken the event's seq already."""
+    try:
+        return orjson.dumps(value)
+    except (orjson.JSONEncodeError, TypeError):
+        return _ASCII_ENCODER.encode(value).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,18 +100,19 @@ class SessionRef:
 class Envelope:
     """One published event: its seq, what subscriptions filter on, and its JSON.
 
-    `data` is the UTF-8 encoding of `json`, made once: the durable log writes it and
-    `size` counts it. `size` is what the event costs to keep in memory — the str, its
-    bytes, and the SSE frame a subscriber may derive from them — so that retention
-    bounds in bytes bound real memory, not a count of characters.
+    `data` is the event's UTF-8 JSON, made once: the durable log writes it, `size` counts
+    it, and the str `json` (what a WebSocket text frame carries) is decoded from it on
+    first use. `size` is what the event costs to keep in memory — the bytes, the str and
+    the SSE frame a subscriber may derive from them — so that retention bounds in bytes
+    bound real memory, not a count of characters.
     """
 
-    __slots__ = ("_sse", "data", "event_type", "json", "lineage", "seq", "session_id",
+    __slots__ = ("_json", "_sse", "data", "event_type", "lineage", "seq", "session_id",
                  "size", "turn_id", "type")
 
     def __init__(
         self, seq: int, type: str, session_id: str | None, lineage: tuple[str, ...],
-        turn_id: str | None, event_type: str | None, json_text: str,
+        turn_id: str | None, event_type: str | None, json_text: str | None,
         data: bytes | None = None,
     ) -> None:
         self.seq = seq
@@ -104,10 +121,25 @@ class Envelope:
         self.lineage = lineage
         self.turn_id = turn_id
         self.event_type = event_type
-        self.json = json_text
-        self.data = json_text.encode() if data is None else data
-        self.size = sys.getsizeof(json_text) + 2 * len(self.data) + _SSE_HEAD
+        if data is None:
+            assert json_text is not None, "an envelope needs its JSON, as str or bytes"
+            data = json_text.encode()
+        self._json = json_text
+        self.data = data
+        n = len(data)
+        if json_text is not None:
+            text_size = sys.getsizeof(json_text)
+        else:  # the str not made yet: what it will cost (ASCII 1 byte a char, else <= 4)
+            text_size = _STR_HEAD + n if data.isascii() else _STR_HEAD + 28 + 4 * n
+        self.size = text_size + 2 * n + _SSE_HEAD
         self._sse: bytes | None = None
+
+    @property
+    def json(self) -> str:
+        """The event's JSON as str, decoded from `data` once."""
+        if self._json is None:
+            self._json = self.data.decode()
+        return self._json
 
     @property
     def is_terminal(self) -> bool:
@@ -116,14 +148,16 @@ class Envelope:
     def sse_frame(self) -> bytes:
         """`id:`/`event:`/`data:` frame; the event name is the stream event type."""
         if self._sse is None:
-            name = self.event_type or self.type
-            self._sse = f"id: {self.seq}\nevent: {name}\ndata: {self.json}\n\n".encode()
+            name = (self.event_type or self.type).encode()
+            self._sse = b"id: %d\nevent: %b\ndata: %b\n\n" % (self.seq, name, self.data)
         return self._sse
 
     def __repr__(self) -> str:
         return f"<Envelope seq={self.seq} {self.type} {self.event_type or ''}>"
 
 
+# What a str object costs past its characters (sys.getsizeof("") of a compact ASCII str).
+_STR_HEAD = 49
 # Bytes an SSE frame adds around the JSON (`id: …\nevent: …\ndata: ` and the blank line).
 _SSE_HEAD = 64
 
@@ -155,16 +189,80 @@ def build(
     else:
         obj = {"seq": seq, "type": type, "ts": ts, **ref.wire, "turnId": turn_id,
                "eventType": event_type, **fields}
-    text = encode(obj)
-    try:
-        data = text.encode()
-    except UnicodeEncodeError:
-        # The bus has taken this seq already: building the event must not fail.
-        text = _ASCII_ENCODER.encode(obj)
-        data = text.encode()
+    data = dumps(obj)
     if ref is None:
-        return Envelope(seq, type, None, (), turn_id, event_type, text, data)
-    return Envelope(seq, type, ref.session_id, ref.lineage, turn_id, event_type, text, data)
+        return Envelope(seq, type, None, (), turn_id, event_type, None, data)
+    return Envelope(seq, type, ref.session_id, ref.lineage, turn_id, event_type, None, data)
+
+
+STREAM: Final = "session.stream"
+
+
+class ChunkEncoder:
+    """The chunk envelopes of one turn and eventType (for tool.chunk: of one tool call
+    and output stream), with their constant part encoded once.
+
+    An envelope is `{"seq","type","ts", session fields, "turnId","eventType","data":
+    {"content"}}` — for tool.chunk `"data":{"toolCallId","toolName","content","stream",
+    "offset"}` — exactly as `build` orders it, so splicing seq, ts, the encoded content
+    (and offset) between the constant pieces makes the bytes `build` would. Content
+    orjson refuses (a lone surrogate) goes through `build`, which escapes it.
+    """
+
+    __slots__ = ("_mid", "_tail", "_tool", "event_type", "ref", "turn_id")
+
+    def __init__(self, ref: SessionRef, turn_id: str, event_type: str,
+                 tool: tuple[str, str, str] | None = None) -> None:
+        """`tool`: (toolCallId, toolName, stream) of a tool.chunk encoder."""
+        self.ref = ref
+        self.turn_id = turn_id
+        self.event_type = event_type
+        self._tool = tool
+        head: dict[str, Any] = {**ref.wire, "turnId": turn_id, "eventType": event_type}
+        if tool is not None:
+            head["data"] = {"toolCallId": tool[0], "toolName": tool[1]}
+        self._mid: bytes | None = None  # None: every envelope goes through build
+        self._tail = b""  # tool.chunk: what goes between the content and the offset
+        try:
+            constant = orjson.dumps(head)
+            if tool is not None:
+                self._tail = b',"stream":' + orjson.dumps(tool[2]) + b',"offset":'
+        except (orjson.JSONEncodeError, TypeError):
+            return
+        if tool is None:
+            # {…,"eventType":"x"}  ->  ,…,"eventType":"x","data":{"content":
+            self._mid = b"," + constant[1:-1] + b',"data":{"content":'
+        else:
+            # {…,"data":{"toolCallId":…,"toolName":…}}  ->  ,…,"toolName":…,"content":
+            self._mid = b"," + constant[1:-2] + b',"content":'
+
+    def data(self, content: str, offset: int = 0) -> dict[str, Any]:
+        """The event's `data`, as `build` would be given it."""
+        tool = self._tool
+        if tool is None:
+            return {"content": content}
+        return {"toolCallId": tool[0], "toolName": tool[1], "content": content,
+                "stream": tool[2], "offset": offset}
+
+    def envelope(self, seq: int, ts: int, content: str, offset: int = 0) -> Envelope:
+        """The envelope `build` would make of this chunk, by splicing."""
+        mid = self._mid
+        if mid is not None:
+            try:
+                text = orjson.dumps(content)
+            except (orjson.JSONEncodeError, TypeError):
+                mid = None
+        if mid is None:
+            return build(seq, ts, STREAM, self.ref, {"data": self.data(content, offset)},
+                         turn_id=self.turn_id, event_type=self.event_type)
+        if self._tool is None:
+            data = b'{"seq":%d,"type":"session.stream","ts":%d%b%b}}' % (seq, ts, mid, text)
+        else:
+            data = b'{"seq":%d,"type":"session.stream","ts":%d%b%b%b%d}}' % (
+                seq, ts, mid, text, self._tail, offset)
+        ref = self.ref
+        return Envelope(seq, STREAM, ref.session_id, ref.lineage, self.turn_id,
+                        self.event_type, None, data)
 
 
 # -- payloads ---------------------------------------------------------------------------
@@ -215,6 +313,7 @@ def turn_wire(t: TurnHistory) -> dict[str, Any]:
         "tokenUsage": usage_wire(t.token_usage),
         "model": t.model,
         "startSeq": t.start_seq,
+        "schedule": t.schedule,  # the schedule that started it (§11), else null
     }
 
 

@@ -4,9 +4,9 @@ The runtime imports these protocols, never a concrete backend: the embedded defa
 (SQLite store, SQLite event log) and the cluster's (PostgreSQL, Redis Streams) are files
 behind the same protocol, tested by the same suite.
 
-    Store      sessions, messages, turns and inboxes, in domain terms; each method one
-               transaction where the runtime needs one (a message and the inbox entries
-               it consumes; a turn's end and the replies it owes)
+    Store      sessions, messages, turns, inboxes and schedules, in domain terms; each
+               method one transaction where the runtime needs one (a message and the
+               inbox entries it consumes; a turn's end and the replies it owes)
     EventLog   seqs and retention: take a seq, append the event, replay since a seq
     Replay     one subscriber's replay, read page by page as the subscriber takes it
 """
@@ -22,6 +22,7 @@ from daemon.runtime.events import Envelope, Gap
 from daemon.store.models import (
     InboxRecord,
     MessageRecord,
+    ScheduleRecord,
     SessionRecord,
     TokenUsage,
     TurnHistory,
@@ -74,6 +75,9 @@ class Store(Protocol):
     async def delete_sessions(self, session_ids: Sequence[str]) -> None: ...
     async def stale_trees(self, updated_before: int, limit: int = 500) -> list[str]: ...
     async def reclaim_space(self) -> None: ...
+    # schedules (CONTRACT §11): paused, the last run and the planned next tick
+    async def schedule_states(self) -> list[ScheduleRecord]: ...
+    async def save_schedule_state(self, s: ScheduleRecord) -> None: ...
 
     # the seq floor the event log mirrors here (runtime/ports.EventLog)
     async def seq_reserved(self) -> int | None: ...

@@ -41,4 +41,4 @@ async def serve_pruner(
         else:
             if removed:
                 log.info("pruned %d sessions idle for more than %d days", removed, keep_days)
-        await clock.sleep(DAY_MS / 1000)
+        await clock.sleep_until(clock.now_ms() + DAY_MS)

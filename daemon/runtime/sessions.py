@@ -249,7 +249,7 @@ class SessionManager:
     def claim_turn(
         self, state: SessionState, message: str, trigger: str, *, turn_id: str | None = None,
         budget_tokens: int | None = None, from_session_id: str | None = None,
-        inside: Turn | None = None, reply_to: str | None = None,
+        inside: Turn | None = None, reply_to: str | None = None, schedule: str | None = None,
     ) -> Turn:
         """Claim the session for a new turn, or raise (Conflict: a turn runs; Unavailable:
         shutting down). Synchronous, so nothing can start a turn on the session between
@@ -260,7 +260,7 @@ class SessionManager:
         return self._new_turn(
             state, agent, state.inbox.start_turn(turn_id), message, trigger, turn_id=turn_id,
             budget_tokens=budget_tokens, from_session_id=from_session_id, parent=inside,
-            reply_to=reply_to,
+            reply_to=reply_to, schedule=schedule,
         )
 
     def _claim_drain(self, state: SessionState) -> Turn:
@@ -289,12 +289,12 @@ class SessionManager:
     def _new_turn(self, state: SessionState, agent: AgentConfig, hold: TurnHold, message: str,
                   trigger: str, *, turn_id: str, budget_tokens: int | None = None,
                   from_session_id: str | None = None, parent: Turn | None = None,
-                  reply_to: str | None = None) -> Turn:
+                  reply_to: str | None = None, schedule: str | None = None) -> Turn:
         turn = Turn(
             id=turn_id, session=state, agent=agent, message=message, trigger=trigger,
             services=self.services, inbox_hold=hold, from_session_id=from_session_id,
             budget_tokens=agent.budget_tokens if budget_tokens is None else budget_tokens,
-            parent=parent, reply_to=reply_to,
+            parent=parent, reply_to=reply_to, schedule=schedule,
         )
         state.running = turn
         return turn
@@ -330,7 +330,7 @@ class SessionManager:
     async def start_turn(
         self, state: SessionState, message: str, trigger: str, *,
         from_session_id: str | None = None, inside: Turn | None = None,
-        reply_to: str | None = None,
+        reply_to: str | None = None, schedule: str | None = None,
     ) -> Turn:
         """Claim the session and start a turn on it; returns once it can be cancelled.
 
@@ -338,7 +338,7 @@ class SessionManager:
         reaches this one through Trio), else in the manager's.
         """
         turn = self.claim_turn(state, message, trigger, from_session_id=from_session_id,
-                               inside=inside, reply_to=reply_to)
+                               inside=inside, reply_to=reply_to, schedule=schedule)
         nursery = inside.nursery if inside is not None else self._nursery
         assert nursery is not None
         return await self._launch(turn, nursery)

@@ -124,6 +124,7 @@ class Turn:
     budget_tokens: int = 0
     parent: Turn | None = None  # the turn this one runs inside (a waiting spawn)
     reply_to: str | None = None  # the session that gets this turn's result (no-wait spawn)
+    schedule: str | None = None  # the schedule that started it (trigger `schedule`, §11)
 
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     cancel_reason: str | None = None
@@ -144,6 +145,10 @@ class Turn:
     delivered: list[InboxRecord] = field(default_factory=list)
     # Bytes of output so far per tool call an engine ran itself (tool.chunk offsets).
     _tool_offsets: dict[str, int] = field(default_factory=dict)
+    # This turn's chunk encoders (the constant part of its chunk envelopes, encoded
+    # once): by eventType, and for tool.chunk by (toolCallId, toolName, stream).
+    _encoders: dict[str, ev.ChunkEncoder] = field(default_factory=dict)
+    _tool_encoders: dict[tuple[str, str, str], ev.ChunkEncoder] = field(default_factory=dict)
     # Whether the store holds this turn's row (its start was stored).
     start_stored: bool = False
 
@@ -194,9 +199,15 @@ class Turn:
         """Publish one session.stream event of this turn; returns its seq."""
         return self.services.bus.publish_stream(self.session.ref, self.id, event_type, data).seq
 
-    def _chunk(self, event_type: str, data: dict[str, Any]) -> None:
-        if not self.gate_closed:
-            self._stream(event_type, data)
+    def _chunk(self, event_type: str, content: str) -> None:
+        """Publish a thinking or inference chunk, unless the gate is shut."""
+        if self.gate_closed:
+            return
+        encoder = self._encoders.get(event_type)
+        if encoder is None:
+            encoder = self._encoders[event_type] = ev.ChunkEncoder(
+                self.session.ref, self.id, event_type)
+        self.services.bus.publish_chunk(encoder, content)
 
     def _plain(self, type: str, fields: dict[str, Any]) -> None:
         self.services.bus.publish(type, self.session.ref, fields)
@@ -245,16 +256,19 @@ class Turn:
         self._plain("chat.user_message", {"event": {
             "content": self.message, "trigger": self.trigger, "timestamp": now_ms(),
         }})
-        start_seq = self._stream(ev.TURN_START, {
+        start: dict[str, Any] = {
             "turnId": self.id, "trigger": self.trigger, "model": self.agent.model or None,
             "fromSessionId": self.from_session_id,
-        })
+        }
+        if self.schedule is not None:
+            start["schedule"] = self.schedule
+        start_seq = self._stream(ev.TURN_START, start)
         # Shielded: a turn stopped at once still keeps what it was asked in the history
         # (and a drain consumes what it took), so a stop never loses a message.
         with trio.move_on_after(self.services.grace_s, shield=True) as persisting:
             await self.services.store.start_turn(TurnRecord(
                 self.id, self.session.record.id, self.trigger, now_ms(), self.reply_to,
-                self.from_session_id, start_seq,
+                self.from_session_id, start_seq, self.schedule,
             ), record)
             self.start_stored = True
             await self._append(MessageRecord(
@@ -293,9 +307,9 @@ class Turn:
     async def _handle(self, event: eng.EngineEvent) -> None:
         match event:
             case eng.ContentDelta():
-                self._chunk(ev.INFERENCE_CHUNK, {"content": event.text})
+                self._chunk(ev.INFERENCE_CHUNK, event.text)
             case eng.ThinkingDelta():
-                self._chunk(ev.THINKING_CHUNK, {"content": event.text})
+                self._chunk(ev.THINKING_CHUNK, event.text)
             case eng.ModelNamed():
                 self.model = event.model
             case eng.UsageReport():
@@ -390,10 +404,14 @@ class Turn:
     def _emit_tool_chunk(
         self, call_id: str, tool_name: str, content: str, stream: str, offset: int
     ) -> None:
-        self._chunk(ev.TOOL_CHUNK, {
-            "toolCallId": call_id, "toolName": tool_name, "content": content,
-            "stream": stream, "offset": offset,
-        })
+        if self.gate_closed:
+            return
+        key = (call_id, tool_name, stream)
+        encoder = self._tool_encoders.get(key)
+        if encoder is None:
+            encoder = self._tool_encoders[key] = ev.ChunkEncoder(
+                self.session.ref, self.id, ev.TOOL_CHUNK, key)
+        self.services.bus.publish_chunk(encoder, content, offset)
 
     # -- the exit path --------------------------------------------------------------------
 

@@ -64,6 +64,7 @@ class TurnRecord:
     reply_to: str | None = None
     from_session_id: str | None = None
     start_seq: int | None = None  # the bus seq of its `turn.start`
+    schedule: str | None = None  # the schedule that started it (trigger `schedule`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,7 @@ class TurnHistory:
     token_usage: TokenUsage
     model: str | None
     start_seq: int | None
+    schedule: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,3 +96,17 @@ class InboxRecord:
     wakes: bool
     reply_to: str | None
     created_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    """What persists of one schedule (CONTRACT §11) across restarts."""
+
+    name: str
+    paused: bool = False
+    last_run_at: int | None = None  # when the last run started
+    next_run_at: int | None = None  # the planned next tick; None when none is planned
+    last_session_id: str | None = None
+    last_turn_id: str | None = None
+    last_outcome: str | None = None  # "done" or the error code of the last ended run
+    skipped: int = 0  # ticks that came while the previous run still went

@@ -29,6 +29,7 @@ from daemon.errors import StoreError, StoreUnavailable
 from daemon.store.models import (
     InboxRecord,
     MessageRecord,
+    ScheduleRecord,
     SessionRecord,
     TokenUsage,
     TurnHistory,
@@ -134,10 +135,25 @@ class _Lane:
         self.busy_ms = -1  # the busy timeout last set on the connection
 
 
+class _Write:
+    """One write waiting for the writer's connection (group commit, `Store._write`)."""
+
+    __slots__ = ("abandoned", "done", "error", "fn", "result", "taken")
+
+    def __init__(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
+        self.fn = fn
+        self.taken = False  # a leader has it in its batch: it will run
+        self.abandoned = False  # its caller gave up before any leader took it
+        self.done = trio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
 class Store:
     def __init__(self, conn: sqlite3.Connection, reader: sqlite3.Connection | None = None,
                  *, busy_timeout_s: float = 5.0) -> None:
         self._conn = conn
+        self._pending: list[_Write] = []  # writes waiting for the next group commit
         self._writer = _Lane(conn)
         self._reader = _Lane(reader) if reader is not None else self._writer
         self._busy_timeout_s = busy_timeout_s
@@ -212,6 +228,94 @@ class Store:
             lane.busy_ms = busy_ms
         return fn(*args)
 
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn(conn)` in a transaction on the writer's connection — shared with
+        every write waiting at that moment (group commit). Whoever gets the connection
+        runs all the writes waiting for it in one thread hop and one transaction, each
+        in its own SAVEPOINT so that one that fails is rolled back alone and raises for
+        its own caller; the others find their write done and return at once. A burst of
+        1,000 spawns is a few commits, not 3,000 thread hops in a queue.
+
+        A caller cancelled (or out of time) before a leader took its write withdraws
+        it: it never runs. Once taken it runs; the caller waits for it to end."""
+        op = _Write(fn)
+        self._pending.append(op)
+        lane = self._writer
+        deadline = trio.current_time() + self._busy_timeout_s
+        try:
+            with trio.move_on_at(deadline) as waiting:
+                await lane.limiter.acquire()
+        except BaseException:
+            if not op.taken:
+                op.abandoned = True
+                raise
+            with trio.CancelScope(shield=True):  # bounded: the leader's thread ends
+                await op.done.wait()
+            raise
+        if waiting.cancelled_caught:
+            if not op.taken:
+                op.abandoned = True
+                raise StoreUnavailable(
+                    f"the database is busy: its connection was not free within "
+                    f"{self._busy_timeout_s:g}s (store_busy_timeout_s)")
+            with trio.CancelScope(shield=True):
+                await op.done.wait()
+        else:
+            try:
+                if not op.taken:
+                    batch = [o for o in self._pending if not o.abandoned]
+                    self._pending = []
+                    for o in batch:
+                        o.taken = True
+                    busy_ms = max(_MIN_BUSY_MS, int((deadline - trio.current_time()) * 1000))
+                    try:
+                        await trio.to_thread.run_sync(self._run_batch, lane, busy_ms, batch)
+                    finally:
+                        for o in batch:
+                            o.done.set()
+            finally:
+                lane.limiter.release()
+        if op.error is not None:
+            raise op.error
+        result: T = op.result
+        return result
+
+    def _run_batch(self, lane: _Lane, busy_ms: int, batch: list[_Write]) -> None:
+        # In the worker thread. Errors are handed to each write's caller, never raised.
+        conn = self._conn
+        try:
+            if abs(busy_ms - lane.busy_ms) > 50:
+                conn.execute(f"PRAGMA busy_timeout={busy_ms}")
+                lane.busy_ms = busy_ms
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            failed = _translate(exc, self._busy_timeout_s)
+            for o in batch:
+                o.error = failed
+            return
+        try:
+            for o in batch:
+                conn.execute("SAVEPOINT write")
+                try:
+                    o.result = o.fn(conn)
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO write")
+                    o.error = _translate(exc, self._busy_timeout_s) \
+                        if isinstance(exc, sqlite3.Error) else exc
+                conn.execute("RELEASE write")
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            # The transaction itself failed (a commit that could not be written, or an
+            # error SQLite answered by rolling everything back): no write of it holds.
+            failed = _translate(exc, self._busy_timeout_s)
+            try:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # nothing more can be undone
+            for o in batch:
+                o.error, o.result = o.error or failed, None
+
     def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
@@ -237,7 +341,7 @@ class Store:
         )
 
     async def set_seq_reserved(self, value: int) -> None:
-        await self._call(self.set_seq_reserved_now, value)
+        await self._write(lambda conn: self.set_seq_reserved_now(value))
 
     async def seq_reserved(self) -> int | None:
         value = await self._call(self._get_meta, "seq_reserved")
@@ -246,29 +350,27 @@ class Store:
     # -- sessions -------------------------------------------------------------------------
 
     async def create_session(self, s: SessionRecord) -> None:
-        await self._call(
-            self._conn.execute,
+        await self._write(lambda conn: conn.execute(
             "INSERT INTO sessions(id, agent_name, parent_session_id, root_session_id, depth, "
             "spawn_tool_call_id, status, created_at, updated_at, model) "
             "VALUES (?,?,?,?,?,?,?,?,?,?)",
             (s.id, s.agent_name, s.parent_session_id, s.root_session_id, s.depth,
              s.spawn_tool_call_id, s.status, s.created_at, s.updated_at, s.model),
-        )
+        ))
 
     async def save_session(self, s: SessionRecord) -> None:
         u = s.token_usage
-        await self._call(
-            self._conn.execute,
+        await self._write(lambda conn: conn.execute(
             "UPDATE sessions SET status=?, updated_at=?, model=?, input_tokens=?, "
             "output_tokens=?, cache_tokens=?, cost=? WHERE id=?",
             (s.status, s.updated_at, s.model, u.input, u.output, u.cache, u.cost, s.id),
-        )
+        ))
 
     async def set_engine_session(self, session_id: str, engine_session_id: str | None) -> None:
-        await self._call(
-            self._conn.execute, "UPDATE sessions SET engine_session_id=? WHERE id=?",
+        await self._write(lambda conn: conn.execute(
+            "UPDATE sessions SET engine_session_id=? WHERE id=?",
             (engine_session_id, session_id),
-        )
+        ))
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         def _get() -> SessionRecord | None:
@@ -327,7 +429,7 @@ class Store:
                  m.created_at, turn_id),
             )
 
-        await self._call(self._tx, _append)
+        await self._write(_append)
 
     async def messages(self, session_id: str) -> list[MessageRecord]:
         def _messages() -> list[MessageRecord]:
@@ -351,16 +453,16 @@ class Store:
         def _start(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "INSERT INTO turns(id, session_id, trigger, started_at, reply_to, "
-                "from_session_id, start_seq) VALUES (?,?,?,?,?,?,?)",
+                "from_session_id, start_seq, schedule) VALUES (?,?,?,?,?,?,?,?)",
                 (t.id, t.session_id, t.trigger, t.started_at, t.reply_to, t.from_session_id,
-                 t.start_seq),
+                 t.start_seq, t.schedule),
             )
             conn.execute(
                 "UPDATE sessions SET status=?, updated_at=? WHERE id=?",
                 (session.status, session.updated_at, session.id),
             )
 
-        await self._call(self._tx, _start)
+        await self._write(_start)
 
     async def end_turn(
         self, turn_id: str, code: str, ended_at: int, session: SessionRecord,
@@ -395,7 +497,7 @@ class Store:
                     if conn.execute("SELECT 1 FROM sessions WHERE id=?",
                                     (d.session_id,)).fetchone()]
 
-        return await self._call(self._tx, _end)
+        return await self._write(_end)
 
     async def turns(self, session_id: str) -> list[TurnHistory]:
         """Every turn of a session, oldest first."""
@@ -404,12 +506,12 @@ class Store:
             rows = self._rconn.execute(
                 "SELECT id, trigger, from_session_id, started_at, ended_at, terminal_code, "
                 "cancel_reason, input_tokens, output_tokens, cache_tokens, cost, model, "
-                "start_seq FROM turns WHERE session_id=? ORDER BY started_at, rowid",
+                "start_seq, schedule FROM turns WHERE session_id=? ORDER BY started_at, rowid",
                 (session_id,),
             )
             return [
                 TurnHistory(r[0], r[1], r[2], r[3], r[4], r[5], r[6],
-                            TokenUsage(r[7], r[8], r[9], r[10]), r[11], r[12])
+                            TokenUsage(r[7], r[8], r[9], r[10]), r[11], r[12], r[13])
                 for r in rows
             ]
 
@@ -436,7 +538,7 @@ class Store:
 
     async def deliver(self, d: InboxRecord) -> InboxRecord:
         """Persist a delivery; returns it with its id."""
-        return await self._call(self._tx, lambda conn: _insert_inbox(conn, d))
+        return await self._write(lambda conn: _insert_inbox(conn, d))
 
     async def pending_inbox(self, session_id: str) -> list[InboxRecord]:
         def _pending() -> list[InboxRecord]:
@@ -459,6 +561,33 @@ class Store:
             return [r[0] for r in rows]
 
         return await self._read(_waking)
+
+    # -- schedules ------------------------------------------------------------------------
+
+    async def schedule_states(self) -> list[ScheduleRecord]:
+        """Every schedule's persisted state (also of names no longer configured)."""
+
+        def _states() -> list[ScheduleRecord]:
+            rows = self._rconn.execute(
+                "SELECT name, paused, last_run_at, next_run_at, last_session_id, "
+                "last_turn_id, last_outcome, skipped FROM schedules ORDER BY name"
+            )
+            return [ScheduleRecord(r[0], bool(r[1]), *r[2:]) for r in rows]
+
+        return await self._read(_states)
+
+    async def save_schedule_state(self, s: ScheduleRecord) -> None:
+        await self._call(
+            self._conn.execute,
+            "INSERT INTO schedules(name, paused, last_run_at, next_run_at, last_session_id, "
+            "last_turn_id, last_outcome, skipped) VALUES (?,?,?,?,?,?,?,?) "
+            "ON CONFLICT(name) DO UPDATE SET paused=excluded.paused, "
+            "last_run_at=excluded.last_run_at, next_run_at=excluded.next_run_at, "
+            "last_session_id=excluded.last_session_id, last_turn_id=excluded.last_turn_id, "
+            "last_outcome=excluded.last_outcome, skipped=excluded.skipped",
+            (s.name, int(s.paused), s.last_run_at, s.next_run_at, s.last_session_id,
+             s.last_turn_id, s.last_outcome, s.skipped),
+        )
 
     # -- history that does not grow forever (CONTRACT §12) ---------------------------------
 
@@ -495,7 +624,7 @@ class Store:
                 marks = ",".join("?" * len(chunk))
                 conn.execute(f"DELETE FROM sessions WHERE id IN ({marks})", chunk)
 
-        await self._call(self._tx, _delete)
+        await self._write(_delete)
         await self._call(self._vacuum_step)
 
     def _vacuum_step(self) -> int:

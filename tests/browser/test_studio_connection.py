@@ -168,12 +168,16 @@ async def test_lagged_close_resumes_without_a_hole(
     (lagged) during a full-speed turn; Studio resumes at once with since= and the text
     ends exactly as the daemon answered."""
     with trio.fail_after(60):
-        async with open_daemon(tmp_path, provider, server="ws_queue_max = 8\n") as daemon:
+        async with open_daemon(tmp_path, provider, server="ws_queue_max = 1\n") as daemon:
             sid = (await daemon.chat(mock(say="ready"))).json()["sessionId"]
             async with open_tab(chromium, f"{daemon.url}/studio#{sid}") as tab:
                 await tab.connected()
                 await tab.turn_ended(await tab.nth_turn(0))
-                r = (await daemon.chat(mock(say=4000), sessionId=sid)).json()
+                # One token per provider write (a tiny delay), as fast as the mock goes,
+                # into a queue of one event: a read's tokens travel as one event, so the
+                # mock's own 256-token writes would make a handful of events, which a
+                # queue of 8 held.
+                r = (await daemon.chat(mock(say=4000, delay_ms=0.001), sessionId=sid)).json()
                 await tab.turn_ended(r["turnId"], timeout_s=40)
                 text = (await tab.turn(r["turnId"]))["text"]
                 states = await tab.eval("() => window.__t.states")

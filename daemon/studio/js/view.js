@@ -374,8 +374,13 @@ class TurnView {
     this.meta(meta || {});
   }
 
-  meta({ trigger, fromSessionId, startedAt }) {
-    if (trigger) this.trigger.textContent = triggerLabel(trigger);
+  meta({ trigger, fromSessionId, startedAt, schedule }) {
+    if (trigger) {
+      // A scheduled turn names its schedule (CONTRACT §11): `schedule nightly`.
+      this.trigger.textContent = schedule ? `${triggerLabel(trigger)} ${schedule}` : triggerLabel(trigger);
+      this.el.dataset.trigger = trigger;
+      this.el.dataset.schedule = schedule || '';
+    }
     if (fromSessionId) {
       const from = this.view.tree.get(fromSessionId);
       this.from.replaceChildren('from ', h('a.session-link', { href: `#${fromSessionId}`, 'data-open': fromSessionId, text: `${from ? from.agentName : 'session'} ${shortId(fromSessionId)}` }));
@@ -395,7 +400,7 @@ class TurnView {
 
   apply(e) {
     const d = e.data || {};
-    if (e.eventType === 'turn.start') this.meta({ trigger: d.trigger, fromSessionId: d.fromSessionId, startedAt: e.ts });
+    if (e.eventType === 'turn.start') this.meta({ trigger: d.trigger, fromSessionId: d.fromSessionId, startedAt: e.ts, schedule: d.schedule });
     else if (e.eventType === 'usage') {
       this.usage = d;
       this.view.budget(d);

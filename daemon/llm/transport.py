@@ -1,0 +1,401 @@
+"""A lean HTTP/1.1 client for one thing: POST a request, stream the response body back.
+
+httpx's streaming stack (httpx → httpcore → h11) costs several µs per network read in
+pure Python; a provider streams one read per token when it is paced. This client
+writes the request bytes itself, parses the response with llhttp (`httptools`), reads
+a Trio socket (or a `trio.SSLStream` with verified TLS: SNI, hostname check, the
+system's CAs or the provider's `ca_file`) and keeps a few idle keep-alive connections
+per pool. It does not do proxies or HTTP/2: those go through httpx (sse.ProviderHTTP
+chooses).
+
+A connection goes back to the pool only when its response was read to its very end,
+the server allows keep-alive, and not a byte came after the response; a pooled
+connection that has become readable while idle (the server closed it, or sent bytes
+nobody asked for) is closed instead of reused.
+
+Errors (sse.py turns them into ProviderError):
+
+    TransportError           the connection failed, or the server broke HTTP/1.1
+     ├── ConnectTimeout      connecting (TCP and TLS) took longer than connect_timeout_s
+     └── StallTimeout        no byte for stall_timeout_s (`.headers_in`: after the head)
+"""
+
+from __future__ import annotations
+
+import select
+import ssl
+import zlib
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httptools
+import trio
+
+READ_SIZE = 64 * 1024
+# A response head (status line and headers) larger than this is not an answer we read.
+HEAD_MAX = 64 * 1024
+USER_AGENT = "veild"
+SPLIT_CACHE_MAX = 16
+# At most this much decompressed body per piece handed out (gzip from a server that
+# compresses unasked).
+DECODED_MAX = 256 * 1024
+
+
+class TransportError(Exception):
+    """The connection failed or the server did not speak HTTP/1.1 we can read."""
+
+
+class ConnectTimeout(TransportError):
+    pass
+
+
+class _Unanswered(TransportError):
+    """Nothing at all came back: on a pooled connection, the server had closed it."""
+
+
+class StallTimeout(TransportError):
+    def __init__(self, message: str, *, headers_in: bool, writing: bool = False) -> None:
+        super().__init__(message)
+        self.headers_in = headers_in
+        self.writing = writing
+
+
+@dataclass(frozen=True)
+class Origin:
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.scheme == "https" else 80
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == default else f"{host}:{self.port}"
+
+
+def _split(url: str) -> tuple[Origin, str]:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise TransportError(f"not an http(s) URL: {url[:200]!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return Origin(parts.scheme, parts.hostname, port), target
+
+
+def _safe(text: str) -> str:
+    # A header value with a line break would be a second header (or a second request).
+    if "\r" in text or "\n" in text:
+        raise TransportError("a request header contains a line break")
+    return text
+
+
+def request_head(origin: Origin, target: str, headers: Mapping[str, str], length: int) -> bytes:
+    given = {name.lower() for name in headers}
+    defaults = {"User-Agent": USER_AGENT, "Accept": "text/event-stream",
+                # Not advertising gzip keeps the body as it is on the wire; a server
+                # that compresses anyway is decoded (Response).
+                "Accept-Encoding": "identity"}
+    lines = [f"POST {_safe(target)} HTTP/1.1", f"Host: {origin.host_header}"]
+    lines += [f"{name}: {value}" for name, value in defaults.items()
+              if name.lower() not in given]
+    lines += [f"{_safe(name)}: {_safe(value)}" for name, value in headers.items()
+              if name.lower() not in ("host", "content-length", "transfer-encoding")]
+    lines.append(f"Content-Length: {length}")
+    try:
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    except UnicodeEncodeError as exc:
+        raise TransportError("a request header is not Latin-1 text") from exc
+
+
+class _Connection:
+    """One socket (maybe TLS-wrapped) to an origin, and whether it has served before."""
+
+    def __init__(self, stream: trio.abc.Stream, raw: trio.SocketStream) -> None:
+        self.stream = stream
+        self.raw = raw
+        self.reused = False
+
+    def idle_is_clean(self) -> bool:
+        """Whether a connection that sat idle can serve again: a readable idle socket
+        means EOF, a reset, or bytes no request asked for."""
+        try:
+            fd = self.raw.socket.fileno()
+            if fd < 0:
+                return False
+            poller = select.poll()  # not select(): descriptors past 1024 are common here
+            poller.register(fd, select.POLLIN | select.POLLPRI)
+            return not poller.poll(0)
+        except OSError:
+            return False
+
+    async def aclose(self) -> None:
+        await trio.aclose_forcefully(self.stream)
+
+
+class Response:
+    """The status, headers and body of one response, read one network read at a time.
+
+    It is also the llhttp callback object: the parser calls on_* while `_feed` runs.
+    """
+
+    def __init__(self, connection: _Connection, stall_s: float) -> None:
+        self._connection = connection
+        self._stall_s = stall_s
+        self._parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self._headers_in = False
+        self._body: list[bytes] = []
+        self._complete = False  # the parser saw the end of this message
+        self._eof = False
+        self._extra = False  # bytes came after the message: never reuse
+        self._close_delimited = False
+        self._keep_alive = False
+        self._head_size = 0
+        self._decoder: zlib._Decompress | None = None
+
+    # --- llhttp callbacks -------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self._complete:
+            self._extra = True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # an interim answer (103 Early Hints): the real one follows
+            self.headers = {}
+            return
+        self.status = status
+        self._headers_in = True
+        framed = "content-length" in self.headers or "transfer-encoding" in self.headers
+        self._close_delimited = not framed and status not in (204, 304)
+        encoding = self.headers.get("content-encoding", "identity").strip().lower()
+        if encoding in ("gzip", "x-gzip"):
+            self._decoder = zlib.decompressobj(wbits=31)
+        elif encoding == "deflate":
+            self._decoder = zlib.decompressobj()
+        elif encoding != "identity":
+            raise TransportError(f"the response is encoded as {encoding[:50]!r}, "
+                                 "which this client does not decode")
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._headers_in:
+            self._complete = True
+            # llhttp resets its flags once the callback returns: ask now.
+            self._keep_alive = self._parser.should_keep_alive()
+
+    # --- reading ----------------------------------------------------------------------
+    @property
+    def reusable(self) -> bool:
+        return (self._complete and not self._extra and not self._close_delimited
+                and self._keep_alive)
+
+    async def _receive(self) -> bytes | bytearray:
+        with trio.move_on_after(self._stall_s):
+            try:
+                return await self._connection.stream.receive_some(READ_SIZE)
+            except trio.BrokenResourceError as exc:
+                raise TransportError(f"the connection broke: {exc.__cause__ or exc}") from exc
+        where = "mid-stream" if self._headers_in else "before the response headers"
+        raise StallTimeout(f"no byte for {self._stall_s:g}s {where}",
+                           headers_in=self._headers_in)
+
+    def _feed(self, data: bytes | bytearray) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, TransportError):
+                raise exc.__context__ from None
+            raise TransportError(f"malformed HTTP response: {exc}") from exc
+        except httptools.HttpParserError as exc:
+            if self._complete:  # junk after a complete response spoils only the socket
+                self._extra = True
+                return
+            raise TransportError(f"malformed HTTP response: {exc}") from exc
+        if not self._headers_in:
+            self._head_size += len(data)
+            if self._head_size > HEAD_MAX:
+                raise TransportError("the response head is too large")
+
+    async def read_head(self) -> None:
+        """Read until the status and headers are in."""
+        received = False
+        while not self._headers_in:
+            try:
+                data = await self._receive()
+            except StallTimeout:
+                raise
+            except TransportError as exc:
+                if received:
+                    raise
+                raise _Unanswered(str(exc)) from exc
+            if not data:
+                if received:
+                    raise TransportError("the server closed the connection inside the "
+                                         "response head")
+                raise _Unanswered("the server closed the connection without answering")
+            received = True
+            self._feed(data)
+
+    async def receive_some(self) -> bytes:
+        """The body bytes of the next network read (never empty), or b"" at its end."""
+        while True:
+            decoder = self._decoder
+            if decoder is not None and decoder.unconsumed_tail:
+                return decoder.decompress(decoder.unconsumed_tail, DECODED_MAX)
+            if self._body:
+                data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+                self._body.clear()
+                if decoder is not None:
+                    # Bounded: a small compressed read may inflate to a great deal.
+                    data = decoder.decompress(data, DECODED_MAX)
+                    if not data:
+                        continue
+                return data
+            if self._complete or self._eof:
+                return b""
+            read = await self._receive()
+            if not read:
+                self._eof = True
+                if not self._close_delimited:
+                    raise TransportError("the server closed the connection before the end "
+                                         "of the response body")
+                continue
+            self._feed(read)
+
+    async def read_up_to(self, limit: int) -> bytes:
+        """At most `limit` bytes of the body (an error page), reading no further."""
+        out = b""
+        while len(out) < limit:
+            piece = await self.receive_some()
+            if not piece:
+                break
+            out += piece
+        return out[:limit]
+
+
+class LeanPool:
+    """Connections to a provider's origin(s), a few idle ones kept for reuse.
+
+    Connections are not capped here (turns are, by max_running_turns); idle ones are.
+    """
+
+    def __init__(self, *, connect_timeout_s: float, stall_timeout_s: float,
+                 ssl_context: ssl.SSLContext | None, keepalive: int) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        self._ssl = ssl_context
+        self._keepalive = keepalive
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._idle_count = 0
+        self._closed = False
+        # The URLs asked for, split (a provider has one or two).
+        self._split: dict[str, tuple[Origin, str]] = {}
+
+    async def _connect(self, origin: Origin) -> _Connection:
+        with trio.move_on_after(self.connect_timeout_s):
+            try:
+                raw = await trio.open_tcp_stream(origin.host, origin.port)
+            except OSError as exc:
+                raise TransportError(f"could not connect to {origin.host_header}: "
+                                     f"{exc}") from exc
+            if origin.scheme == "http":
+                return _Connection(raw, raw)
+            context = self._ssl or ssl.create_default_context()
+            tls = trio.SSLStream(raw, context, server_hostname=origin.host,
+                                 https_compatible=True)
+            try:
+                await tls.do_handshake()
+            except trio.BrokenResourceError as exc:
+                await trio.aclose_forcefully(raw)
+                raise TransportError(f"TLS with {origin.host_header} failed: "
+                                     f"{exc.__cause__ or exc}") from exc
+            except BaseException:
+                await trio.aclose_forcefully(raw)
+                raise
+            return _Connection(tls, raw)
+        raise ConnectTimeout(f"connecting to {origin.host_header} took longer than "
+                             f"{self.connect_timeout_s:g}s")
+
+    def _checkout(self, origin: Origin) -> _Connection | None:
+        idle = self._idle.get(origin)
+        while idle:
+            connection = idle.pop()
+            self._idle_count -= 1
+            if connection.idle_is_clean():
+                return connection
+            connection.raw.socket.close()  # plain close: nothing to say to a dead peer
+        return None
+
+    def _checkin(self, origin: Origin, connection: _Connection) -> bool:
+        if self._closed or self._idle_count >= self._keepalive:
+            return False
+        connection.reused = True
+        self._idle.setdefault(origin, []).append(connection)
+        self._idle_count += 1
+        return True
+
+    async def _send(self, connection: _Connection, data: bytes) -> None:
+        with trio.move_on_after(self.stall_timeout_s):
+            try:
+                await connection.stream.send_all(data)
+            except trio.BrokenResourceError as exc:
+                raise _Unanswered(f"the connection broke: {exc.__cause__ or exc}") from exc
+            return
+        raise StallTimeout(f"the request was not taken for {self.stall_timeout_s:g}s",
+                           headers_in=False, writing=True)
+
+    async def _open(self, origin: Origin, request: bytes) -> tuple[_Connection, Response]:
+        """Send `request` and read the response head, on a pooled connection if one is
+        clean. A pooled one the server had closed meanwhile (it breaks, or answers not a
+        byte) is dropped and the request goes out again on the next: the server never
+        took it. A new connection that does so is an error."""
+        while True:
+            connection = self._checkout(origin) or await self._connect(origin)
+            response = Response(connection, self.stall_timeout_s)
+            try:
+                await self._send(connection, request)
+                await response.read_head()
+                return connection, response
+            except _Unanswered:
+                await connection.aclose()
+                if not connection.reused:
+                    raise
+            except BaseException:
+                await connection.aclose()
+                raise
+
+    @asynccontextmanager
+    async def stream(self, url: str, body: bytes,
+                     headers: Mapping[str, str]) -> AsyncIterator[Response]:
+        """POST `body` to `url`; the response with its head read. Its connection goes
+        back to the pool only if the caller read the body to its clean end."""
+        split = self._split.get(url)
+        if split is None:
+            split = _split(url)
+            if len(self._split) < SPLIT_CACHE_MAX:
+                self._split[url] = split
+        origin, target = split
+        connection, response = await self._open(
+            origin, request_head(origin, target, headers, len(body)) + body)
+        try:
+            yield response
+        finally:
+            if not (response.reusable and self._checkin(origin, connection)):
+                await connection.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle, self._idle_count = self._idle, {}, 0
+        for connections in idle.values():
+            for connection in connections:
+                await connection.aclose()
