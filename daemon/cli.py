@@ -1,4 +1,4 @@
-"""`veild serve | mock-provider | chat | tail | schedules | approve`."""
+"""`veild serve | mock-provider | chat | tail | schedules | approve | prune`."""
 
 from __future__ import annotations
 
@@ -197,6 +197,30 @@ def _tail(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prune(args: argparse.Namespace) -> int:
+    """Over HTTP to the running daemon (DELETE /sessions?olderThan=): the daemon owns
+    the data dir, knows which turns run, publishes `session.deleted` and removes the
+    workspaces; a second writer on its database would do none of that."""
+    import httpx
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # errors are our one line
+    try:
+        with httpx.Client(base_url=args.url, headers=_headers(), timeout=None) as client:
+            response = client.delete("/sessions", params={"olderThan": args.older_than})
+    except httpx.HTTPError as exc:
+        print(f"veild: cannot reach the daemon at {args.url}: {exc}", file=sys.stderr)
+        return 1
+    if response.status_code != 200:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text.strip()
+        print(f"veild: prune failed ({response.status_code}): {message}", file=sys.stderr)
+        return 1
+    print(f"pruned {response.json()['pruned']} sessions idle for more than {args.older_than}")
+    return 0
+
+
 def _when(ms: int | None) -> str:
     if ms is None:
         return "-"
@@ -268,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--url", default=default_url)
     tail.set_defaults(func=_tail)
 
+    prune = sub.add_parser(
+        "prune", help="delete idle session trees last updated longer ago than a duration")
+    prune.add_argument("--older-than", required=True, metavar="AGE",
+                       help="e.g. 30d, 12h, 15m, 45s")
+    prune.add_argument("--url", default=default_url)
+    prune.set_defaults(func=_prune)
     schedules = sub.add_parser("schedules", help="list schedules, or run|pause|resume one")
     schedules.add_argument("action", nargs="?", default="list",
                            choices=("list", "run", "pause", "resume"))

@@ -46,3 +46,7 @@ class SystemClock:
             if left_ns <= 0:
                 return
             await trio.sleep(min(left_ns / 1e9, _MAX_SLEEP_S))
+
+
+# The daemon's default clock (the pruner, DELETE /sessions?olderThan=); a plain object.
+SYSTEM_CLOCK: Clock = SystemClock()

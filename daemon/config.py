@@ -74,6 +74,9 @@ class ServerConfig:
     # CONTRACT §12: log lines on stderr as "text" or "json"; None = text on a terminal,
     # JSON lines otherwise.
     log_format: str | None = None
+    # CONTRACT §12: idle trees whose last update is older than this many days are
+    # deleted at start and daily; 0 keeps everything.
+    keep_days: int = 0
 
     @property
     def auth_token(self) -> str | None:
@@ -282,6 +285,7 @@ def _server(file: str, table: Any) -> ServerConfig:
         allowed_origins=_origins(r, "allowed_origins"),
         allow_unauthenticated=r.get("allow_unauthenticated", bool, False),
         log_format=_log_format(r),
+        keep_days=r.positive_int("keep_days", 0, minimum=0),
     )
     r.check_unknown()
     return cfg

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import trio
 
 from daemon.api.app import build_app
-from daemon.clock import SystemClock
+from daemon.clock import SYSTEM_CLOCK, Clock, SystemClock
 from daemon.config import AgentConfig, Config, check_exposure
 from daemon.engines.anthropic import AnthropicEngine
 from daemon.engines.base import Engine
@@ -37,6 +37,7 @@ from daemon.observe.provider import ObservedAnthropicClient, ObservedOpenAIClien
 from daemon.runtime.bus import Bus
 from daemon.runtime.core import Runtime
 from daemon.runtime.ports import Store
+from daemon.runtime.pruner import serve_pruner
 from daemon.runtime.sessions import SessionManager
 from daemon.runtime.turn import TurnServices
 from daemon.schedules.launch import SessionLauncher
@@ -142,7 +143,7 @@ CLOSE_S = 0.8
 
 
 async def serve_daemon(
-    config: Config, *, handle_signals: bool = False,
+    config: Config, *, handle_signals: bool = False, clock: Clock = SYSTEM_CLOCK,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until `request_shutdown()`; reports the Daemon when listening.
@@ -170,7 +171,7 @@ async def serve_daemon(
             )
             try:
                 async with trio.open_nursery() as core:
-                    await _serve(config, store, event_log, core, stop, task_status)
+                    await _serve(config, store, event_log, core, stop, task_status, clock)
                     core.cancel_scope.cancel()
             finally:
                 with trio.move_on_after(CLOSE_S, shield=True):
@@ -183,7 +184,7 @@ async def serve_daemon(
 
 async def _serve(
     config: Config, store: Store, event_log: SqliteEventLog, core: trio.Nursery,
-    stop: trio.Event, task_status: trio.TaskStatus[Daemon],
+    stop: trio.Event, task_status: trio.TaskStatus[Daemon], clock: Clock = SYSTEM_CLOCK,
 ) -> None:
     server = config.server
     bus = Bus(event_log, queue_bytes=server.stream_queue_bytes,
@@ -228,12 +229,13 @@ async def _serve(
             )
             sessions = SessionManager(config, store, bus, turn_services)
             await core.start(sessions.serve)
+            await services.start(serve_pruner, sessions, server.keep_days, clock)
             # A service (it stops after the turns it started have ended `shutdown`,
             # so it records their outcome); its turns run in the session manager.
             scheduler = Scheduler(config.schedules, store, SessionLauncher(sessions),
                                   SystemClock())
             await services.start(scheduler.serve)
-            runtime = Runtime(config, store, bus, sessions, mcp, scheduler)
+            runtime = Runtime(config, store, bus, sessions, mcp, scheduler, clock)
             connections = Connections()
             http_server = HttpServer(
                 build_app(runtime, connections, metrics),

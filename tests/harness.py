@@ -14,6 +14,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
+from daemon.clock import SYSTEM_CLOCK, Clock
 from daemon.config import load_config
 from daemon.mock.provider import Served, serve_mock_provider
 from daemon.server import Daemon, serve_daemon
@@ -139,13 +141,14 @@ class Running:
 @asynccontextmanager
 async def open_daemon(
     tmp: Path, provider: Provider, *, server: str = "", extra: str = "",
+    clock: Clock = SYSTEM_CLOCK,
     provider_keys: str = "",
 ) -> AsyncIterator[Running]:
     path = write_config(tmp, provider.url, server=server, extra=extra,
                         provider_keys=provider_keys)
     config = load_config(path)
     async with trio.open_nursery() as nursery:
-        daemon: Daemon = await nursery.start(serve_daemon, config)
+        daemon: Daemon = await nursery.start(partial(serve_daemon, config, clock=clock))
         async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as http:
             yield Running(daemon, http, path)
         daemon.request_shutdown()

@@ -12,6 +12,7 @@ from daemon.api.auth import request_authorized
 from daemon.api.guard import HostOriginGuard, HostPolicy
 from daemon.api.http import http_routes
 from daemon.api.metrics import metrics_routes
+from daemon.api.openapi import openapi_routes
 from daemon.api.schedules import schedule_routes
 from daemon.api.studio import studio_routes
 from daemon.api.ws import ws_routes
@@ -43,7 +44,9 @@ def _error(err: ApiError) -> Response:
 
 
 def build_app(rt: Runtime, connections: Connections, metrics: Metrics) -> QuartTrio:
-    app = QuartTrio("veild")
+    # No /static/<path> route: Studio's files are served by api/studio.py, and every
+    # route is in the OpenAPI document.
+    app = QuartTrio("veild", static_folder=None)
     app.config.update(
         MAX_CONTENT_LENGTH=MAX_BODY,
         RESPONSE_TIMEOUT=None,  # SSE streams last as long as their turn or client
@@ -54,6 +57,7 @@ def build_app(rt: Runtime, connections: Connections, metrics: Metrics) -> QuartT
     app.register_blueprint(ws_routes(rt, connections))
     app.register_blueprint(studio_routes())
     app.register_blueprint(metrics_routes(metrics))
+    app.register_blueprint(openapi_routes(auth=rt.config.server.auth_token is not None))
     server = rt.config.server
     # CONTRACT §3.1, in front of everything (HTTP, SSE, the WebSocket upgrade): a
     # foreign Host or Origin is refused before any handler runs or any body is read.
@@ -88,7 +92,12 @@ def build_app(rt: Runtime, connections: Connections, metrics: Metrics) -> QuartT
         api = ApiError(err.description or err.name)
         api.status = status
         api.code = _HTTP_CODES.get(status, "BAD_REQUEST" if status < 500 else "INTERNAL_ERROR")
-        return _error(api)
+        response = _error(api)
+        # What the exception carries (a 405's `Allow`, which RFC 9110 requires) stays.
+        for name, value in err.get_headers():
+            if name.lower() not in ("content-type", "content-length"):
+                response.headers[name] = value
+        return response
 
     @app.errorhandler(Exception)
     async def _unexpected(err: Exception) -> Response:

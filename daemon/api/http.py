@@ -9,6 +9,24 @@ from quart import Blueprint, Response, jsonify, request
 
 from daemon import __version__
 from daemon.api import parse
+from daemon.api.spec import (
+    ANY,
+    BOOL,
+    INT,
+    NUM,
+    SSE,
+    STR,
+    Op,
+    Param,
+    Resp,
+    array,
+    documented,
+    error,
+    int_query,
+    nullable,
+    obj,
+    ref,
+)
 from daemon.api.sse import sse_response
 from daemon.errors import ApiError
 from daemon.httpserver import Connections
@@ -61,6 +79,34 @@ class TurnFailed(ApiError):
             self.code, self.status = "UNAVAILABLE", 503
 
 
+# -- what GET /openapi.json says of these routes (api/spec.py) ----------------------------
+
+_SESSION = ref("Session")
+_STATS = {"model": nullable(STR), "iterations": INT, "durationMs": INT,
+          "tokenUsage": ref("TokenUsage"), "toolCalls": array(ref("ToolCallStat"))}
+_CHAT_RESULT = obj(
+    ["sessionId", "turnId", "content", "model", "iterations", "durationMs", "tokenUsage",
+     "toolCalls", "cancelled", "session"],
+    sessionId=STR, turnId=STR, content=STR, cancelled=BOOL, cancelReason=STR,
+    session=_SESSION, **_STATS,
+)
+_SSE_FRAMES = Resp("the turn's session.stream events as SSE frames (`id:`, `event:`, "
+                   "`data:` the bus envelope), ending after its terminal", ref("SseFrame"), SSE)
+_NO_SESSION = error("no such session")
+_MESSAGE = obj(["role", "content", "createdAt", "turnId"], role=STR, content=STR,
+               toolCalls=array(ANY), toolCallId=STR, createdAt=INT, turnId=nullable(STR))
+_TURN = obj(
+    ["turnId", "trigger", "fromSessionId", "startedAt", "endedAt", "terminal", "errorCode",
+     "cancelReason", "tokenUsage", "model"],
+    turnId=STR, trigger=STR, fromSessionId=nullable(STR), startedAt=INT,
+    endedAt=nullable(INT), terminal={"enum": ["done", "error", None]},
+    errorCode=nullable(STR), cancelReason=nullable(STR), tokenUsage=ref("TokenUsage"),
+    model=nullable(STR), startSeq=nullable(INT),
+)
+_DELETED = obj(["deleted"], deleted={**array(STR), "description":
+                                     "the ids removed, the named session first"})
+
+
 def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     bp = Blueprint("http", __name__)
     sessions = rt.sessions
@@ -77,11 +123,21 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         return parse.json_object(raw, allow_empty=allow_empty)
 
     @bp.get("/health")
+    @documented(Op(
+        "Liveness and how many turns run", {200: Resp("the daemon is up", obj(
+            ["status", "version", "sessionsRunning"], status=STR, version=STR,
+            sessionsRunning=INT))}, public=True, tags=("operations",),
+    ))
     async def health() -> Response:
         return _json({"status": "ok", "version": __version__,
                       "sessionsRunning": sessions.running_count})
 
     @bp.get("/agents")
+    @documented(Op(
+        "The configured agents", {200: Resp("every agent", obj(["agents"], agents=array(obj(
+            ["name", "engine", "model", "tools"], name=STR, engine=STR, model=STR,
+            tools=array(STR)))))}, tags=("agents",),
+    ))
     async def agents() -> Response:
         return _json({"agents": [
             {"name": a.name, "engine": a.engine, "model": a.model,
@@ -90,10 +146,28 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         ]})
 
     @bp.get("/mcp")
+    @documented(Op(
+        "MCP tool servers and their status (CONTRACT §10)", {200: Resp("every server", obj(
+            ["servers"], servers=array(obj(
+                ["name", "status", "tools"], name=STR,
+                status={"enum": ["ready", "starting", "failed"]}, tools=array(STR),
+                error=STR, retryAt=NUM))))}, tags=("agents",),
+    ))
     async def mcp_servers() -> Response:
         return _json(rt.mcp.wire())
 
     @bp.post("/agents/<name>/chat")
+    @documented(Op(
+        "Run one turn (JSON: when it ends; `sse`: streamed)", {
+            200: Resp("the turn's result (also when cancelled), or with `sse` its SSE "
+                      "frames", _CHAT_RESULT, extra_content=_SSE_FRAMES),
+            202: Resp("the session was mid-turn: the message was injected into it",
+                      obj(["injected", "sessionId"], injected=BOOL, sessionId=STR)),
+            404: error("no such agent or session"),
+            409: error("the session belongs to another agent, or its inbox is full"),
+            502: error("the provider failed (details: sessionId, turnId)"),
+        }, body=parse.ChatRequest.SCHEMA, tags=("sessions",),
+    ))
     async def chat(name: str) -> Response:
         agent = sessions.agent(name)
         req = parse.ChatRequest.parse(await body_object())
@@ -115,11 +189,26 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         return _json(chat_result(turn.outcome))
 
     @bp.post("/sessions/<session_id>/cancel")
+    @documented(Op(
+        "Cancel the session's turn (`turn`) or its whole tree (`tree`, the default)", {
+            200: Resp("the receipt of every turn stopped", obj(
+                ["cancelled", "seq"], seq=INT, cancelled=array(obj(
+                    ["sessionId", "turnId"], sessionId=STR, turnId=STR)))),
+            404: _NO_SESSION,
+        }, body=parse.CANCEL_SCHEMA, body_required=False, tags=("sessions",),
+    ))
     async def cancel(session_id: str) -> Response:
         scope = parse.cancel_scope(await body_object(allow_empty=True))
         return _json((await sessions.cancel(session_id, scope)).wire())
 
     @bp.post("/sessions/<session_id>/messages")
+    @documented(Op(
+        "Deliver a message into the session's inbox (CONTRACT §6)", {
+            202: Resp("stored in the inbox", obj(["queued"], queued=BOOL)),
+            404: _NO_SESSION,
+            409: error("the session's inbox is full"),
+        }, body=parse.MessageRequest.SCHEMA, tags=("sessions",),
+    ))
     async def post_message(session_id: str) -> Response:
         req = parse.MessageRequest.parse(await body_object())
         await sessions.deliver(
@@ -143,6 +232,13 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         return _json({"approvals": [a.wire() for a in pending]})
 
     @bp.get("/sessions")
+    @documented(Op(
+        "Sessions, newest first", {200: Resp("the sessions", obj(
+            ["sessions"], sessions=array(_SESSION)))},
+        params=(Param("agent", STR), Param("parent", STR, description="a parent session id"),
+                Param("limit", int_query(1, parse.MAX_LIMIT), description="default 100")),
+        tags=("sessions",),
+    ))
     async def list_sessions() -> Response:
         limit = parse.int_param(request.args.get("limit"), "limit", minimum=1,
                                 maximum=parse.MAX_LIMIT) or 100
@@ -154,24 +250,53 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         return _json({"sessions": [ev.session_wire(sessions.live(s)) for s in records]})
 
     @bp.get("/sessions/<session_id>")
+    @documented(Op(
+        "One session and its children", {
+            200: Resp("the session", {"allOf": [_SESSION, obj(
+                ["children"], children=array(STR))]}),
+            404: _NO_SESSION,
+        }, tags=("sessions",),
+    ))
     async def get_session(session_id: str) -> Response:
         record = await sessions.record(session_id)
         children = await rt.store.children(session_id)
         return _json({**ev.session_wire(record), "children": children})
 
     @bp.get("/sessions/<session_id>/messages")
+    @documented(Op(
+        "The session's stored messages", {
+            200: Resp("oldest first", obj(["messages"], messages=array(_MESSAGE))),
+            404: _NO_SESSION,
+        }, tags=("sessions",),
+    ))
     async def messages(session_id: str) -> Response:
         await sessions.record(session_id)  # 404 for an unknown session
         records = await rt.store.messages(session_id)
         return _json({"messages": [ev.message_wire(m) for m in records]})
 
     @bp.get("/sessions/<session_id>/turns")
+    @documented(Op(
+        "The session's turns", {
+            200: Resp("oldest first", obj(["turns"], turns=array(_TURN))),
+            404: _NO_SESSION,
+        }, tags=("sessions",),
+    ))
     async def turns(session_id: str) -> Response:
         await sessions.record(session_id)  # 404 for an unknown session
         records = await rt.store.turns(session_id)
         return _json({"turns": [ev.turn_wire(t) for t in records]})
 
     @bp.get("/sessions/<session_id>/stream")
+    @documented(Op(
+        "The session's session.stream events, live, as SSE (replay after a seq)", {
+            200: Resp("SSE frames as in SSE chat mode; never ends by itself",
+                      ref("SseFrame"), SSE),
+            404: _NO_SESSION,
+        },
+        params=(Param("after", int_query()),
+                Param("Last-Event-ID", int_query(), where="header")),
+        tags=("sessions",),
+    ))
     async def stream(session_id: str) -> Response:
         after = parse.int_param(request.headers.get("Last-Event-ID"), "Last-Event-ID")
         if after is None:
@@ -181,5 +306,31 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
             Filter(session_ids=frozenset({session_id}), stream_only=True), since=after
         )
         return stream_response(sub, stop_at_terminal=False)
+
+    @bp.delete("/sessions/<session_id>")
+    @documented(Op(
+        "Delete an idle session with all its descendants (CONTRACT §12)", {
+            200: Resp("gone, with their messages, turns, inboxes and workspaces; "
+                      "`session.deleted` was published for each", _DELETED),
+            404: _NO_SESSION,
+            409: error("the session or one of its descendants runs a turn: nothing "
+                       "changed"),
+        }, tags=("sessions",),
+    ))
+    async def delete_session(session_id: str) -> Response:
+        tree = await sessions.delete_tree(session_id)
+        return _json({"deleted": [r.id for r in tree]})
+
+    @bp.delete("/sessions")
+    @documented(Op(
+        "Delete every idle tree last updated longer ago than `olderThan` (`veild prune`)",
+        {200: Resp("how many sessions were removed", obj(["pruned"], pruned=INT))},
+        params=(Param("olderThan", parse.DURATION_SCHEMA, required=True,
+                      description="e.g. 30d, 12h, 15m, 45s"),),
+        tags=("sessions",),
+    ))
+    async def prune_sessions() -> Response:
+        age_ms = parse.duration_param(request.args.get("olderThan"), "olderThan")
+        return _json({"pruned": await sessions.prune(rt.clock.now_ms() - age_ms)})
 
     return bp

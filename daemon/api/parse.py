@@ -11,11 +11,17 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from daemon.errors import BadRequest
 
 MAX_LIMIT = 1000
+
+# The JSON schema of each body is declared next to the code that parses it (`SCHEMA`):
+# GET /openapi.json publishes these very objects, and tests/test_openapi.py checks that
+# what a schema allows the parser accepts and what it refuses the parser refuses.
+# A non-empty message: at least one character that is not white space.
+_MESSAGE = {"type": "string", "minLength": 1, "pattern": r"\S"}
 
 # A code point in the surrogate range on its own: json.loads joins escaped pairs into one
 # character, so whatever of this range is left in a decoded string is a lone surrogate.
@@ -73,6 +79,9 @@ def _field(body: dict[str, Any], key: str, kind: type | tuple[type, ...], name: 
         return None
     if isinstance(value, bool) and kind is not bool:
         raise BadRequest(f"`{key}` must be {name}", {"field": key})
+    if kind is int and isinstance(value, float) and value.is_integer():
+        # JSON has one number type: `3.0` is the integer 3 (JSON Schema says so too).
+        return int(value)
     if not isinstance(value, kind):
         raise BadRequest(f"`{key}` must be {name}", {"field": key})
     return value
@@ -80,10 +89,23 @@ def _field(body: dict[str, Any], key: str, kind: type | tuple[type, ...], name: 
 
 @dataclass(frozen=True)
 class ChatRequest:
+    """`POST /agents/{name}/chat`."""
+
     message: str
     session_id: str | None
     sse: bool
     budget_tokens: int | None
+
+    SCHEMA: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "required": ["message"],
+        "properties": {
+            "message": _MESSAGE,
+            "sessionId": {"anyOf": [{"type": "string", "minLength": 1}, {"type": "null"}]},
+            "sse": {"type": ["boolean", "null"]},
+            "budgetTokens": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]},
+        },
+    }
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> ChatRequest:
@@ -106,6 +128,12 @@ class MessageRequest:
 
     message: str
     delivery: str
+
+    SCHEMA: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "required": ["message"],
+        "properties": {"message": _MESSAGE, "delivery": {"enum": ["steer", "queue"]}},
+    }
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> MessageRequest:
@@ -133,9 +161,14 @@ class DecisionRequest:
                              {"field": "decision"})
         reason = _field(body, "reason", str, "a string")
         return cls(str(decision), reason or None)
+CANCEL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"scope": {"enum": ["tree", "turn"]}},
+}
 
 
 def cancel_scope(body: dict[str, Any]) -> str:
+    """`POST /sessions/{id}/cancel`: `{"scope"}` (no body: `tree`), CANCEL_SCHEMA."""
     scope = body.get("scope", "tree")
     if scope not in ("tree", "turn"):
         raise BadRequest("`scope` must be \"tree\" or \"turn\"", {"field": "scope"})
@@ -171,3 +204,19 @@ def flag_param(value: str | None, name: str) -> bool:
     if value.lower() in ("0", "false", "no"):
         return False
     raise BadRequest(f"`{name}` must be 1 or 0", {"field": name})
+
+
+_DURATION = re.compile(r"([0-9]{1,9})([dhms])")
+_UNIT_MS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000}
+DURATION_SCHEMA: dict[str, Any] = {"type": "string", "pattern": "^[0-9]{1,9}[dhms]$"}
+
+
+def duration_param(value: str | None, name: str) -> int:
+    """A required duration such as `30d`, `12h`, `15m`, `45s`, in milliseconds
+    (DURATION_SCHEMA)."""
+    found = _DURATION.fullmatch(value or "")
+    if found is None:
+        raise BadRequest(
+            f"`{name}` is required: a duration such as 30d, 12h, 15m or 45s", {"field": name}
+        )
+    return int(found.group(1)) * _UNIT_MS[found.group(2)]

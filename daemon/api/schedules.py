@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from quart import Blueprint, Response, jsonify
 
+from daemon.api.spec import BOOL, INT, STR, Op, Resp, array, documented, error, nullable, obj
 from daemon.errors import NotFound
 from daemon.runtime.core import Runtime
 from daemon.schedules.scheduler import Scheduler
@@ -16,6 +17,23 @@ def _json(body: dict[str, object], status: int = 200) -> Response:
     response = jsonify(body)
     response.status_code = status
     return response
+
+
+# What GET /openapi.json says of these routes (api/spec.py).
+_SCHEDULE = obj(
+    ["name", "agent", "timezone", "enabled", "paused", "running", "nextRunAt", "lastRunAt",
+     "lastSessionId", "lastTurnId", "lastOutcome", "skipped"],
+    name=STR, agent=STR, every=STR, cron=STR, timezone=STR, enabled=BOOL, paused=BOOL,
+    running=BOOL, nextRunAt=nullable(INT), lastRunAt=nullable(INT),
+    lastSessionId=nullable(STR), lastTurnId=nullable(STR), lastOutcome=nullable(STR),
+    skipped=INT,
+)
+_NO_SCHEDULE = error("no schedule of that name")
+
+
+def _paused(done: str, summary: str) -> Op:
+    return Op(summary, {200: Resp(done, obj(["name", "paused"], name=STR, paused=BOOL)),
+                        404: _NO_SCHEDULE}, tags=("schedules",))
 
 
 def schedule_routes(rt: Runtime) -> Blueprint:
@@ -28,20 +46,30 @@ def schedule_routes(rt: Runtime) -> Blueprint:
         return rt.schedules
 
     @bp.get("/schedules")
+    @documented(Op("Schedules and their state (CONTRACT §11)", {
+        200: Resp("every schedule", obj(["schedules"], schedules=array(_SCHEDULE))),
+    }, tags=("schedules",)))
     async def list_schedules() -> Response:
         return _json({"schedules": rt.schedules.wire() if rt.schedules is not None else []})
 
     @bp.post("/schedules/<name>/run")
+    @documented(Op("Run a schedule now (also while paused)", {
+        202: Resp("started", obj(["sessionId", "turnId"], sessionId=STR, turnId=STR)),
+        404: _NO_SCHEDULE,
+        409: error("its turn (for `same`: any turn of its session) runs"),
+    }, tags=("schedules",)))
     async def run(name: str) -> Response:
         started = await scheduler(name).run_now(name)
         return _json({"sessionId": started.session_id, "turnId": started.turn_id}, 202)
 
     @bp.post("/schedules/<name>/pause")
+    @documented(_paused("paused", "Pause a schedule"))
     async def pause(name: str) -> Response:
         await scheduler(name).pause(name)
         return _json({"name": name, "paused": True})
 
     @bp.post("/schedules/<name>/resume")
+    @documented(_paused("resumed", "Resume a schedule"))
     async def resume(name: str) -> Response:
         await scheduler(name).resume(name)
         return _json({"name": name, "paused": False})

@@ -16,6 +16,7 @@ from typing import Any
 
 from quart import Blueprint, Response, redirect, request
 
+from daemon.api.spec import HTML, Op, Resp, Undocumented, documented
 from daemon.errors import NotFound
 
 STUDIO = "/studio"
@@ -83,15 +84,23 @@ def studio_routes() -> Blueprint:
                         headers=headers)
 
     @bp.get("/")
+    @documented(Op("Redirect to Studio", {
+        302: Resp("to /studio (the query kept)", None, HTML, headers=("Location",)),
+    }, public=True, tags=("studio",)))
     async def root() -> Any:
         query = request.query_string.decode("latin-1")
         return redirect(STUDIO + (f"?{query}" if query else ""), 302)
 
     @bp.get(STUDIO)
+    @documented(Op("Studio, the browser client (CONTRACT §8)", {
+        200: Resp("its HTML page", None, HTML),
+        304: Resp("unchanged (If-None-Match)", None, HTML),
+    }, public=True, tags=("studio",)))
     async def index() -> Response:
         return serve("index.html")
 
     @bp.get(STUDIO + "/<path:name>")
+    @documented(Undocumented("Studio's static assets (CONTRACT §12 leaves them out)"))
     async def asset(name: str) -> Response:
         return serve(name or "index.html")
 

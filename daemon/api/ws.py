@@ -22,6 +22,7 @@ from quart import Blueprint, websocket
 from daemon import __version__
 from daemon.api import parse
 from daemon.api.auth import websocket_authorized
+from daemon.api.spec import STR, Op, Param, Resp, documented, error, int_query
 from daemon.errors import BadRequest
 from daemon.httpserver import Connections
 from daemon.runtime.bus import Filter, Item, Subscription
@@ -74,6 +75,19 @@ def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
     bus = rt.bus
 
     @bp.websocket("/ws")
+    @documented(Op(
+        "The bus over a WebSocket (CONTRACT §7): `hello`, then events; ops `subscribe`",
+        {101: Resp("upgraded to a WebSocket; a bad filter is an error frame and close "
+                   "1008, a missing token close 4401", None),
+         400: error("not a WebSocket upgrade")},
+        params=(Param("sessionIds", STR, description="comma-separated session ids"),
+                Param("includeChildren", {"enum": ["1", "0", "true", "false"]}),
+                Param("types", STR, description="comma-separated event types"),
+                Param("since", int_query()),
+                Param("batch", {"enum": ["1", "0", "true", "false"]}),
+                Param("token", STR, description="the bearer token, for browsers")),
+        tags=("events",), extra={"x-websocket": True},
+    ))
     async def ws() -> None:
         await websocket.accept()
         if not websocket_authorized(rt.config.server.auth_token):

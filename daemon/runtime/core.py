@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from daemon.clock import SYSTEM_CLOCK, Clock
 from daemon.config import Config
 from daemon.mcp.manager import McpManager
 from daemon.runtime.approvals import Approvals
@@ -25,6 +26,7 @@ class Runtime:
     sessions: SessionManager
     mcp: McpManager
     schedules: Scheduler | None = None
+    clock: Clock = SYSTEM_CLOCK  # what "older than" is measured from (DELETE /sessions)
 
     @property
     def approvals(self) -> Approvals:

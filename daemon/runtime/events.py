@@ -480,3 +480,11 @@ def approval_wire(approval_id: str, ref: SessionRef, turn_id: str, tool_call_id:
         "toolCallId": tool_call_id, "toolName": tool_name, "arguments": arguments,
         "requestedAt": requested_at, "expiresAt": expires_at,
     }
+# -- history (CONTRACT §12) ---------------------------------------------------------------
+
+SESSION_DELETED: Final = "session.deleted"
+
+
+def session_deleted(s: SessionRecord) -> dict[str, Any]:
+    """The fields of `session.deleted`: the session as it was when it was removed."""
+    return {"session": session_wire(s)}

@@ -25,7 +25,10 @@ memory; an idle session is forgotten when its turn ends and read back from the s
 from __future__ import annotations
 
 import logging
+import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -84,6 +87,10 @@ class SessionManager:
         self._sessions: dict[str, SessionState] = {}
         self._nursery: trio.Nursery | None = None
         self.closing = False
+        # Sessions being deleted (no turn may be claimed on them), and how many
+        # deletions have completed (a load that raced one checks the store again).
+        self._deleting: set[str] = set()
+        self._deletions = 0
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -172,9 +179,14 @@ class SessionManager:
         state = self._sessions.get(session_id)
         if state is not None:
             return state
+        deletions = self._deletions
         record = await self._stored(session_id)
         ref = await self._ref(record)
         pending = await self.store.pending_inbox(session_id)
+        while self._deletions != deletions:  # a delete ran while we read: still there?
+            deletions = self._deletions
+            if session_id in self._deleting or await self.store.get_session(session_id) is None:
+                raise NotFound(f"no session {session_id!r}", {"sessionId": session_id})
         # Another task may have loaded it while we awaited: keep the first, and do not
         # offer our read-back to it. That read may be older than what its turns have
         # consumed since (an entry offered again would be consumed twice); what was
@@ -270,6 +282,8 @@ class SessionManager:
             raise Unavailable("the daemon is shutting down")
         if state.running is not None:
             raise Conflict("the session is running a turn", {"sessionId": state.id})
+        if state.deleted or state.id in self._deleting:
+            raise NotFound(f"no session {state.id!r} (deleted)", {"sessionId": state.id})
         # A claim on a state this manager has forgotten would make a second inbox.
         assert self._sessions.get(state.id) is state, f"session {state.id} is not live"
         return self.agent(state.record.agent_name)
@@ -348,9 +362,9 @@ class SessionManager:
             for session_id in dict.fromkeys(i.session_id for i in turn.delivered if i.wakes):
                 await self._wake(session_id)
             await self._dispatch(turn.session)
-        except StoreError:
+        except (StoreError, NotFound):
             # Not this task's to crash the daemon over: every entry is stored, and the
-            # next start drains what no turn took.
+            # next start drains what no turn took (NotFound: a session deleted since).
             log.exception("after turn %s: could not hand over its deliveries", turn.id)
 
     def _settle(self, turn: Turn) -> None:
@@ -379,6 +393,8 @@ class SessionManager:
         """Store a message in the session's inbox, then hand it over or wake the session.
         NotFound or Conflict (the inbox is full) before anything is stored."""
         state = await self.load(session_id)
+        if state.deleted or session_id in self._deleting:
+            raise NotFound(f"no session {session_id!r} (deleted)", {"sessionId": session_id})
         # The reserved place also keeps the session in memory until the entry arrives.
         if not state.inbox.reserve():
             self._forget_if_idle(state)  # loaded only to be refused
@@ -446,3 +462,81 @@ class SessionManager:
         return CancelReceipt(
             [{"sessionId": t.session.id, "turnId": t.id} for t in stopped], self.bus.latest_seq
         )
+
+    # -- history (CONTRACT §12) -----------------------------------------------------------
+
+    async def delete_tree(self, session_id: str) -> list[SessionRecord]:
+        """Remove an idle session and all its descendants with their messages, turns,
+        inboxes and workspaces, and publish `session.deleted` for each (children before
+        their parent). NotFound; Conflict while any of them runs (nothing changes)."""
+        tree = await self.store.subtree(session_id)
+        if not tree:
+            raise NotFound(f"no session {session_id!r}", {"sessionId": session_id})
+        ids = [r.id for r in tree]
+        # From this check to the mark nothing awaits: once marked, no turn can be
+        # claimed and nothing delivered in the tree.
+        busy = [r.id for r in tree if r.id in self._deleting or r.status == "running"
+                or ((s := self._sessions.get(r.id)) is not None and s.running is not None)]
+        if busy:
+            raise Conflict(
+                f"session {busy[0]!r} of this tree is running a turn (or being deleted)",
+                {"sessionId": session_id, "running": busy},
+            )
+        self._deleting.update(ids)
+        try:
+            refs = await self._tree_refs(tree)
+            # Once it starts, a delete goes through to its events and workspaces even if
+            # the request that asked for it goes away (bounded: the store's busy
+            # timeout, then removing files).
+            with trio.CancelScope(shield=True):
+                await self.store.delete_sessions(ids)
+                self._deletions += 1
+                for sid in ids:
+                    state = self._sessions.pop(sid, None)
+                    if state is not None:
+                        state.deleted = True
+                for record in reversed(tree):
+                    self.bus.publish(ev.SESSION_DELETED, refs[record.id],
+                                     ev.session_deleted(record))
+                await trio.to_thread.run_sync(_remove_workspaces, self.services.workspaces, ids)
+        finally:
+            self._deleting.difference_update(ids)
+        return tree
+
+    async def _tree_refs(self, tree: list[SessionRecord]) -> dict[str, ev.SessionRef]:
+        """Each session's place in the tree (`tree`: parents first), for its events."""
+        refs = {tree[0].id: await self._ref(tree[0])}
+        for record in tree[1:]:
+            assert record.parent_session_id is not None
+            refs[record.id] = ev.SessionRef.of(record, refs[record.parent_session_id])
+        return refs
+
+    async def prune(self, updated_before: int) -> int:
+        """Delete every idle tree whose last update is before `updated_before` (ms
+        since the epoch), then give the disk space back; returns the sessions removed.
+        A tree that starts a turn meanwhile is kept."""
+        removed = 0
+        batch = 500
+        while True:
+            roots = await self.store.stale_trees(updated_before, batch)
+            progressed = False
+            for root in roots:
+                try:
+                    removed += len(await self.delete_tree(root))
+                    progressed = True
+                except (NotFound, Conflict):
+                    continue  # deleted meanwhile, or running now: not ours to remove
+            if len(roots) < batch or not progressed:
+                break
+        await self.store.reclaim_space()
+        return removed
+
+
+def _remove_workspaces(root: Path, session_ids: Sequence[str]) -> None:
+    """In a worker thread: data_dir/workspaces/ID of each deleted session. A workspace
+    that cannot be removed is logged, not fatal: the session is gone either way."""
+    for sid in session_ids:
+        path = root / sid
+        shutil.rmtree(path, ignore_errors=True)
+        if path.exists():
+            log.warning("could not remove the workspace %s of deleted session %s", path, sid)

@@ -25,6 +25,9 @@ class SessionState:
     # Set together with the inbox's hold (SessionManager.claim_turn) and cleared with
     # its release (`turn_ended`): the session's one running turn.
     running: Turn | None = None
+    # Set when DELETE /sessions/{id} (or a prune) removed it: a task still holding this
+    # state can claim nothing on it.
+    deleted: bool = False
 
     @property
     def id(self) -> str:

@@ -51,6 +51,14 @@ _SESSION_COLUMNS = (
 )
 
 
+# A migration whose first line is this runs outside a transaction (VACUUM cannot run
+# inside one); its statements must be safe to run again.
+_OUTSIDE_TX = "-- veild: outside a transaction"
+# Pages one `PRAGMA incremental_vacuum` call gives back: bounds how long one call holds
+# the writer (a large prune frees many thousands).
+_VACUUM_PAGES = 2048
+
+
 def _migrations() -> list[tuple[int, str]]:
     folder = resources.files("daemon.store") / "migrations"
     found = []
@@ -166,7 +174,12 @@ class Store:
             conn.execute("PRAGMA foreign_keys=ON")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             for number, sql in _migrations():
-                if number > version:
+                if number <= version:
+                    continue
+                if sql.startswith(_OUTSIDE_TX):
+                    conn.executescript(sql)
+                    conn.execute(f"PRAGMA user_version={number}")
+                else:
                     conn.executescript(f"BEGIN;\n{sql}\nPRAGMA user_version={number};\nCOMMIT;")
             reader = _connect(path, busy_timeout_s)
             reader.execute("PRAGMA query_only=ON")
@@ -478,7 +491,11 @@ class Store:
                  u.cache, u.cost, session.id),
             )
             conn.executemany("UPDATE inbox SET wakes=0 WHERE id=?", [(i,) for i in quiet])
-            return [_insert_inbox(conn, d) for d in deliveries]
+            # A reply owed to a session deleted since (DELETE /sessions/{id}) has no one
+            # to go to: dropped, rather than failing the turn's end.
+            return [_insert_inbox(conn, d) for d in deliveries
+                    if conn.execute("SELECT 1 FROM sessions WHERE id=?",
+                                    (d.session_id,)).fetchone()]
 
         return await self._write(_end)
 
@@ -571,3 +588,75 @@ class Store:
             (s.name, int(s.paused), s.last_run_at, s.next_run_at, s.last_session_id,
              s.last_turn_id, s.last_outcome, s.skipped),
         )
+
+    # -- history that does not grow forever (CONTRACT §12) ---------------------------------
+
+    async def subtree(self, session_id: str) -> list[SessionRecord]:
+        """The session and all its descendants, each parent before its children; [] for
+        an unknown id."""
+
+        def _subtree() -> list[SessionRecord]:
+            rows = self._rconn.execute(
+                "WITH RECURSIVE tree(id, level) AS ("
+                " SELECT id, 0 FROM sessions WHERE id=?"
+                " UNION ALL SELECT s.id, tree.level + 1 FROM sessions s"
+                " JOIN tree ON s.parent_session_id = tree.id) "
+                f"SELECT {', '.join('s.' + c.strip() for c in _SESSION_COLUMNS.split(','))} "
+                "FROM tree JOIN sessions s ON s.id = tree.id ORDER BY tree.level, s.rowid",
+                (session_id,),
+            )
+            return [_session(r) for r in rows]
+
+        return await self._read(_subtree)
+
+    async def delete_sessions(self, session_ids: Sequence[str]) -> None:
+        """Remove these sessions (a whole subtree: `subtree`'s order, parents first) with
+        their messages, turns and inbox entries in one transaction, then give the freed
+        pages back to the file system."""
+
+        def _delete(conn: sqlite3.Connection) -> None:
+            for chunk in _chunks(session_ids):
+                marks = ",".join("?" * len(chunk))
+                for table in ("messages", "turns", "inbox"):
+                    conn.execute(f"DELETE FROM {table} WHERE session_id IN ({marks})", chunk)
+            # Children before parents: every statement leaves the parent links whole.
+            for chunk in _chunks(list(reversed(session_ids))):
+                marks = ",".join("?" * len(chunk))
+                conn.execute(f"DELETE FROM sessions WHERE id IN ({marks})", chunk)
+
+        await self._write(_delete)
+        await self._call(self._vacuum_step)
+
+    def _vacuum_step(self) -> int:
+        """One bounded `incremental_vacuum`; returns the free pages left."""
+        self._conn.execute(f"PRAGMA incremental_vacuum({_VACUUM_PAGES})").fetchall()
+        left: int = self._conn.execute("PRAGMA freelist_count").fetchone()[0]
+        return left
+
+    async def stale_trees(self, updated_before: int, limit: int = 500) -> list[str]:
+        """Roots of trees whose sessions are all idle and whose last update (the latest
+        `updated_at` of any of them) is before `updated_before` (ms), oldest first."""
+
+        def _stale() -> list[str]:
+            rows = self._rconn.execute(
+                "SELECT root_session_id FROM sessions GROUP BY root_session_id "
+                "HAVING MAX(updated_at) < ? AND MAX(status = 'running') = 0 "
+                "ORDER BY MAX(updated_at) LIMIT ?", (updated_before, limit),
+            )
+            return [r[0] for r in rows]
+
+        return await self._read(_stale)
+
+    async def reclaim_space(self) -> None:
+        """Give every free page back and fold the WAL into the file, so that the
+        file's size on disk falls after a large prune."""
+        while await self._call(self._vacuum_step) > 0:
+            pass
+        await self._call(
+            lambda: self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        )
+
+
+def _chunks(items: Sequence[str], size: int = 500) -> list[list[str]]:
+    """Below SQLite's limit on bound parameters per statement."""
+    return [list(items[i:i + size]) for i in range(0, len(items), size)]
