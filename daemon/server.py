@@ -131,7 +131,7 @@ def _metrics(bus: Bus) -> Metrics:
     # Slow clients' chunks merged in their queues (CONTRACT §7), where the bus does it.
     metrics.add("veild_stream_coalesced_total", "counter",
                 "Chunk events merged into another in a slow subscriber's queue.",
-                lambda: getattr(bus, "coalesced", 0))
+                lambda: bus.coalesced)
     return metrics
 
 

@@ -24,6 +24,7 @@ from daemon.api.openapi import MissingEntry, build_document, openapi_path
 from daemon.api.spec import Undocumented, entry_of
 from daemon.errors import BadRequest
 from daemon.httpserver import Connections
+from daemon.observe.metrics import Metrics
 from tests.harness import Running
 
 _IMPLICIT = {"HEAD", "OPTIONS"}
@@ -32,7 +33,7 @@ _IMPLICIT = {"HEAD", "OPTIONS"}
 def app_routes(daemon: Running) -> tuple[set[tuple[str, str]], set[str]]:
     """(METHOD, path) of every documented rule of the daemon's app, and the paths of
     the rules left out on purpose."""
-    app = build_app(daemon.daemon.runtime, Connections())
+    app = build_app(daemon.daemon.runtime, Connections(), Metrics())
     documented, left_out = set(), set()
     for rule in app.url_map.iter_rules():
         path = openapi_path(rule.rule)
@@ -86,7 +87,7 @@ async def test_request_bodies_are_the_parsers_own_schemas(daemon: Running) -> No
 
 
 async def test_a_route_without_an_entry_fails_the_build(daemon: Running) -> None:
-    app = build_app(daemon.daemon.runtime, Connections())
+    app = build_app(daemon.daemon.runtime, Connections(), Metrics())
     extra = Blueprint("extra", __name__)
 
     @extra.get("/forgotten")
@@ -138,11 +139,12 @@ PARSERS = [
     (parse.ChatRequest.SCHEMA, parse.ChatRequest.parse),
     (parse.MessageRequest.SCHEMA, parse.MessageRequest.parse),
     (parse.CANCEL_SCHEMA, parse.cancel_scope),
+    (parse.DecisionRequest.SCHEMA, parse.DecisionRequest.parse),
 ]
 
 
 @pytest.mark.parametrize(("schema", "parser"), PARSERS,
-                         ids=["chat", "messages", "cancel"])
+                         ids=["chat", "messages", "cancel", "decision"])
 def test_a_parser_accepts_exactly_what_its_schema_allows(schema: Any, parser: Any) -> None:
     validator = jsonschema.Draft202012Validator(schema)
 

@@ -217,6 +217,14 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         return _json({"queued": True}, 202)
 
     @bp.post("/sessions/<session_id>/approvals/<approval_id>")
+    @documented(Op(
+        "Decide a pending tool approval (CONTRACT §9)", {
+            200: Resp("decided", obj(["approvalId", "decision"], approvalId=STR,
+                                     decision={"enum": ["allow", "deny"]})),
+            404: error("no such session or pending approval"),
+            409: error("already decided, expired or cancelled: nothing changed"),
+        }, body=parse.DecisionRequest.SCHEMA, tags=("approvals",),
+    ))
     async def decide(session_id: str, approval_id: str) -> Response:
         # The body first (400), then the id (404), then its state (409): CONTRACT §9.
         req = parse.DecisionRequest.parse(await body_object())
@@ -224,6 +232,14 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         return _json({"approvalId": approval_id, "decision": req.decision})
 
     @bp.get("/approvals")
+    @documented(Op(
+        "Pending approvals", {200: Resp("pending ones only", obj(["approvals"], approvals=array(
+            obj(["approvalId", "sessionId", "turnId", "toolCallId", "toolName", "arguments",
+                 "requestedAt", "expiresAt"], approvalId=STR, sessionId=STR, turnId=STR,
+                toolCallId=STR, toolName=STR, arguments=ANY, requestedAt=INT,
+                expiresAt=nullable(INT), rootSessionId=STR))))},
+        params=(Param("sessionId", STR), Param("rootSessionId", STR)), tags=("approvals",),
+    ))
     async def list_approvals() -> Response:
         pending = rt.approvals.pending(
             session_id=request.args.get("sessionId") or None,

@@ -150,6 +150,13 @@ class MessageRequest:
 class DecisionRequest:
     """`POST /sessions/{id}/approvals/{approvalId}` (CONTRACT §9)."""
 
+    SCHEMA: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "required": ["decision"],
+        "properties": {"decision": {"enum": ["allow", "deny"]},
+                       "reason": {"type": ["string", "null"]}},
+    }
+
     decision: str
     reason: str | None
 
