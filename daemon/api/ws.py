@@ -37,6 +37,9 @@ CLOSE_UNAUTHORIZED = 4401
 MAX_CLIENT_FRAME = 64 * 1024
 
 
+# The JSON one `batch=1` array frame holds at most (characters), one event alone aside.
+ARRAY_FRAME_CHARS = 256 * 1024
+
 def _error_frame(message: str) -> str:
     return encode({"type": "error", "code": "BAD_REQUEST", "message": message})
 
@@ -174,10 +177,23 @@ def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
     async def _flush(run: list[str], as_array: bool) -> None:
         if not run:
             return
-        if as_array and len(run) > 1:
-            await websocket.send("[" + ",".join(run) + "]")
-        else:
+        if not as_array:
             for text in run:
                 await websocket.send(text)
+            return
+        # An array frame holds about ARRAY_FRAME_CHARS of JSON at most: clients take
+        # messages up to a limit (1 MiB by default in trio-websocket and browsers'
+        # libraries alike), and a batch of large events must not pass it together.
+        # One event larger than that still goes, alone.
+        start, size = 0, 0
+        for i, text in enumerate(run):
+            if i > start and size + len(text) > ARRAY_FRAME_CHARS:
+                await _send_frame(run[start:i])
+                start, size = i, 0
+            size += len(text) + 1
+        await _send_frame(run[start:])
+
+    async def _send_frame(texts: list[str]) -> None:
+        await websocket.send(texts[0] if len(texts) == 1 else "[" + ",".join(texts) + "]")
 
     return bp
