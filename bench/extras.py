@@ -100,8 +100,11 @@ async def tree_cancel(url: str, runs: int, ledger: Ledger) -> list[float]:
                 await col.wait(lambda pending=pending: all(  # type: ignore[misc]
                     k in col.turns and col.turns[k].terminals for k in pending))
                 out.append((max(col.turns[k].ended_at for k in pending) - answered) * 1000)
+    # What the collector went through, in each loss line: a 1013 and a resume, or a
+    # stream.gap, tells a reader's loss from the daemon's.
+    seen = f"the collector resumed {col.resumes}x, saw {col.gaps} gap(s)"
     for i, t in enumerate(col.turns.values()):
-        ledger.prefix(f"tree cancel: turn {i}", len(t.terminals), t.content)
+        ledger.prefix(f"tree cancel: turn {i} ({seen})", len(t.terminals), t.content)
     return out
 
 
