@@ -1,0 +1,174 @@
+"""The CLI (CONTRACT §12) run as `python -m daemon …` against a real daemon on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import trio
+
+from tests.harness import Running, mock, open_recorder, spawn
+
+WAIT_S = 60
+
+
+async def cli(*args: str, url: str | None = None, **env: str) -> trio.CompletedProcess[bytes]:
+    environ = {k: v for k, v in os.environ.items() if k != "VEILD_URL"}
+    if url is not None:
+        environ["VEILD_URL"] = url
+    with trio.fail_after(WAIT_S):
+        return await trio.run_process([sys.executable, "-m", "daemon", *args],
+                                      capture_stdout=True, capture_stderr=True, check=False,
+                                      env={**environ, **env})
+
+
+def out(p: trio.CompletedProcess[bytes]) -> str:
+    assert p.returncode == 0, p.stderr.decode()
+    return p.stdout.decode()
+
+
+async def tree(d: Running, *, wait: bool = True) -> tuple[str, str]:
+    """A root that spawned one `plain` child: (root id, child id)."""
+    child_msg = mock(say="child words") if wait else mock(say="never ends", hang_after=1)
+    body = (await d.chat(mock(calls=[{"tools": [spawn("plain", child_msg, wait=wait)]},
+                                     {"say": "root done"}]))).json()
+    root = body["sessionId"]
+    child = (await d.http.get(f"/sessions/{root}")).json()["children"][0]
+    return root, child
+
+
+async def test_sessions_flat_and_tree(daemon: Running) -> None:
+    root, child = await tree(daemon)
+    other = (await daemon.chat(mock(say="alone"), agent="plain")).json()["sessionId"]
+    flat = out(await cli("sessions", url=daemon.url)).splitlines()
+    assert flat[0].split()[:3] == ["ID", "AGENT", "STATUS"]
+    ids = [line.split()[0] for line in flat[1:]]
+    assert sorted(ids) == sorted([root, child, other])
+    assert ids[0] == other  # newest first
+    nested = out(await cli("--url", daemon.url, "sessions", "--tree")).splitlines()[1:]
+    rows = {line.split()[0]: line for line in nested}
+    assert rows[child].startswith("  " + child)  # indented one level
+    assert not rows[root].startswith(" ") and not rows[other].startswith(" ")
+    order = [line.split()[0] for line in nested]
+    assert order.index(child) == order.index(root) + 1  # right under its parent
+    assert "plain" in rows[child] and "assistant" in rows[root]
+
+
+async def test_show_prints_the_session_and_its_messages(daemon: Running) -> None:
+    root, child = await tree(daemon)
+    text = out(await cli("show", root, "--url", daemon.url))
+    assert f"session {root}" in text and "agent assistant" in text
+    assert f"children {child}" in text
+    assert "[assistant] root done" in text and "agent_spawn" in text
+    child_text = out(await cli("show", child, url=daemon.url))
+    assert f"parent {root}" in child_text and "[assistant] child words" in child_text
+
+
+async def test_send_wakes_the_session(daemon: Running) -> None:
+    root = (await daemon.chat(mock(say="first"), agent="plain")).json()["sessionId"]
+    async with open_recorder(daemon.ws_url) as rec:
+        text = out(await cli("send", root, mock(say="woken by the cli"), url=daemon.url))
+        assert text.strip() == f"{root}: sent"
+        turn = await rec.turn_of(root)
+        with trio.fail_after(WAIT_S):
+            await rec.terminal(turn)
+    start = next(e for e in rec.stream(turn) if e["eventType"] == "turn.start")
+    assert start["data"]["trigger"] == "wake"
+    messages = (await daemon.http.get(f"/sessions/{root}/messages")).json()["messages"]
+    assert messages[-1]["content"] == "woken by the cli"
+    queued = out(await cli("send", root, mock(say="later"), "--queue", url=daemon.url))
+    assert queued.strip() == f"{root}: queued"
+
+
+async def test_cancel_turn_and_tree(daemon: Running) -> None:
+    async with open_recorder(daemon.ws_url) as rec:
+        root, child = await tree(daemon, wait=False)
+        child_turn = await rec.turn_of(child)
+        nothing = out(await cli("cancel", root, "--scope", "turn", url=daemon.url))
+        assert nothing.strip() == f"{root}: nothing was running"
+        stopped = out(await cli("cancel", root, url=daemon.url))  # tree is the default
+        assert stopped.strip() == f"cancelled turn {child_turn} in session {child}"
+        with trio.fail_after(WAIT_S):
+            terminal = await rec.terminal(child_turn)
+    assert terminal["data"]["details"]["reason"] == "parent_cancelled"
+
+
+async def tail_until_terminal(url: str, turn_id: str, *args: str) -> list[dict[str, Any]]:
+    """`veild tail … --since 0` until the terminal of `turn_id` went by."""
+    events: list[dict[str, Any]] = []
+    buf = b""
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "daemon", "tail", "--url", url, "--since", "0", *args],
+        stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    try:
+        with trio.fail_after(WAIT_S):
+            while not any(e.get("turnId") == turn_id and e.get("eventType") in ("done", "error")
+                          for e in events):
+                chunk = await proc.stdout.receive_some()
+                assert chunk, "tail ended early"
+                *lines, buf = (buf + chunk).split(b"\n")
+                events += [json.loads(line) for line in lines if line]
+        return events
+    finally:
+        proc.terminate()
+        with trio.CancelScope(shield=True), trio.fail_after(WAIT_S):
+            await proc.wait()
+            await proc.stdout.aclose()
+
+
+async def test_tail_filters_by_session_and_children(daemon: Running) -> None:
+    async with open_recorder(daemon.ws_url) as rec:
+        root, child = await tree(daemon)
+        root_turn = await rec.turn_of(root)
+        await rec.terminal(root_turn)
+    alone = await tail_until_terminal(daemon.url, root_turn, "--session", root)
+    assert {e["sessionId"] for e in alone if "sessionId" in e} == {root}
+    with_children = await tail_until_terminal(daemon.url, root_turn, "--session", root,
+                                              "--children")
+    sessions = {e["sessionId"] for e in with_children if "sessionId" in e}
+    assert sessions == {root, child}
+
+
+async def test_url_before_and_after_the_verb_and_from_the_environment(daemon: Running) -> None:
+    await daemon.chat(mock(say="one"), agent="plain")
+    wrong = "http://127.0.0.1:9"  # the environment loses to --url, either side
+    before = out(await cli("--url", daemon.url, "sessions", url=wrong))
+    after = out(await cli("sessions", "--url", daemon.url, url=wrong))
+    env = out(await cli("sessions", url=daemon.url))
+    assert before == after == env and len(before.splitlines()) == 2
+
+
+async def test_http_errors_are_one_line(daemon: Running) -> None:
+    for args in (("show", "ses_nope"), ("cancel", "ses_nope"), ("send", "ses_nope", "hi"),
+                 ("approve", "ses_nope", "apr_nope")):
+        p = await cli(*args, url=daemon.url)
+        err = p.stderr.decode()
+        assert p.returncode == 1, args
+        assert len(err.strip().splitlines()) == 1, err
+        assert "404 NOT_FOUND" in err and "Traceback" not in err
+        assert p.stdout == b""
+    bad = await cli("send", "ses_nope", "", url=daemon.url)
+    assert bad.returncode == 1 and len(bad.stderr.decode().strip().splitlines()) == 1
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port  # nothing listens there once the socket is closed
+
+
+async def test_a_daemon_that_is_not_running_is_one_line_exit_1() -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    for args in (("sessions",), ("show", "ses_x"), ("chat", "plain", "hi"), ("tail",),
+                 ("cancel", "ses_x"), ("prune", "--older-than", "1d")):
+        p = await cli(*args, "--url", url)
+        err = p.stderr.decode()
+        assert p.returncode == 1, (args, err)
+        assert len(err.strip().splitlines()) == 1, err
+        assert "cannot reach the daemon" in err and url in err and "Traceback" not in err
