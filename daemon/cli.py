@@ -16,7 +16,7 @@ import httpx
 import trio
 
 from daemon import __version__, cli_sessions
-from daemon.cli_http import CliError, call, error_line, resolve_url, unreachable
+from daemon.cli_http import CliError, HttpFailure, call, resolve_url, unreachable
 from daemon.config import Config, check_exposure, load_config, resolve_config_path
 from daemon.errors import ConfigError, StoreError
 from daemon.observe.logs import configure_logging, one_line
@@ -111,41 +111,24 @@ def _headers() -> dict[str, str]:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    import httpx
+    from rich.console import Console
+    from trio_websocket import HandshakeError
 
-    body: dict[str, Any] = {"message": args.message, "sse": True}
-    if args.session:
-        body["sessionId"] = args.session
-    with httpx.Client(base_url=args.url, headers=_headers(), timeout=None) as client:
-        with client.stream("POST", f"/agents/{args.agent}/chat", json=body) as response:
-            if response.status_code != 200:
-                response.read()
-                raise CliError(error_line(response))
-            event = ""
-            for line in response.iter_lines():
-                if line.startswith("event: "):
-                    event = line[7:]
-                elif line.startswith("data: "):
-                    data = json.loads(line[6:])["data"]
-                    if event in ("inference.chunk", "thinking.chunk", "tool.chunk"):
-                        text = data["content"]
-                        sys.stdout.write(f"\x1b[2m{text}\x1b[0m" if event != "inference.chunk"
-                                         else text)
-                        sys.stdout.flush()
-                    elif event == "inference.tool":
-                        print(f"\n[{data['name']} {json.dumps(data['arguments'])}]")
-                    elif event == "approval.request":
-                        sid = json.loads(line[6:])["sessionId"]
-                        print(f"\n[{data['toolName']} waits for approval: veild approve "
-                              f"{sid} {data['approvalId']} [--deny REASON]]", flush=True)
-                    elif event == "approval.result":
-                        print(f"[approval {data['decision']}"
-                              f"{': ' + data['reason'] if data['reason'] else ''}]", flush=True)
-                    elif event in ("done", "error"):
-                        print(f"\n[{event} session={data['session']['id']} "
-                              f"model={data['model']} tokens={data['tokenUsage']}]")
-                        return 0 if event == "done" else 1
-    return 0
+    from daemon.cli_render import chat
+
+    console = Console(soft_wrap=True, highlight=False)
+    try:
+        code: int = trio.run(chat, args.url, args.agent, args.message, args.session, console)
+    except BaseException as exc:
+        leaves = _leaves(exc)
+        for leaf in leaves:
+            if isinstance(leaf, CliError):
+                raise leaf from None
+        if all(isinstance(leaf, (httpx.TransportError, OSError, HandshakeError))
+               for leaf in leaves):
+            raise CliError(unreachable(args.url, leaves[0])) from None
+        raise
+    return code
 
 
 def _approve(args: argparse.Namespace) -> int:
@@ -199,8 +182,8 @@ def _prune(args: argparse.Namespace) -> int:
     workspaces; a second writer on its database would do none of that."""
     try:
         answer = call(args.url, "DELETE", "/sessions", params={"olderThan": args.older_than})
-    except CliError as exc:
-        raise CliError(f"prune failed: {exc}") from None
+    except HttpFailure as exc:
+        raise CliError(f"prune failed ({exc.status}): {exc.message}") from None
     print(f"pruned {answer['pruned']} sessions idle for more than {args.older_than}")
     return 0
 

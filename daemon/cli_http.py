@@ -16,6 +16,15 @@ class CliError(Exception):
     """A failure the user can act on; main() prints it as one line and exits 1."""
 
 
+class HttpFailure(CliError):
+    """The daemon answered with an error status."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(error_line(response))
+        self.status = response.status_code
+        self.message = error_message(response)
+
+
 def resolve_url(url: str | None) -> str:
     """`--url` (before or after the verb) wins over `$VEILD_URL`, then the default."""
     return (url or os.environ.get("VEILD_URL") or DEFAULT_URL).rstrip("/")
@@ -35,11 +44,19 @@ def client(url: str, timeout: float | None = 30) -> httpx.Client:
 def error_line(response: httpx.Response) -> str:
     """`STATUS CODE: message` from the daemon's error shape (§3), else the body's text."""
     try:
-        error = response.json()["error"]
-        return f"{response.status_code} {error['code']}: {error['message']}"
+        code = f" {response.json()['error']['code']}"
     except (ValueError, KeyError, TypeError):
-        text = " ".join(response.text.split()) or response.reason_phrase
-        return f"{response.status_code}: {text}"
+        code = ""
+    return f"{response.status_code}{code}: {error_message(response)}"
+
+
+def error_message(response: httpx.Response) -> str:
+    """The error shape's message, else the body's text, on one line."""
+    try:
+        message = str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        message = response.text or response.reason_phrase
+    return " ".join(message.split())
 
 
 def call(url: str, method: str, path: str, **kwargs: Any) -> Any:
@@ -50,7 +67,7 @@ def call(url: str, method: str, path: str, **kwargs: Any) -> Any:
     except httpx.HTTPError as exc:
         raise CliError(unreachable(url, exc)) from None
     if response.status_code >= 400:
-        raise CliError(error_line(response))
+        raise HttpFailure(response)
     return response.json() if response.content else None
 
 

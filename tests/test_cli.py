@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import socket
+import struct
 import subprocess
 import sys
+import termios
 from typing import Any
 
 import trio
@@ -172,3 +176,159 @@ async def test_a_daemon_that_is_not_running_is_one_line_exit_1() -> None:
         assert p.returncode == 1, (args, err)
         assert len(err.strip().splitlines()) == 1, err
         assert "cannot reach the daemon" in err and url in err and "Traceback" not in err
+
+
+def tree_chat() -> str:
+    """A root that thinks, runs bash, spawns a `plain` child, and answers."""
+    return mock(calls=[
+        {"think": "pondering the plan", "say": "let me look",
+         "tools": [{"name": "bash", "arguments": {"command": "echo tool-out"}},
+                   spawn("plain", mock(say="child words here"))]},
+        {"say": "root done"},
+    ])
+
+
+def check_nesting(text: str, label_of_root: str = "assistant") -> None:
+    lines = [line.rstrip() for line in text.splitlines()]
+
+    def index(pred: Any) -> int:
+        found = [i for i, line in enumerate(lines) if pred(line)]
+        assert found, text
+        return found[0]
+
+    think = index(lambda x: x.startswith(f"{label_of_root} (thinking): pondering"))
+    spawn_call = index(lambda x: x.startswith(f"[{label_of_root} ⚙ agent_spawn "))
+    tool_out = index(lambda x: x.startswith(f"{label_of_root} bash: tool-out"))
+    child_head = index(lambda x: x.startswith("  ↳ plain ses_"))
+    child_says = index(lambda x: x.startswith("  plain: child words here"))
+    child_end = index(lambda x: x.startswith("  ↳ plain [done session="))
+    root_says = index(lambda x: x.startswith(f"{label_of_root}: root done"))
+    final = index(lambda x: x.startswith("[done session="))
+    assert think < spawn_call < child_head < child_says < child_end < root_says < final, text
+    assert tool_out < root_says, text
+    call_id = lines[spawn_call].rsplit("(", 1)[1].rstrip(")]")
+    assert f"(spawned by {call_id})" in lines[child_head], text
+    assert "tokens=" in lines[final] and " in / " in lines[final] and "duration=" in lines[final]
+    assert final == len(lines) - 1, text
+
+
+async def test_chat_nests_the_child_under_its_spawn_with_labels(daemon: Running) -> None:
+    p = await cli("chat", "assistant", tree_chat(), "--url", daemon.url, VEILD_LOG="ERROR")
+    text = out(p)
+    assert "\x1b[" not in text  # a pipe gets no styles
+    check_nesting(text)
+
+
+ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class Pty:
+    """`veild chat` on a real terminal: the pty is its controlling terminal, so a ^C
+    written to it reaches the process as SIGINT, as it does for a user."""
+
+    def __init__(self, master: int, proc: trio.Process) -> None:
+        self.stream = trio.lowlevel.FdStream(master)
+        self.proc = proc
+        self.raw = b""
+
+    @property
+    def text(self) -> str:
+        return ANSI.sub(b"", self.raw).replace(b"\r", b"").decode()
+
+    async def until(self, needle: str) -> None:
+        with trio.fail_after(WAIT_S):
+            while needle not in self.text:
+                try:
+                    chunk = await self.stream.receive_some()
+                except trio.BrokenResourceError:  # EIO: the child closed the terminal
+                    chunk = b""
+                assert chunk, self.text
+                self.raw += chunk
+
+    async def rest(self) -> None:
+        with trio.fail_after(WAIT_S):
+            while True:
+                try:
+                    chunk = await self.stream.receive_some()
+                except trio.BrokenResourceError:  # EIO: the child closed the terminal
+                    return
+                if not chunk:
+                    return
+                self.raw += chunk
+
+
+def _controlling_tty() -> None:
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+async def open_pty_chat(url: str, message: str) -> Pty:
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+    env = {**os.environ, "TERM": "xterm-256color", "VEILD_LOG": "ERROR"}
+    env.pop("NO_COLOR", None)
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "daemon", "chat", "assistant", message, "--url", url],
+        stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+        preexec_fn=_controlling_tty, env=env)
+    os.close(slave)
+    return Pty(master, proc)
+
+
+async def close_pty(term: Pty) -> None:
+    if term.proc.returncode is None:
+        term.proc.kill()
+    with trio.CancelScope(shield=True), trio.fail_after(WAIT_S):
+        await term.proc.wait()
+        await term.stream.aclose()
+
+
+async def test_chat_on_a_terminal_is_styled_and_nested(daemon: Running) -> None:
+    term = await open_pty_chat(daemon.url, tree_chat())
+    try:
+        await term.rest()
+        with trio.fail_after(WAIT_S):
+            assert await term.proc.wait() == 0, term.text
+    finally:
+        await close_pty(term)
+    assert b"\x1b[2m" in term.raw  # thinking dimmed on a terminal
+    check_nesting(term.text)
+
+
+async def test_ctrl_c_cancels_the_tree_and_exits_after_the_terminal(daemon: Running) -> None:
+    hang = mock(calls=[{"tools": [spawn("plain", mock(say="never ends", hang_after=1))]},
+                       {"say": "unreached"}])
+    async with open_recorder(daemon.ws_url) as rec:
+        term = await open_pty_chat(daemon.url, hang)
+        try:
+            await term.until("  ↳ plain ses_")  # the child started (then it hangs)
+            os.write(term.stream.fileno(), b"\x03")  # ^C, as typed
+            await term.rest()
+            with trio.fail_after(WAIT_S):
+                assert await term.proc.wait() == 130, term.text
+        finally:
+            await close_pty(term)
+        lines = term.text.strip().splitlines()
+        # The terminal echoes the ^C itself in front of our line.
+        assert any(x.endswith("[cancelling the tree…]") for x in lines), term.text
+        assert lines[-1].startswith("[error CANCELLED (user_cancel) session="), term.text
+        assert "  ↳ plain [error CANCELLED (parent_cancelled)" in term.text
+        terminals = rec.terminals()
+    assert sorted(t["data"]["details"]["reason"] for t in terminals.values()) == [
+        "parent_cancelled", "user_cancel"]
+
+
+async def test_chat_into_a_running_turn_says_injected_and_exits(daemon: Running) -> None:
+    hang = mock(calls=[{"tools": [spawn("plain", mock(say="never ends", hang_after=1))]},
+                       {"say": "after"}])
+    async with open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
+        nursery.start_soon(daemon.chat, hang)
+        child_turn = await rec.wait_for(lambda es: next(
+            (e["turnId"] for e in es if e.get("eventType") == "turn.start" and e["depth"] == 1),
+            None))
+        root = next(e["sessionId"] for e in rec.stream() if e["depth"] == 0)
+        text = out(await cli("chat", "assistant", "also this", "--session", root,
+                             url=daemon.url, VEILD_LOG="ERROR"))
+        assert text.strip() == f"[injected into the running turn of {root}]"
+        await daemon.cancel(root, "tree")
+        with trio.fail_after(WAIT_S):
+            await rec.terminal(child_turn)
