@@ -218,6 +218,13 @@ def _schedules(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from daemon import doctor
+
+    # Only a --url given (before or after the verb) asks for the daemon check.
+    return doctor.run(args.config, args.url if args.url_given else None)
+
+
 def _remote(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """A verb that talks to a daemon also takes `--url` after it; SUPPRESS keeps a
     `--url` given before the verb from being overwritten by the verb's default."""
@@ -300,11 +307,19 @@ def build_parser() -> argparse.ArgumentParser:
     approve.add_argument("--deny", metavar="REASON",
                          help="deny the call; the model sees REASON in its result")
     approve.set_defaults(func=_approve)
+
+    doctor = sub.add_parser("doctor", help="check the config, data dir, providers, MCP "
+                                           "servers, the claude CLI and (--url) the daemon")
+    doctor.add_argument("--config", help="default $VEILD_CONFIG, else the default path")
+    doctor.add_argument("--url", default=argparse.SUPPRESS,
+                        help="also check the daemon there (GET /health)")
+    doctor.set_defaults(func=_doctor)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.url_given = args.url is not None
     args.url = resolve_url(args.url)
     # Until a config says otherwise: text on a terminal, JSON lines otherwise.
     args.log_format = configure_logging(level=_log_level())

@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import termios
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -332,3 +333,60 @@ async def test_chat_into_a_running_turn_says_injected_and_exits(daemon: Running)
         await daemon.cancel(root, "tree")
         with trio.fail_after(WAIT_S):
             await rec.terminal(child_turn)
+
+
+async def test_doctor_ok_with_the_daemon(daemon: Running) -> None:
+    p = await cli("doctor", "--url", daemon.url, VEILD_CONFIG=str(daemon.config_path))
+    text = out(p)
+    lines = text.splitlines()
+    assert lines[0] == f"config {daemon.config_path}: ok"
+    assert any(x.startswith("provider mock (") and x.endswith(": ok") for x in lines), text
+    assert any(x.startswith("data dir ") and x.endswith(": ok") for x in lines), text
+    assert f"daemon at {daemon.url}: ok" in lines
+    assert lines[-1] == "doctor: all checks passed"
+
+
+async def test_doctor_names_what_failed(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    down = f"http://127.0.0.1:{_closed_port()}"
+    config = tmp_path / "bad.toml"
+    config.write_text(f"""
+[server]
+data_dir = "{blocker / 'data'}"
+
+[providers.far]
+type = "openai"
+base_url = "{down}/v1"
+
+[mcp.tools]
+command = "veild-no-such-command-xyz"
+
+[agents.coder]
+engine = "claude-cli"
+command = "{tmp_path / 'no-claude'}"
+""")
+    p = await cli("--url", down, "doctor", "--config", str(config))
+    assert p.returncode == 1, p.stdout.decode()
+    lines = p.stdout.decode().splitlines()
+    fails = [x for x in lines if ": FAIL: " in x]
+    assert [x.split(": FAIL: ")[0] for x in fails] == [
+        f"data dir {blocker / 'data'}", f"provider far ({down}/v1)",
+        "mcp tools (stdio: veild-no-such-command-xyz)",
+        f"agent coder: claude CLI ({tmp_path / 'no-claude'})", f"daemon at {down}"]
+    assert "not a directory" in fails[0] and "cannot connect" in fails[1]
+    assert "not on PATH" in fails[2] and "not an executable" in fails[3]
+    assert lines[-1].startswith("doctor: 5 failed: data dir ")
+    # Without --url the daemon is not checked.
+    alone = await cli("doctor", "--config", str(config))
+    assert not any(x.startswith("daemon at") for x in alone.stdout.decode().splitlines())
+
+
+async def test_doctor_reports_a_config_error(tmp_path: Path) -> None:
+    config = tmp_path / "broken.toml"
+    config.write_text("[agents.x]\nengine = \"nope\"\n")
+    p = await cli("doctor", VEILD_CONFIG=str(config))
+    assert p.returncode == 1
+    lines = p.stdout.decode().splitlines()
+    assert lines[0].startswith(f"config {config}: FAIL: ") and "engine" in lines[0]
+    assert lines[-1] == f"doctor: 1 failed: config {config}"
