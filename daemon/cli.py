@@ -104,12 +104,6 @@ def _mock_provider(args: argparse.Namespace) -> int:
     return 0
 
 
-def _headers() -> dict[str, str]:
-    from daemon.cli_http import headers
-
-    return headers()
-
-
 def _chat(args: argparse.Namespace) -> int:
     from rich.console import Console
     from trio_websocket import HandshakeError
