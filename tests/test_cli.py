@@ -14,9 +14,10 @@ import termios
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
-from tests.harness import Running, mock, open_recorder, spawn
+from tests.harness import Provider, Running, mock, open_daemon, open_recorder, spawn
 
 WAIT_S = 60
 
@@ -390,3 +391,19 @@ async def test_doctor_reports_a_config_error(tmp_path: Path) -> None:
     lines = p.stdout.decode().splitlines()
     assert lines[0].startswith(f"config {config}: FAIL: ") and "engine" in lines[0]
     assert lines[-1] == f"doctor: 1 failed: config {config}"
+
+
+async def test_the_token_comes_from_veild_token(tmp_path: Path, provider: Provider,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VEILD_TEST_CLI_TOKEN", "s3cret")
+    async with open_daemon(tmp_path, provider,
+                           server='auth_token_env = "VEILD_TEST_CLI_TOKEN"') as d:
+        refused = await cli("sessions", url=d.url)
+        assert refused.returncode == 1
+        assert refused.stderr.decode().startswith("veild: 401 UNAUTHORIZED: ")
+        assert len(refused.stderr.decode().strip().splitlines()) == 1
+        chat = out(await cli("chat", "plain", mock(say="with a token"), url=d.url,
+                             VEILD_TOKEN="s3cret", VEILD_LOG="ERROR"))
+        assert "plain: with a token" in chat.splitlines()  # through /ws with ?token= too
+        listed = out(await cli("sessions", url=d.url, VEILD_TOKEN="s3cret"))
+        assert len(listed.splitlines()) == 2
