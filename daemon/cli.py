@@ -1,4 +1,5 @@
-"""`veild serve | mock-provider | chat | tail | schedules | approve | prune`."""
+"""`veild serve | mock-provider | chat | tail | sessions | show | send | cancel | schedules |
+approve | prune | doctor`: argument parsing and dispatch; the verbs live in cli_*.py."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import sys
 from datetime import datetime
 from typing import Any
 
+import httpx
 import trio
 
-from daemon import __version__
+from daemon import __version__, cli_sessions
+from daemon.cli_http import CliError, HttpFailure, call, resolve_url, unreachable
 from daemon.config import Config, check_exposure, load_config, resolve_config_path
 from daemon.errors import ConfigError, StoreError
 from daemon.observe.logs import configure_logging, one_line
@@ -101,80 +104,48 @@ def _mock_provider(args: argparse.Namespace) -> int:
     return 0
 
 
-def _headers() -> dict[str, str]:
-    token = os.environ.get("VEILD_TOKEN")
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
 def _chat(args: argparse.Namespace) -> int:
-    import httpx
+    from rich.console import Console
+    from trio_websocket import HandshakeError
 
-    body: dict[str, Any] = {"message": args.message, "sse": True}
-    if args.session:
-        body["sessionId"] = args.session
-    with httpx.Client(base_url=args.url, headers=_headers(), timeout=None) as client:
-        with client.stream("POST", f"/agents/{args.agent}/chat", json=body) as response:
-            if response.status_code != 200:
-                print(response.read().decode(), file=sys.stderr)
-                return 1
-            event = ""
-            for line in response.iter_lines():
-                if line.startswith("event: "):
-                    event = line[7:]
-                elif line.startswith("data: "):
-                    data = json.loads(line[6:])["data"]
-                    if event in ("inference.chunk", "thinking.chunk", "tool.chunk"):
-                        text = data["content"]
-                        sys.stdout.write(f"\x1b[2m{text}\x1b[0m" if event != "inference.chunk"
-                                         else text)
-                        sys.stdout.flush()
-                    elif event == "inference.tool":
-                        print(f"\n[{data['name']} {json.dumps(data['arguments'])}]")
-                    elif event == "approval.request":
-                        sid = json.loads(line[6:])["sessionId"]
-                        print(f"\n[{data['toolName']} waits for approval: veild approve "
-                              f"{sid} {data['approvalId']} [--deny REASON]]", flush=True)
-                    elif event == "approval.result":
-                        print(f"[approval {data['decision']}"
-                              f"{': ' + data['reason'] if data['reason'] else ''}]", flush=True)
-                    elif event in ("done", "error"):
-                        print(f"\n[{event} session={data['session']['id']} "
-                              f"model={data['model']} tokens={data['tokenUsage']}]")
-                        return 0 if event == "done" else 1
-    return 0
+    from daemon.cli_render import chat
+
+    console = Console(soft_wrap=True, highlight=False)
+    try:
+        code: int = trio.run(chat, args.url, args.agent, args.message, args.session, console)
+    except BaseException as exc:
+        leaves = _leaves(exc)
+        for leaf in leaves:
+            if isinstance(leaf, CliError):
+                raise leaf from None
+        if all(isinstance(leaf, (httpx.TransportError, OSError, HandshakeError))
+               for leaf in leaves):
+            raise CliError(unreachable(args.url, leaves[0])) from None
+        raise
+    return code
 
 
 def _approve(args: argparse.Namespace) -> int:
     """`veild approve SESSION APPROVAL_ID [--deny REASON]` (CONTRACT §12, §9)."""
-    import httpx
-
     body: dict[str, Any] = {"decision": "allow"}
     if args.deny is not None:
         body = {"decision": "deny", "reason": args.deny}
-    try:
-        with httpx.Client(base_url=args.url, headers=_headers(), timeout=30) as client:
-            response = client.post(f"/sessions/{args.session}/approvals/{args.approval_id}",
-                                   json=body)
-    except httpx.HTTPError as exc:
-        print(f"veild: cannot reach the daemon at {args.url}: {exc}", file=sys.stderr)
-        return 1
-    if response.status_code != 200:
-        try:
-            message = response.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = response.text
-        print(f"veild: {response.status_code}: {message}", file=sys.stderr)
-        return 1
-    print(f"{args.approval_id}: {response.json()['decision']}")
+    answer = call(args.url, "POST", f"/sessions/{args.session}/approvals/{args.approval_id}",
+                  json=body)
+    print(f"{args.approval_id}: {answer['decision']}")
     return 0
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from trio_websocket import ConnectionClosed, open_websocket_url
+    from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
     query = "batch=1"
     if args.session:
-        query += f"&sessionIds={args.session}&includeChildren=1"
+        query += f"&sessionIds={args.session}"
+        if args.children:
+            query += "&includeChildren=1"
+    if args.since is not None:
+        query += f"&since={args.since}"
     url = args.url.replace("http", "ws", 1) + f"/ws?{query}"
     token = os.environ.get("VEILD_TOKEN")
     if token:
@@ -194,6 +165,8 @@ def _tail(args: argparse.Namespace) -> int:
         trio.run(main)
     except KeyboardInterrupt:
         pass
+    except (OSError, HandshakeError) as exc:
+        raise CliError(unreachable(args.url, exc)) from None
     return 0
 
 
@@ -201,23 +174,11 @@ def _prune(args: argparse.Namespace) -> int:
     """Over HTTP to the running daemon (DELETE /sessions?olderThan=): the daemon owns
     the data dir, knows which turns run, publishes `session.deleted` and removes the
     workspaces; a second writer on its database would do none of that."""
-    import httpx
-
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # errors are our one line
     try:
-        with httpx.Client(base_url=args.url, headers=_headers(), timeout=None) as client:
-            response = client.delete("/sessions", params={"olderThan": args.older_than})
-    except httpx.HTTPError as exc:
-        print(f"veild: cannot reach the daemon at {args.url}: {exc}", file=sys.stderr)
-        return 1
-    if response.status_code != 200:
-        try:
-            message = response.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = response.text.strip()
-        print(f"veild: prune failed ({response.status_code}): {message}", file=sys.stderr)
-        return 1
-    print(f"pruned {response.json()['pruned']} sessions idle for more than {args.older_than}")
+        answer = call(args.url, "DELETE", "/sessions", params={"olderThan": args.older_than})
+    except HttpFailure as exc:
+        raise CliError(f"prune failed ({exc.status}): {exc.message}") from None
+    print(f"pruned {answer['pruned']} sessions idle for more than {args.older_than}")
     return 0
 
 
@@ -229,42 +190,48 @@ def _when(ms: int | None) -> str:
 
 def _schedules(args: argparse.Namespace) -> int:
     """`veild schedules` lists them; `veild schedules run|pause|resume NAME` acts."""
-    import httpx
-
-    with httpx.Client(base_url=args.url, headers=_headers(), timeout=30) as client:
-        if args.action != "list":
-            if not args.name:
-                print(f"veild: schedules {args.action} needs a schedule name", file=sys.stderr)
-                return EXIT_CONFIG
-            r = client.post(f"/schedules/{args.name}/{args.action}")
-            if r.status_code >= 400:
-                print(f"veild: {r.json()['error']['message']}", file=sys.stderr)
-                return 1
-            body = r.json()
-            print(f"{args.name}: started turn {body['turnId']} in session {body['sessionId']}"
-                  if args.action == "run" else f"{args.name}: {args.action}d")
-            return 0
-        r = client.get("/schedules")
-        if r.status_code >= 400:
-            print(f"veild: {r.json()['error']['message']}", file=sys.stderr)
-            return 1
-        rows = [("NAME", "AGENT", "WHEN", "STATE", "NEXT", "LAST", "OUTCOME", "SKIPPED")]
-        for s in r.json()["schedules"]:
-            when = (f"every {s['every']}" if "every" in s
-                    else f"cron {s['cron']} {s['timezone']}")
-            state = ("running" if s["running"] else "paused" if s["paused"]
-                     else "enabled" if s["enabled"] else "disabled")
-            rows.append((s["name"], s["agent"], when, state, _when(s["nextRunAt"]),
-                         _when(s["lastRunAt"]), s["lastOutcome"] or "-", str(s["skipped"])))
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        for row in rows:
-            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    if args.action != "list":
+        if not args.name:
+            print(f"veild: schedules {args.action} needs a schedule name", file=sys.stderr)
+            return EXIT_CONFIG
+        body = call(args.url, "POST", f"/schedules/{args.name}/{args.action}")
+        print(f"{args.name}: started turn {body['turnId']} in session {body['sessionId']}"
+              if args.action == "run" else f"{args.name}: {args.action}d")
+        return 0
+    rows = [("NAME", "AGENT", "WHEN", "STATE", "NEXT", "LAST", "OUTCOME", "SKIPPED")]
+    for s in call(args.url, "GET", "/schedules")["schedules"]:
+        when = (f"every {s['every']}" if "every" in s
+                else f"cron {s['cron']} {s['timezone']}")
+        state = ("running" if s["running"] else "paused" if s["paused"]
+                 else "enabled" if s["enabled"] else "disabled")
+        rows.append((s["name"], s["agent"], when, state, _when(s["nextRunAt"]),
+                     _when(s["lastRunAt"]), s["lastOutcome"] or "-", str(s["skipped"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from daemon import doctor
+
+    # Only a --url given (before or after the verb) asks for the daemon check.
+    return doctor.run(args.config, args.url if args.url_given else None)
+
+
+def _remote(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A verb that talks to a daemon also takes `--url` after it; SUPPRESS keeps a
+    `--url` given before the verb from being overwritten by the verb's default."""
+    sub.add_argument("--url", default=argparse.SUPPRESS,
+                     help="the daemon (default $VEILD_URL, else http://127.0.0.1:7433)")
+    return sub
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="veild", description="The veild agent daemon.")
     parser.add_argument("--version", action="version", version=f"veild {__version__}")
+    parser.add_argument("--url", default=None,
+                        help="the daemon (default $VEILD_URL, else http://127.0.0.1:7433)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the daemon")
@@ -279,45 +246,83 @@ def build_parser() -> argparse.ArgumentParser:
     mock.add_argument("--port", type=int, default=0)
     mock.set_defaults(func=_mock_provider)
 
-    default_url = os.environ.get("VEILD_URL", "http://127.0.0.1:7433")
-    chat = sub.add_parser("chat", help="send one message and stream the turn")
+    chat = _remote(sub.add_parser("chat", help="send one message and stream the turn"))
     chat.add_argument("agent")
     chat.add_argument("message")
     chat.add_argument("--session")
-    chat.add_argument("--url", default=default_url)
     chat.set_defaults(func=_chat)
 
-    tail = sub.add_parser("tail", help="print every bus event as JSON lines")
-    tail.add_argument("--session")
-    tail.add_argument("--url", default=default_url)
+    tail = _remote(sub.add_parser("tail", help="print bus events as JSON lines"))
+    tail.add_argument("--session", help="only this session's events")
+    tail.add_argument("--children", action="store_true",
+                      help="with --session: its descendants' events too")
+    tail.add_argument("--since", type=int, metavar="SEQ",
+                      help="replay the events after SEQ first (0: all that are kept)")
     tail.set_defaults(func=_tail)
 
-    prune = sub.add_parser(
-        "prune", help="delete idle session trees last updated longer ago than a duration")
+    sessions = _remote(sub.add_parser("sessions", help="list sessions, newest first"))
+    sessions.add_argument("--tree", action="store_true", help="nest children under parents")
+    sessions.add_argument("--agent")
+    sessions.add_argument("--limit", type=int, default=100)
+    sessions.set_defaults(func=cli_sessions.sessions)
+
+    show = _remote(sub.add_parser("show", help="a session and its messages"))
+    show.add_argument("id")
+    show.set_defaults(func=cli_sessions.show)
+
+    send = _remote(sub.add_parser("send", help="send a message into a session's inbox"))
+    send.add_argument("id")
+    send.add_argument("message")
+    send.add_argument("--queue", action="store_true",
+                      help="deliver after the running turn instead of steering it")
+    send.set_defaults(func=cli_sessions.send)
+
+    cancel = _remote(sub.add_parser("cancel", help="cancel a session's turn or its tree"))
+    cancel.add_argument("id")
+    cancel.add_argument("--scope", choices=("turn", "tree"), default="tree")
+    cancel.set_defaults(func=cli_sessions.cancel)
+
+    prune = _remote(sub.add_parser(
+        "prune", help="delete idle session trees last updated longer ago than a duration"))
     prune.add_argument("--older-than", required=True, metavar="AGE",
                        help="e.g. 30d, 12h, 15m, 45s")
-    prune.add_argument("--url", default=default_url)
     prune.set_defaults(func=_prune)
-    schedules = sub.add_parser("schedules", help="list schedules, or run|pause|resume one")
+    schedules = _remote(sub.add_parser("schedules",
+                                       help="list schedules, or run|pause|resume one"))
     schedules.add_argument("action", nargs="?", default="list",
                            choices=("list", "run", "pause", "resume"))
     schedules.add_argument("name", nargs="?")
-    schedules.add_argument("--url", default=default_url)
     schedules.set_defaults(func=_schedules)
 
-    approve = sub.add_parser("approve", help="allow (or --deny) a tool call that waits")
+    approve = _remote(sub.add_parser("approve",
+                                     help="allow (or --deny) a tool call that waits"))
     approve.add_argument("session")
     approve.add_argument("approval_id")
     approve.add_argument("--deny", metavar="REASON",
                          help="deny the call; the model sees REASON in its result")
-    approve.add_argument("--url", default=default_url)
     approve.set_defaults(func=_approve)
+
+    doctor = sub.add_parser("doctor", help="check the config, data dir, providers, MCP "
+                                           "servers, the claude CLI and (--url) the daemon")
+    doctor.add_argument("--config", help="default $VEILD_CONFIG, else the default path")
+    doctor.add_argument("--url", default=argparse.SUPPRESS,
+                        help="also check the daemon there (GET /health)")
+    doctor.set_defaults(func=_doctor)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.url_given = args.url is not None
+    args.url = resolve_url(args.url)
     # Until a config says otherwise: text on a terminal, JSON lines otherwise.
     args.log_format = configure_logging(level=_log_level())
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except CliError as exc:
+        print(f"veild: {exc}", file=sys.stderr)
+        return 1
+    except httpx.TransportError as exc:  # a verb that streams (chat) meets it mid-way
+        print(f"veild: {unreachable(args.url, exc)}", file=sys.stderr)
+        return 1
     return result

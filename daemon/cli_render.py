@@ -1,0 +1,234 @@
+"""`veild chat`'s live view (CONTRACT §12): the turn and every sub-agent it spawns, each
+line labelled by agent and indented by depth under the tool call that spawned it,
+thinking dimmed, tool output as it streams, a final line with tokens, cost and duration.
+
+The chat itself is an SSE request (it owns the turn's start and answers with its first
+frame, which names the session); the view comes from /ws filtered to that session and its
+descendants, replayed from just before that first frame (`since`) so nothing is missed
+between the two. On a pipe rich prints the same lines without styles."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any
+
+import httpx
+import trio
+from rich.console import Console
+from rich.text import Text
+
+from daemon.cli_http import CliError, error_line, headers
+
+TERMINALS = ("done", "error")
+ARGS_SHOWN = 120  # characters of a tool call's arguments on its line
+
+
+class TreeView:
+    """Writes streamed text line by line; a line belongs to one (session, kind), and a
+    chunk of another one first ends the open line, so interleaved sub-agents stay legible."""
+
+    def __init__(self, console: Console, base_depth: int) -> None:
+        self.console = console
+        self.base_depth = base_depth
+        self.open: tuple[str, ...] | None = None
+
+    def indent(self, env: dict[str, Any]) -> str:
+        return "  " * max(0, int(env.get("depth") or 0) - self.base_depth)
+
+    def _print(self, text: Text, end: str = "") -> None:
+        self.console.print(text, end=end, soft_wrap=True, highlight=False)
+
+    def end_line(self) -> None:
+        if self.open is not None:
+            self._print(Text(""), end="\n")
+            self.open = None
+
+    def line(self, env: dict[str, Any], text: str, style: str = "") -> None:
+        self.end_line()
+        out = Text(self.indent(env))
+        out.append(text, style=style)
+        self._print(out, end="\n")
+
+    def stream(self, env: dict[str, Any], kind: tuple[str, ...], label: str, text: str,
+               style: str = "") -> None:
+        key = (env["sessionId"], *kind)
+        for i, piece in enumerate(text.split("\n")):
+            if i > 0:
+                self.end_line()
+            if not piece:
+                continue
+            if self.open != key:
+                self.end_line()
+                prefix = Text(self.indent(env))
+                prefix.append(f"{label}: ", style="bold " + style if style else "bold")
+                self._print(prefix)
+                self.open = key
+            self._print(Text(piece, style=style))
+        self.console.file.flush()
+
+
+def _usage_line(event: str, data: dict[str, Any]) -> str:
+    usage = data.get("tokenUsage") or {}
+    cost = usage.get("cost")
+    seconds = (data.get("durationMs") or 0) / 1000
+    what = event
+    if event == "error":
+        reason = (data.get("details") or {}).get("reason")
+        what = f"error {data.get('code')}{f' ({reason})' if reason else ''}"
+    session = data.get("session") or {}
+    return (f"[{what} session={session.get('id', '?')} model={data.get('model')} "
+            f"tokens={usage.get('input', 0)} in / {usage.get('output', 0)} out"
+            f"{f' cost=${cost:.4f}' if isinstance(cost, (int, float)) else ''} "
+            f"duration={seconds:.2f}s]")
+
+
+class ChatView:
+    """Turns envelopes of the chat's tree into lines; knows when the chat's turn ended."""
+
+    def __init__(self, console: Console, first: dict[str, Any]) -> None:
+        self.turn_id = first["turnId"]
+        self.session_id = first["sessionId"]
+        self.view = TreeView(console, int(first.get("depth") or 0))
+        self.exit_code: int | None = None
+
+    def render(self, env: dict[str, Any]) -> None:
+        if env.get("type") == "error":  # the /ws protocol's own error frame
+            self.view.line({}, f"[ws error {env.get('code')}: {env.get('message')}]", "red")
+            return
+        if env.get("type") != "session.stream":
+            return
+        kind, data, agent = env["eventType"], env["data"], env.get("agentName", "?")
+        v = self.view
+        if kind == "turn.start" and env["sessionId"] != self.session_id:
+            v.line(env, f"↳ {agent} {env['sessionId']} (spawned by "
+                        f"{env.get('spawnToolCallId') or '-'})", "bold magenta")
+        elif kind == "thinking.chunk":
+            v.stream(env, ("think",), f"{agent} (thinking)", data["content"], "dim")
+        elif kind == "inference.chunk":
+            v.stream(env, ("say",), agent, data["content"])
+        elif kind == "inference.tool":
+            args = json.dumps(data.get("arguments"), ensure_ascii=False)
+            if len(args) > ARGS_SHOWN:
+                args = args[:ARGS_SHOWN] + "…"
+            v.line(env, f"[{agent} ⚙ {data['name']} {args} ({data['toolCallId']})]", "yellow")
+        elif kind == "tool.chunk":
+            err = data.get("stream") == "stderr"
+            v.stream(env, ("tool", data["toolCallId"], data.get("stream", "stdout")),
+                     f"{agent} {data.get('toolName')}{' stderr' if err else ''}",
+                     data["content"], "red" if err else "cyan")
+        elif kind == "tool.result":
+            mark = "✗" if data.get("isError") else "✓"
+            v.line(env, f"[{agent} {mark} {data.get('toolName')} {data.get('durationMs', 0)}ms]",
+                   "red" if data.get("isError") else "green")
+        elif kind == "approval.request":
+            v.line(env, f"[{data['toolName']} waits for approval: veild approve "
+                        f"{env['sessionId']} {data['approvalId']} [--deny REASON]]", "bold yellow")
+        elif kind == "approval.result":
+            reason = data.get("reason")
+            v.line(env, f"[approval {data['decision']}{': ' + reason if reason else ''}]")
+        elif kind in TERMINALS:
+            if env["turnId"] == self.turn_id:
+                v.line(env, _usage_line(kind, data), "bold" if kind == "done" else "bold red")
+                self.exit_code = 0 if kind == "done" else 1
+            else:
+                v.line(env, f"↳ {agent} {_usage_line(kind, data)}",
+                       "magenta" if kind == "done" else "red")
+
+
+def _ws_url(url: str, session_id: str, since: int) -> str:
+    ws = url.replace("http", "ws", 1) + (
+        f"/ws?batch=1&sessionIds={session_id}&includeChildren=1&since={since}")
+    token = os.environ.get("VEILD_TOKEN")
+    return ws + (f"&token={token}" if token else "")
+
+
+async def chat(url: str, agent: str, message: str, session: str | None,
+               console: Console) -> int:
+    from trio_websocket import ConnectionClosed, open_websocket_url
+
+    body: dict[str, Any] = {"message": message, "sse": True}
+    if session:
+        body["sessionId"] = session
+    send_first, receive_first = trio.open_memory_channel[dict[str, Any]](1)
+    interrupted = False
+
+    async with httpx.AsyncClient(base_url=url, headers=headers(), timeout=None) as http, \
+            trio.open_nursery() as nursery:
+
+        async def read_sse() -> None:
+            """Owns the chat request; hands over its first frame, then drains the rest
+            (the view comes from /ws) so the daemon never waits on this client."""
+            async with send_first, http.stream("POST", f"/agents/{agent}/chat",
+                                               json=body) as response:
+                if response.status_code == 202:  # injected into a running turn (§6)
+                    answer = json.loads(await response.aread())
+                    console.print(f"[injected into the running turn of {answer['sessionId']}]",
+                                  soft_wrap=True, markup=False)
+                    nursery.cancel_scope.cancel()  # nothing to view: the SIGINT task too
+                    return
+                if response.status_code != 200:
+                    await response.aread()
+                    raise CliError(error_line(response))
+                handed = False
+                async for line in response.aiter_lines():
+                    if line.startswith("data: ") and not handed:
+                        handed = True
+                        await send_first.send(json.loads(line[6:]))
+                        await send_first.aclose()
+                if not handed:  # a 200 without a frame: nothing to view
+                    nursery.cancel_scope.cancel()
+
+        async def on_sigint(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            nonlocal interrupted
+            with trio.open_signal_receiver(signal.SIGINT) as signals:
+                task_status.started()
+                async for _ in signals:
+                    if interrupted:  # a second Ctrl-C: stop waiting for the terminal
+                        nursery.cancel_scope.cancel()
+                        return
+                    interrupted = True
+                    if view is not None:
+                        view.view.line({}, "[cancelling the tree…]", "bold red")
+                        r = await http.post(f"/sessions/{view.session_id}/cancel",
+                                            json={"scope": "tree"})
+                        if r.status_code >= 400:
+                            raise CliError(error_line(r))
+
+        view: ChatView | None = None
+        await nursery.start(on_sigint)
+        nursery.start_soon(read_sse)
+        first: dict[str, Any] | None = None
+        async for frame in receive_first:
+            first = frame
+            break
+        if first is None:
+            # Injected, or the request failed: read_sse ends the nursery itself, or its
+            # error leaves it. Cancelling it here could swallow that error.
+            return 0
+        view = ChatView(console, first)
+        if interrupted:
+            await http.post(f"/sessions/{view.session_id}/cancel", json={"scope": "tree"})
+        try:
+            async with open_websocket_url(_ws_url(url, view.session_id,
+                                                  int(first["seq"]) - 1)) as ws:
+                last_seq = -1
+                while view.exit_code is None:
+                    frame = json.loads(await ws.get_message())
+                    for env in frame if isinstance(frame, list) else [frame]:
+                        seq = env.get("seq")
+                        # hello/subscribed carry the latest seq, not an event's own.
+                        if env.get("type") == "session.stream" and isinstance(seq, int):
+                            if seq <= last_seq:
+                                continue  # a chunk seen already (replay overlap)
+                            last_seq = seq
+                        view.render(env)
+        except ConnectionClosed as exc:
+            raise CliError(f"the daemon closed the event stream: {exc.reason}") from None
+        nursery.cancel_scope.cancel()
+    if view is None:  # read_sse ended the nursery: injected (or a 200 with no frame)
+        return 0
+    if interrupted:
+        return 130
+    return view.exit_code if view.exit_code is not None else 1

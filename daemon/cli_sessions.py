@@ -1,0 +1,96 @@
+"""`veild sessions [--tree] | show ID | send ID MSG [--queue] | cancel ID [--scope]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from daemon.cli_http import call
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _tokens(usage: dict[str, Any] | None) -> str:
+    if not usage:
+        return "-"
+    return f"{usage.get('input', 0)}in/{usage.get('output', 0)}out"
+
+
+def _row(s: dict[str, Any], indent: int = 0) -> tuple[str, ...]:
+    return ("  " * indent + s["id"], s["agentName"], s["status"], _when(s["updatedAt"]),
+            _tokens(s.get("tokenUsage")))
+
+
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def sessions(args: argparse.Namespace) -> int:
+    params: dict[str, Any] = {"limit": args.limit}
+    if args.agent:
+        params["agent"] = args.agent
+    listed: list[dict[str, Any]] = call(args.url, "GET", "/sessions", params=params)["sessions"]
+    rows: list[tuple[str, ...]] = [("ID", "AGENT", "STATUS", "UPDATED", "TOKENS")]
+    if not args.tree:
+        rows += [_row(s) for s in listed]
+    else:
+        ids = {s["id"] for s in listed}
+        children: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
+        for s in listed:
+            # A child whose parent is not in this page is shown at the top, not lost.
+            parent = s["parentSessionId"] if s["parentSessionId"] in ids else None
+            children[parent].append(s)
+
+        def walk(parent: str | None, depth: int) -> None:
+            # The top level stays newest first; a session's children in spawn order.
+            kids = children[parent] if parent is None else sorted(
+                children[parent], key=lambda s: s["createdAt"])
+            for s in kids:
+                rows.append(_row(s, depth))
+                walk(s["id"], depth + 1)
+
+        walk(None, 0)
+    _print_table(rows)
+    return 0
+
+
+def show(args: argparse.Namespace) -> int:
+    s = call(args.url, "GET", f"/sessions/{args.id}")
+    messages = call(args.url, "GET", f"/sessions/{args.id}/messages")["messages"]
+    print(f"session {s['id']}  agent {s['agentName']}  status {s['status']}  "
+          f"depth {s['depth']}  model {s.get('model') or '-'}")
+    print(f"parent {s['parentSessionId'] or '-'}  root {s['rootSessionId']}  "
+          f"tokens {_tokens(s.get('tokenUsage'))}  updated {_when(s['updatedAt'])}")
+    if s.get("children"):
+        print("children " + " ".join(s["children"]))
+    for m in messages:
+        print(f"\n[{m['role']}] {m.get('content') or ''}".rstrip())
+        for tc in m.get("toolCalls") or []:
+            print(f"  -> {tc.get('name')} {json.dumps(tc.get('arguments'))}")
+    return 0
+
+
+def send(args: argparse.Namespace) -> int:
+    body = {"message": args.message, "delivery": "queue" if args.queue else "steer"}
+    call(args.url, "POST", f"/sessions/{args.id}/messages", json=body)
+    print(f"{args.id}: {'queued' if args.queue else 'sent'}")
+    return 0
+
+
+def cancel(args: argparse.Namespace) -> int:
+    receipt = call(args.url, "POST", f"/sessions/{args.id}/cancel", json={"scope": args.scope})
+    stopped = receipt["cancelled"]
+    if not stopped:
+        print(f"{args.id}: nothing was running")
+    for c in stopped:
+        print(f"cancelled turn {c['turnId']} in session {c['sessionId']}")
+    return 0

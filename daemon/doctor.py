@@ -1,0 +1,120 @@
+"""`veild doctor` (CONTRACT §12): checks what `veild serve` will need, from the config
+read locally, without starting anything: the config itself, the data dir writable, each
+provider and MCP server reachable, the claude CLI found, and the daemon at `--url` when
+given. One line per check; the exit code says whether any failed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+from daemon.cli_http import error_line, headers
+from daemon.config import Config, load_config, resolve_config_path
+from daemon.errors import ConfigError
+
+CONNECT_TIMEOUT_S = 3.0
+
+Check = tuple[str, Callable[[], str | None]]  # name, then None (ok) or why it failed
+
+
+def tcp_check(url: str) -> str | None:
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return f"{url!r} names no host"
+    port = parts.port or (443 if parts.scheme in ("https", "wss") else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S):
+            return None
+    except OSError as exc:
+        return f"cannot connect to {parts.hostname}:{port}: {exc.strerror or exc}"
+
+
+def data_dir_check(path: Path) -> str | None:
+    """Writable where it is, or creatable: the daemon makes it at start."""
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            return f"{path}: no existing parent"
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".veild-doctor-"):
+            pass
+    except OSError as exc:
+        return f"{existing} is not writable: {exc.strerror or exc}"
+    return None
+
+
+def command_check(command: str) -> str | None:
+    if os.sep in command:
+        if Path(command).is_file() and os.access(command, os.X_OK):
+            return None
+        return f"{command} is not an executable file"
+    return None if shutil.which(command) else f"{command!r} is not on PATH"
+
+
+def daemon_check(url: str) -> str | None:
+    try:
+        with httpx.Client(base_url=url, headers=headers(), timeout=CONNECT_TIMEOUT_S) as c:
+            r = c.get("/health")
+    except httpx.HTTPError as exc:
+        return f"cannot reach {url}: {' '.join(str(exc).split()) or type(exc).__name__}"
+    if r.status_code != 200:
+        return error_line(r)
+    return None
+
+
+def checks(config: Config, url: str | None) -> Iterator[Check]:
+    yield f"data dir {config.server.data_dir}", lambda: data_dir_check(config.server.data_dir)
+    for p in config.providers.values():
+        if p.type == "mock":
+            continue  # served in-process by `veild mock-provider`: nothing to reach
+        yield f"provider {p.name} ({p.base_url})", lambda p=p: tcp_check(p.base_url)  # type: ignore[misc]
+    for m in config.mcp.values():
+        if m.command is not None:
+            yield (f"mcp {m.name} (stdio: {m.command})",
+                   lambda m=m: command_check(m.command or ""))  # type: ignore[misc]
+        elif m.url is not None:
+            yield f"mcp {m.name} ({m.url})", lambda m=m: tcp_check(m.url or "")  # type: ignore[misc]
+    for a in config.agents.values():
+        if a.engine == "claude-cli":
+            yield (f"agent {a.name}: claude CLI ({a.command})",
+                   lambda a=a: command_check(a.command))  # type: ignore[misc]
+    if url is not None:
+        yield f"daemon at {url}", lambda: daemon_check(url)
+
+
+def run(config_path: str | None, url: str | None) -> int:
+    path = resolve_config_path(config_path)
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        print(f"config {path}: FAIL: {' '.join(str(exc).split())}")
+        failed = [f"config {path}"]
+        if url is not None:  # the daemon may still run with another config
+            why = daemon_check(url)
+            print(f"daemon at {url}: {'ok' if why is None else 'FAIL: ' + why}")
+            if why is not None:
+                failed.append(f"daemon at {url}")
+        print(f"doctor: {len(failed)} failed: {', '.join(failed)}")
+        return 1
+    print(f"config {path}: ok")
+    failed = []
+    for name, check in checks(config, url):
+        why = check()
+        print(f"{name}: {'ok' if why is None else 'FAIL: ' + why}", flush=True)
+        if why is not None:
+            failed.append(name)
+    if failed:
+        print(f"doctor: {len(failed)} failed: {', '.join(failed)}")
+        return 1
+    print("doctor: all checks passed")
+    return 0
