@@ -187,6 +187,11 @@ def data_batches(
     return _httpx_batches(http.client, url, body, headers)
 
 
+def last_payloads(buffer: bytearray) -> list[bytes]:
+    """The payload of a last line the body ended without a line ending, if any."""
+    return split_payloads(buffer, b"\n") if buffer else []
+
+
 async def _lean_batches(
     pool: LeanPool, url: str, body: dict[str, Any], headers: dict[str, str]
 ) -> AsyncGenerator[list[bytes], None]:
@@ -200,10 +205,8 @@ async def _lean_batches(
                 payloads = split_payloads(buffer, piece)
                 if payloads:
                     yield payloads
-            if buffer:  # a last line with no line ending
-                payloads = split_payloads(buffer, b"\n")
-                if payloads:
-                    yield payloads
+            if payloads := last_payloads(buffer):
+                yield payloads
     except TransportError as exc:
         raise _translate_lean(exc, pool) from exc
 
@@ -226,26 +229,14 @@ async def _httpx_batches(
                         payloads = split_payloads(buffer, piece)
                         if payloads:
                             yield payloads
-                if buffer:  # a last line with no line ending
-                    payloads = split_payloads(buffer, b"\n")
-                    if payloads:
-                        yield payloads
+                if payloads := last_payloads(buffer):
+                    yield payloads
                 clean = "content-length" not in response.headers
             finally:
                 if not clean:  # an error, a cancel, a caller that stopped, a length
                     discard_connection(response)
     except httpx.HTTPError as exc:
         raise _translate(exc, http.timeout, headers_in) from exc
-
-
-async def data_lines(
-    http: ProviderHTTP, url: str, body: dict[str, Any], headers: dict[str, str]
-) -> AsyncGenerator[bytes, None]:
-    """The `data:` payloads of a streamed POST, one at a time."""
-    async with aclosing(data_batches(http, url, body, headers)) as batches:
-        async for batch in batches:
-            for payload in batch:
-                yield payload
 
 
 def dumps(value: Any) -> bytes:

@@ -316,32 +316,16 @@ class Store:
             for o in batch:
                 o.error, o.result = o.error or failed, None
 
-    def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = fn(conn)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        return result
-
     # -- meta -----------------------------------------------------------------------------
 
     def _get_meta(self, key: str) -> str | None:
         row = self._conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return row[0] if row else None
 
-    def set_seq_reserved_now(self, value: int) -> None:
-        """Synchronous: only for the bus's rare catch-up path."""
-        self._conn.execute(
-            "INSERT INTO meta(key, value) VALUES('seq_reserved', ?) "
-            "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (str(value),)
-        )
-
     async def set_seq_reserved(self, value: int) -> None:
-        await self._write(lambda conn: self.set_seq_reserved_now(value))
+        await self._write(lambda conn: conn.execute(
+            "INSERT INTO meta(key, value) VALUES('seq_reserved', ?) "
+            "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (str(value),)))
 
     async def seq_reserved(self) -> int | None:
         value = await self._call(self._get_meta, "seq_reserved")
@@ -577,8 +561,7 @@ class Store:
         return await self._read(_states)
 
     async def save_schedule_state(self, s: ScheduleRecord) -> None:
-        await self._call(
-            self._conn.execute,
+        await self._write(lambda conn: conn.execute(
             "INSERT INTO schedules(name, paused, last_run_at, next_run_at, last_session_id, "
             "last_turn_id, last_outcome, skipped) VALUES (?,?,?,?,?,?,?,?) "
             "ON CONFLICT(name) DO UPDATE SET paused=excluded.paused, "
@@ -587,7 +570,7 @@ class Store:
             "last_outcome=excluded.last_outcome, skipped=excluded.skipped",
             (s.name, int(s.paused), s.last_run_at, s.next_run_at, s.last_session_id,
              s.last_turn_id, s.last_outcome, s.skipped),
-        )
+        ))
 
     # -- history that does not grow forever (CONTRACT §12) ---------------------------------
 
