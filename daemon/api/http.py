@@ -9,6 +9,7 @@ from quart import Blueprint, Response, jsonify, request
 
 from daemon import __version__
 from daemon.api import parse
+from daemon.api.actions import ACTIONS, perform
 from daemon.api.spec import (
     ANY,
     BOOL,
@@ -28,9 +29,10 @@ from daemon.api.spec import (
     ref,
 )
 from daemon.api.sse import sse_response
+from daemon.clock import new_id
+from daemon.cluster.routing import TURN_TIMEOUT_S
 from daemon.errors import ApiError
 from daemon.httpserver import Connections
-from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Filter, Subscription
 from daemon.runtime.core import Runtime
@@ -129,8 +131,13 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
             sessionsRunning=INT))}, public=True, tags=("operations",),
     ))
     async def health() -> Response:
-        return _json({"status": "ok", "version": __version__,
-                      "sessionsRunning": sessions.running_count})
+        body: dict[str, Any] = {"status": "ok", "version": __version__,
+                                "sessionsRunning": sessions.running_count}
+        if rt.cluster is not None:  # CONTRACT §13: the node, and whether it lost a backend
+            body["node"] = rt.cluster.node_id
+            if rt.cluster.degraded:
+                body["status"] = "degraded"
+        return _json(body)
 
     @bp.get("/agents")
     @documented(Op(
@@ -171,6 +178,10 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     async def chat(name: str) -> Response:
         agent = sessions.agent(name)
         req = parse.ChatRequest.parse(await body_object())
+        if sessions.router is not None and req.session_id is not None:
+            node = await sessions.router.owner(req.session_id)
+            if node is not None:
+                return await chat_elsewhere(node, agent.name, req)
         state = await sessions.session_for_chat(agent, req.session_id)
         claim = sessions.claim_chat(state, req.message, sse=req.sse,
                                     budget_tokens=req.budget_tokens)
@@ -188,6 +199,31 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
             raise TurnFailed(turn.outcome)
         return _json(chat_result(turn.outcome))
 
+    async def chat_elsewhere(node: str, agent: str, req: parse.ChatRequest) -> Response:
+        """A chat to a session another node owns (CONTRACT §13): its turn runs there. In
+        SSE mode this node names the turn and subscribes first, then streams it from
+        its own bus, which carries every node's events."""
+        assert sessions.router is not None and req.session_id is not None
+        body: dict[str, Any] = {"agent": agent, "sessionId": req.session_id,
+                                "message": req.message, "sse": req.sse,
+                                "budgetTokens": req.budget_tokens}
+        if not req.sse:
+            status, out = await sessions.router.call(node, "chat", body,
+                                                     timeout_s=TURN_TIMEOUT_S)
+            return _json(out, status)
+        body["turnId"] = new_id("turn")
+        sub = rt.bus.subscribe(Filter(session_ids=frozenset({req.session_id}),
+                                      turn_id=body["turnId"], stream_only=True))
+        try:
+            status, out = await sessions.router.call(node, "chat", body)
+        except BaseException:
+            sub.close()
+            raise
+        if status != 200:  # injected into the turn running there
+            sub.close()
+            return _json(out, status)
+        return stream_response(sub, stop_at_terminal=True)
+
     @bp.post("/sessions/<session_id>/cancel")
     @documented(Op(
         "Cancel the session's turn (`turn`) or its whole tree (`tree`, the default)", {
@@ -199,7 +235,7 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     ))
     async def cancel(session_id: str) -> Response:
         scope = parse.cancel_scope(await body_object(allow_empty=True))
-        return _json((await sessions.cancel(session_id, scope)).wire())
+        return _json(*await perform(rt, "cancel", {"sessionId": session_id, "scope": scope}))
 
     @bp.post("/sessions/<session_id>/messages")
     @documented(Op(
@@ -211,10 +247,9 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     ))
     async def post_message(session_id: str) -> Response:
         req = parse.MessageRequest.parse(await body_object())
-        await sessions.deliver(
-            session_id, delivery_text.from_outside(session_id, req.message), delivery=req.delivery
-        )
-        return _json({"queued": True}, 202)
+        return _json(*await perform(rt, "message", {
+            "sessionId": session_id, "message": req.message, "delivery": req.delivery,
+        }))
 
     @bp.post("/sessions/<session_id>/approvals/<approval_id>")
     @documented(Op(
@@ -228,8 +263,10 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     async def decide(session_id: str, approval_id: str) -> Response:
         # The body first (400), then the id (404), then its state (409): CONTRACT §9.
         req = parse.DecisionRequest.parse(await body_object())
-        rt.approvals.decide(session_id, approval_id, req.decision, req.reason)
-        return _json({"approvalId": approval_id, "decision": req.decision})
+        return _json(*await perform(rt, "decide", {
+            "sessionId": session_id, "approvalId": approval_id, "decision": req.decision,
+            "reason": req.reason,
+        }))
 
     @bp.get("/approvals")
     @documented(Op(
@@ -241,11 +278,14 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         params=(Param("sessionId", STR), Param("rootSessionId", STR)), tags=("approvals",),
     ))
     async def list_approvals() -> Response:
-        pending = rt.approvals.pending(
-            session_id=request.args.get("sessionId") or None,
-            root_session_id=request.args.get("rootSessionId") or None,
-        )
-        return _json({"approvals": [a.wire() for a in pending]})
+        query = {"sessionId": request.args.get("sessionId") or None,
+                 "rootSessionId": request.args.get("rootSessionId") or None}
+        if sessions.router is None:
+            _, out = await ACTIONS["approvals"](rt, query)
+            return _json(out)
+        return _json({"approvals": await sessions.router.gather("approvals", query,
+                                                                 local=ACTIONS["approvals"],
+                                                                 rt=rt)})
 
     @bp.get("/sessions")
     @documented(Op(
@@ -334,8 +374,7 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         }, tags=("sessions",),
     ))
     async def delete_session(session_id: str) -> Response:
-        tree = await sessions.delete_tree(session_id)
-        return _json({"deleted": [r.id for r in tree]})
+        return _json(*await perform(rt, "delete", {"sessionId": session_id}))
 
     @bp.delete("/sessions")
     @documented(Op(

@@ -29,7 +29,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -44,7 +44,10 @@ from daemon.runtime.ports import Store
 from daemon.runtime.state import SessionState
 from daemon.runtime.subagents import TurnAgents
 from daemon.runtime.turn import Turn, TurnServices
-from daemon.store.models import InboxRecord, SessionRecord, TokenUsage
+from daemon.store.models import InboxRecord, SessionRecord, TokenUsage, TurnRecord
+
+if TYPE_CHECKING:
+    from daemon.cluster.routing import Router
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,19 @@ class ChatClaim:
 
     turn: Turn
     subscription: Subscription | None
+
+
+def inbox_wire(item: InboxRecord) -> dict[str, Any]:
+    """An inbox entry as one node hands it to another (cluster routing)."""
+    return {"id": item.id, "sessionId": item.session_id, "content": item.content,
+            "fromSessionId": item.from_session_id, "delivery": item.delivery,
+            "wakes": item.wakes, "replyTo": item.reply_to, "createdAt": item.created_at}
+
+
+def inbox_record(wire: dict[str, Any]) -> InboxRecord:
+    return InboxRecord(int(wire["id"]), wire["sessionId"], wire["content"],
+                       wire.get("fromSessionId"), wire["delivery"], bool(wire["wakes"]),
+                       wire.get("replyTo"), int(wire["createdAt"]))
 
 
 def inbox_full(inbox: Inbox) -> Conflict:
@@ -91,6 +107,9 @@ class SessionManager:
         # deletions have completed (a load that raced one checks the store again).
         self._deleting: set[str] = set()
         self._deletions = 0
+        # In a cluster (CONTRACT §13): where sessions owned by other nodes are reached.
+        # None in the embedded default, where every session is this process's.
+        self.router: Router | None = None
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -108,31 +127,52 @@ class SessionManager:
     async def _recover_interrupted(self) -> None:
         """Close, with a terminal INTERRUPTED, every turn the last process left open."""
         for turn in await self.store.unfinished_turns():
-            state = await self.load(turn.session_id)
-            record = state.mark("idle")
-            message = "the daemon stopped while this turn ran"
-            # A turn that owed its caller a result still answers (and wakes it).
-            replies = [InboxRecord(
-                0, turn.reply_to, delivery_text.from_session(
-                    record.id, record.agent_name, delivery_text.kind_of_reply(turn.trigger),
-                    delivery_text.turn_result("INTERRUPTED", message, ""),
-                ), record.id, "steer", True, None, now_ms(),
-            )] if turn.reply_to else []
-            # Owed replies are accepted past the bound (docs/subagents.md).
-            self._offer(await self.store.end_turn(
-                turn.id, "INTERRUPTED", now_ms(), record, replies
-            ))
-            # The turn's own exit path died with the process: this is its terminal.
-            stats = ev.TurnStats(record.agent_name, record.model, 0, 0, TokenUsage(), ())
-            self.bus.publish_stream(state.ref, turn.id, ev.ERROR, ev.error_data(
-                "INTERRUPTED", message, {"startedAt": turn.started_at}, record, stats,
-            ))
-            self.bus.publish("session.updated", state.ref, {"session": ev.session_wire(record)})
-            self._forget_if_idle(state)
+            await self.hand_over(await self.interrupt(
+                turn, "the daemon stopped while this turn ran"))
         for session_id in await self.store.running_sessions():  # no turn row: just idle it
-            state = await self.load(session_id)
-            await self.store.save_session(state.mark("idle"))
-            self._forget_if_idle(state)
+            await self.set_idle(session_id)
+
+    async def set_idle(self, session_id: str) -> None:
+        """A session marked running whose turn left no row (its process died between)."""
+        state = await self.load(session_id)
+        await self.store.save_session(state.mark("idle"))
+        self._forget_if_idle(state)
+
+    async def wake_released(self, session_ids: Sequence[str]) -> None:
+        """Sessions a dead node owned (cluster/node.py): each one whose inbox has a
+        wake due is claimed by this node and drained here — or, claimed by another node
+        meanwhile, there."""
+        for session_id in session_ids:
+            pending = await self.store.pending_inbox(session_id)
+            if pending:
+                await self.hand_over(pending)
+
+    async def interrupt(self, turn: TurnRecord, message: str) -> list[InboxRecord]:
+        """End a turn whose process died (this node's last run, or a dead node's turn
+        found by the sweeper) with its terminal INTERRUPTED, in the store first; returns
+        the replies it owed, stored (the caller hands them over)."""
+        state = await self.load(turn.session_id)
+        record = state.mark("idle")
+        # A turn that owed its caller a result still answers (and wakes it).
+        replies = [InboxRecord(
+            0, turn.reply_to, delivery_text.from_session(
+                record.id, record.agent_name, delivery_text.kind_of_reply(turn.trigger),
+                delivery_text.turn_result("INTERRUPTED", message, ""),
+            ), record.id, "steer", True, None, now_ms(),
+        )] if turn.reply_to else []
+        # Owed replies are accepted past the bound (docs/subagents.md).
+        delivered = await self.store.end_turn(
+            turn.id, "INTERRUPTED", now_ms(), record, replies
+        )
+        self._offer(delivered)
+        # The turn's own exit path died with its process: this is its terminal.
+        stats = ev.TurnStats(record.agent_name, record.model, 0, 0, TokenUsage(), ())
+        self.bus.publish_stream(state.ref, turn.id, ev.ERROR, ev.error_data(
+            "INTERRUPTED", message, {"startedAt": turn.started_at}, record, stats,
+        ))
+        self.bus.publish("session.updated", state.ref, {"session": ev.session_wire(record)})
+        self._forget_if_idle(state)
+        return delivered
 
     async def shutdown(self) -> None:
         """Refuse new turns, cancel running ones with `shutdown`, wait for terminals."""
@@ -302,18 +342,20 @@ class SessionManager:
         return turn
 
     def claim_chat(self, state: SessionState, message: str, *, sse: bool,
-                   budget_tokens: int | None = None) -> ChatClaim | None:
+                   budget_tokens: int | None = None, turn_id: str | None = None,
+                   subscribe: bool = True) -> ChatClaim | None:
         """A chat's turn on `state`, claimed and scheduled in the manager's nursery, in
         one synchronous step; None when the session is mid-turn (the chat is then an
         injection through the inbox). In SSE mode the turn's subscription is taken
-        first, so it holds every event of the turn."""
+        first, so it holds every event of the turn. A chat routed from another node
+        (`subscribe=False`) names its turn: that node subscribed before it asked."""
         if state.running is not None:
             return None
         self._claimable(state)  # before subscribing, so a refusal leaves nothing open
-        turn_id = new_id("turn")
+        turn_id = turn_id or new_id("turn")
         sub = self.bus.subscribe(
             Filter(session_ids=frozenset({state.id}), turn_id=turn_id, stream_only=True)
-        ) if sse else None
+        ) if sse and subscribe else None
         try:
             turn = self.claim_turn(state, message, "sse" if sse else "http", turn_id=turn_id,
                                    budget_tokens=budget_tokens)
@@ -359,8 +401,7 @@ class SessionManager:
         # Not reached when an enclosing scope (a stopped caller, shutdown) was cancelled:
         # then nothing starts by itself.
         try:
-            for session_id in dict.fromkeys(i.session_id for i in turn.delivered if i.wakes):
-                await self._wake(session_id)
+            await self.hand_over(turn.delivered)
             await self._dispatch(turn.session)
         except (StoreError, NotFound):
             # Not this task's to crash the daemon over: every entry is stored, and the
@@ -391,7 +432,18 @@ class SessionManager:
         delivery: str = "steer", reply_to: str | None = None,
     ) -> InboxRecord:
         """Store a message in the session's inbox, then hand it over or wake the session.
-        NotFound or Conflict (the inbox is full) before anything is stored."""
+        NotFound or Conflict (the inbox is full) before anything is stored. A session
+        another node owns gets it there (its inbox bound is counted there)."""
+        if self.router is not None:
+            node = await self.router.owner(session_id)
+            if node is not None:
+                _, body = await self.router.call(node, "deliver", {
+                    "sessionId": session_id, "content": content,
+                    "fromSessionId": from_session_id, "delivery": delivery,
+                    "replyTo": reply_to,
+                })
+                return InboxRecord(int(body["inboxId"]), session_id, content,
+                                   from_session_id, delivery, True, reply_to, now_ms())
         state = await self.load(session_id)
         if state.deleted or session_id in self._deleting:
             raise NotFound(f"no session {session_id!r} (deleted)", {"sessionId": session_id})
@@ -410,6 +462,31 @@ class SessionManager:
         state.inbox.arrive(item)  # a steer entry goes to the running turn right here
         await self._dispatch(state)
         return item
+
+    async def hand_over(self, items: Sequence[InboxRecord]) -> None:
+        """Stored deliveries (replies a turn owed): each waking session is woken here,
+        or, when another node owns it, the entries go to that node, which offers them
+        to its in-memory inbox and wakes the session there."""
+        by_session: dict[str, list[InboxRecord]] = {}
+        for item in items:
+            by_session.setdefault(item.session_id, []).append(item)
+        for session_id, entries in by_session.items():
+            node = await self.router.owner(session_id) if self.router is not None else None
+            if node is None:
+                self._offer(entries)  # in memory: offered (an entry offered twice is one)
+                if any(i.wakes for i in entries):
+                    await self._wake(session_id)
+                continue
+            assert self.router is not None
+            await self.router.call(node, "offer", {
+                "sessionId": session_id, "items": [inbox_wire(i) for i in entries],
+            })
+
+    async def offer_stored(self, session_id: str, items: Sequence[InboxRecord]) -> None:
+        """Entries another node stored in the inbox of a session this node owns."""
+        state = await self.load(session_id)  # a fresh load reads them from the store
+        state.inbox.offer_all(items)
+        await self._dispatch(state)
 
     async def _wake(self, session_id: str) -> None:
         """Start a wake drain on the session if one is due (it is read from the store if

@@ -63,6 +63,12 @@ class TurnAgents:
         if async_inform:
             self._check_reply_room("send with asyncInform")
         try:
+            node = (await manager.router.owner(session_id)
+                    if manager.router is not None else None)
+            if node is not None:
+                return await self._message_elsewhere(session_id, message, node,
+                                                     async_inform=async_inform,
+                                                     delivery=delivery)
             target = await manager.load(session_id)
             if async_inform:
                 if target.running is None:
@@ -87,6 +93,26 @@ class TurnAgents:
         except ApiError as exc:
             raise ToolError(f"cannot message session {session_id}: {exc.message}") from exc
         return {"sessionId": session_id, "content": await _content_of(turn)}
+
+    async def _message_elsewhere(self, session_id: str, message: str, node: str, *,
+                                 async_inform: bool, delivery: str) -> dict[str, Any]:
+        """A session another node owns (CONTRACT §13): an asyncInform goes into its
+        inbox there (it answers when its inbox drains); a waiting message would run
+        the target's turn inside this one, on this node, so it is refused."""
+        if not async_inform:
+            raise ToolError(
+                f"session {session_id} runs on node {node}: a waiting agent_message can "
+                "only address a session of this node; use asyncInform to queue the "
+                "message and get the answer in your inbox"
+            )
+        caller = self._turn.session
+        await self._manager.deliver(
+            session_id,
+            delivery_text.from_session(caller.id, caller.record.agent_name,
+                                       delivery_text.MESSAGE, message),
+            from_session_id=caller.id, delivery=delivery, reply_to=caller.id,
+        )
+        return {"queued": True}
 
     def _check_reply_room(self, what: str) -> None:
         inbox = self._turn.session.inbox

@@ -1,0 +1,136 @@
+"""The operations on one session, as (status, body): what an HTTP route answers, and
+what a node answers for a session it owns when another node routes the request to it
+(cluster/routing.py). One place for each, so a routed request is answered exactly as a
+local one.
+
+`perform` runs an operation where it belongs: here, or on the session's owner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from daemon.errors import BadRequest, ServiceUnavailable
+from daemon.runtime import delivery_text
+
+if TYPE_CHECKING:
+    from daemon.runtime.core import Runtime
+
+Result = tuple[int, dict[str, Any]]
+Action = Callable[["Runtime", dict[str, Any]], Awaitable[Result]]
+
+
+async def _cancel(rt: Runtime, body: dict[str, Any]) -> Result:
+    receipt = await rt.sessions.cancel(body["sessionId"], body["scope"])
+    return 200, receipt.wire()
+
+
+async def _message(rt: Runtime, body: dict[str, Any]) -> Result:
+    """POST /sessions/{id}/messages: a message from outside into the inbox."""
+    sid = body["sessionId"]
+    await rt.sessions.deliver(sid, delivery_text.from_outside(sid, body["message"]),
+                              delivery=body["delivery"])
+    return 202, {"queued": True}
+
+
+async def _deliver(rt: Runtime, body: dict[str, Any]) -> Result:
+    """A delivery from a turn on another node (agent_message, an owed reply)."""
+    item = await rt.sessions.deliver(
+        body["sessionId"], body["content"], from_session_id=body.get("fromSessionId"),
+        delivery=body.get("delivery", "steer"), reply_to=body.get("replyTo"),
+    )
+    return 202, {"queued": True, "inboxId": item.id}
+
+
+async def _offer(rt: Runtime, body: dict[str, Any]) -> Result:
+    """Entries another node stored in this session's inbox (replies its turns owed, or
+    a dead node's, by the sweeper): offered to the inbox here, which wakes if due."""
+    from daemon.runtime.sessions import inbox_record
+
+    await rt.sessions.offer_stored(body["sessionId"],
+                                   [inbox_record(i) for i in body["items"]])
+    return 200, {}
+
+
+async def _decide(rt: Runtime, body: dict[str, Any]) -> Result:
+    rt.approvals.decide(body["sessionId"], body["approvalId"], body["decision"],
+                        body.get("reason"))
+    return 200, {"approvalId": body["approvalId"], "decision": body["decision"]}
+
+
+async def _delete(rt: Runtime, body: dict[str, Any]) -> Result:
+    tree = await rt.sessions.delete_tree(body["sessionId"])
+    return 200, {"deleted": [r.id for r in tree]}
+
+
+async def _chat(rt: Runtime, body: dict[str, Any]) -> Result:
+    """A chat to an existing session of this node routed from another node. In SSE
+    mode the caller streams the turn from its own bus subscription (it chose the turn id
+    and subscribed before routing): this answers once the turn is claimed. In JSON mode
+    this answers with the turn's result."""
+    from daemon.api.http import TurnFailed, chat_result
+
+    sessions = rt.sessions
+    agent = sessions.agent(body["agent"])
+    state = await sessions.session_for_chat(agent, body["sessionId"])
+    claim = sessions.claim_chat(state, body["message"], sse=bool(body["sse"]),
+                                budget_tokens=body.get("budgetTokens"),
+                                turn_id=body.get("turnId"), subscribe=False)
+    if claim is None:
+        await sessions.deliver(state.id, body["message"])
+        return 202, {"injected": True, "sessionId": state.id}
+    turn = claim.turn
+    if body["sse"]:
+        return 200, {"turnId": turn.id}
+    await turn.finished.wait()
+    assert turn.outcome is not None
+    if turn.outcome.code is not None and not turn.outcome.cancelled:
+        raise TurnFailed(turn.outcome)
+    return 200, chat_result(turn.outcome)
+
+
+async def _approvals(rt: Runtime, body: dict[str, Any]) -> Result:
+    """This node's pending approvals (GET /approvals asks every node)."""
+    pending = rt.approvals.pending(session_id=body.get("sessionId"),
+                                   root_session_id=body.get("rootSessionId"))
+    return 200, {"approvals": [a.wire() for a in pending]}
+
+
+ACTIONS: dict[str, Action] = {
+    "cancel": _cancel, "message": _message, "deliver": _deliver, "offer": _offer,
+    "decide": _decide, "delete": _delete, "chat": _chat, "approvals": _approvals,
+}
+# Operations on one session (they run on its owner); the others are asked of a node.
+SESSION_OPS = frozenset(ACTIONS) - {"approvals"}
+
+
+async def perform(rt: Runtime, op: str, body: dict[str, Any], *,
+                  timeout_s: float | None = None) -> Result:
+    """Run a session operation here, or on the node that owns the session."""
+    router = rt.sessions.router
+    if router is not None:
+        node = await router.owner(body["sessionId"])
+        if node is not None:
+            if timeout_s is None:
+                return await router.call(node, op, body)
+            return await router.call(node, op, body, timeout_s=timeout_s)
+    return await ACTIONS[op](rt, body)
+
+
+async def answer_routed(rt: Runtime, op: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The owner's side of a routed operation (the control channel's handler)."""
+    action = ACTIONS.get(op)
+    if action is None:
+        raise BadRequest(f"unknown cluster operation {op!r}")
+    router = rt.sessions.router
+    if op in SESSION_OPS and router is not None:
+        # Ownership moved since the caller looked (a sweep, then a claim elsewhere):
+        # 503, and the client retries on any node.
+        if await router.owner(body["sessionId"]) is not None:
+            raise ServiceUnavailable(
+                f"session {body['sessionId']} is no longer owned by node {router.node_id}",
+                {"sessionId": body["sessionId"]},
+            )
+    status, out = await action(rt, body)
+    return {"status": status, "body": out}

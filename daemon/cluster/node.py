@@ -1,0 +1,175 @@
+"""This node's life in the cluster (CONTRACT §13): its lease, the sweeper, the
+schedule leader.
+
+    register            at start: a row in the store's `nodes` table; a live node with
+                        the same id → NodeIdInUse (the daemon exits 1 naming it)
+    serve (heartbeat)   every lease_s/3 the lease is renewed to now + lease_s. A node is
+                        dead once its lease has run out: a node stopped by SIGKILL, or
+                        one whose event loop stalled longer than a lease. A node that
+                        finds its own row gone was swept as dead while it lived: its
+                        turns already have INTERRUPTED terminals, so it stops at once
+                        rather than publish a second one.
+    serve_sweeper       every lease_s/3, whoever holds the sweeper's advisory lock (one
+                        node at a time) takes each dead node: INTERRUPTED terminals for
+                        its turns, their owed replies delivered, its sessions idle and
+                        released (the next node that needs one claims it), their
+                        inboxes drained, the node's row removed — all through the
+                        store's transactions, so a second sweep finds nothing to do.
+    serve_leader        a service that must run on one node only (the scheduler): it
+                        runs while this node holds the service's advisory lock; the
+                        lock is the database connection's, so it frees itself when the
+                        node dies, and the next node takes over within a lease.
+
+Within 2 x lease_s of a node's death its turns are INTERRUPTED: its lease runs out at
+most lease_s after its last heartbeat, and a sweeper looks every lease_s/3.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from daemon.clock import now_ms
+from daemon.errors import StoreError
+
+if TYPE_CHECKING:
+    from daemon.config import ClusterConfig
+    from daemon.runtime.ports import ClusterStore
+    from daemon.runtime.sessions import SessionManager
+
+log = logging.getLogger(__name__)
+
+SWEEPER_LOCK = "veild:sweeper"
+
+
+class Degradable(Protocol):
+    @property
+    def degraded(self) -> bool: ...
+
+
+class ClusterNode:
+    def __init__(self, config: ClusterConfig, node_id: str, store: ClusterStore,
+                 bus_log: Degradable, on_swept: Callable[[], None]) -> None:
+        self.config = config
+        self.node_id = node_id
+        self._store = store
+        self._log = bus_log
+        self._on_swept = on_swept
+        self._store_lost = False
+        self.swept = 0  # dead nodes this node has swept (tests and metrics read it)
+        self.interrupted = 0  # turns this node's sweeps ended INTERRUPTED
+
+    @property
+    def lease_ms(self) -> int:
+        return math.ceil(self.config.lease_s * 1000)
+
+    @property
+    def period_s(self) -> float:
+        return self.config.lease_s / 3
+
+    @property
+    def degraded(self) -> bool:
+        """The bus or the store is out of reach (/health says `degraded`)."""
+        return self._store_lost or self._log.degraded
+
+    async def register(self, url: str) -> None:
+        now = now_ms()
+        await self._store.register_node(self.node_id, url, now + self.lease_ms, now)
+
+    # -- the lease ------------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """The heartbeat."""
+        task_status.started()
+        while True:
+            await trio.sleep(self.period_s)
+            try:
+                alive = await self._store.heartbeat(self.node_id, now_ms() + self.lease_ms)
+            except StoreError as exc:
+                if not self._store_lost:
+                    log.error("cluster store unreachable: %s", exc)
+                self._store_lost = True
+                continue
+            if self._store_lost:
+                log.info("cluster store reachable again")
+            self._store_lost = False
+            if not alive:
+                log.critical("node %s was swept as dead (no heartbeat for longer than "
+                             "lease_s = %s): stopping", self.node_id, self.config.lease_s)
+                self._on_swept()
+                return
+
+    # -- the sweeper ----------------------------------------------------------------------
+
+    async def serve_sweeper(
+        self, sessions: SessionManager, *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        task_status.started()
+        while True:
+            try:
+                await self.sweep(sessions)
+            except StoreError as exc:
+                log.warning("sweep skipped: %s", exc)
+            await trio.sleep(self.period_s)
+
+    async def sweep(self, sessions: SessionManager) -> int:
+        """Take every dead node, if this node holds the sweeper's lock; returns how many
+        were swept."""
+        swept = 0
+        async with self._store.try_advisory_lock(SWEEPER_LOCK) as held:
+            if not held:
+                return 0
+            for node_id in await self._store.expired_nodes(now_ms()):
+                if node_id == self.node_id:
+                    continue  # this node's own lease ran out while it stalled: it renews
+                await self._sweep_node(node_id, sessions)
+                swept += 1
+        return swept
+
+    async def _sweep_node(self, dead: str, sessions: SessionManager) -> None:
+        turns = await self._store.node_unfinished_turns(dead)
+        log.warning("node %s is dead (its lease ran out): %d turn(s) interrupted",
+                    dead, len(turns))
+        owed = []
+        for turn in turns:
+            owed.extend(await sessions.interrupt(
+                turn, f"node {dead} stopped while this turn ran"))
+            self.interrupted += 1
+        for session_id in await self._store.node_running_sessions(dead):
+            await sessions.set_idle(session_id)
+        released = await self._store.release_sessions(dead)
+        await self._store.drop_node(dead)
+        self.swept += 1
+        # Replies the turns owed wake whoever was owed them (an interruption is not a
+        # Stop); the released sessions' inboxes drain — each where it is owned now.
+        await sessions.hand_over(owed)
+        await sessions.wake_released(released)
+
+    # -- a service on one node at a time --------------------------------------------------
+
+    async def serve_leader(
+        self, name: str, service: Callable[..., Awaitable[Any]], *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run `service` (started with nursery.start) while this node holds the lock
+        `name`; try for it every lease_s/3 otherwise."""
+        task_status.started()
+        while True:
+            try:
+                async with self._store.try_advisory_lock(name) as held:
+                    if held:
+                        log.info("node %s leads %s", self.node_id, name)
+                        async with trio.open_nursery() as nursery:
+                            await nursery.start(service)
+                            # Held until the daemon stops (or the store connection is
+                            # lost, which frees the lock: then another node leads).
+                            await trio.sleep_forever()
+            except StoreError as exc:
+                log.warning("%s: leadership lost: %s", name, exc)
+            await trio.sleep(self.period_s)
