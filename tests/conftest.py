@@ -1,12 +1,15 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests import harness
 from tests.harness import Provider, Running, open_daemon, open_provider
+from tests.pgserver import pg_server, pg_url  # noqa: F401 (fixtures)
+from tests.redisserver import prefix, redis_server  # noqa: F401 (fixtures)
 
 settings.register_profile(
     "veild",
@@ -26,3 +29,24 @@ async def provider() -> AsyncIterator[Provider]:
 async def daemon(tmp_path: Path, provider: Provider) -> AsyncIterator[Running]:
     async with open_daemon(tmp_path, provider) as d:
         yield d
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module with `ACROSS_NODES = True` runs each test twice: on one daemon, and on
+    a two-node cluster (turns on node A, subscribers and cancels on node B)."""
+    if getattr(metafunc.module, "ACROSS_NODES", False):
+        metafunc.parametrize("topology", ["one", "cluster"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def topology(request: pytest.FixtureRequest) -> Iterator[str]:
+    mode = getattr(request, "param", "one")
+    if mode == "cluster":
+        from tests.clusterkit import Backends
+
+        harness.CLUSTER = Backends(request.getfixturevalue("pg_server"),
+                                   request.getfixturevalue("redis_server").url, {})
+    try:
+        yield mode
+    finally:
+        harness.CLUSTER = None

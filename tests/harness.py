@@ -71,8 +71,20 @@ def message_tool(session_id: str, message: str, async_inform: bool = False,
         "sessionId": session_id, "message": message, "asyncInform": async_inform, **more}}
 
 
+# Set by the `topology` fixture (tests/conftest.py) while a module runs against a
+# two-node cluster: the backends, and through them each test dir's database.
+CLUSTER: Any = None
+
+
 def db_rows(tmp: Path, sql: str) -> list[dict[str, Any]]:
-    """Rows read straight from the daemon's database (read-only; WAL: readers welcome)."""
+    """Rows read straight from the daemon's database (read-only; WAL: readers welcome);
+    on a cluster, from its PostgreSQL database."""
+    if CLUSTER is not None and tmp in CLUSTER.databases:
+        import psycopg
+        from psycopg.rows import dict_row
+
+        with psycopg.connect(CLUSTER.databases[tmp], row_factory=dict_row) as pg:
+            return [dict(r) for r in pg.execute(sql)]  # type: ignore[arg-type]
     conn = sqlite3.connect(f"file:{tmp / 'data' / 'veild.db'}?mode=ro", uri=True)
     try:
         conn.row_factory = sqlite3.Row
@@ -144,6 +156,13 @@ async def open_daemon(
     clock: Clock = SYSTEM_CLOCK,
     provider_keys: str = "",
 ) -> AsyncIterator[Running]:
+    if CLUSTER is not None:
+        from tests.clusterkit import CrossNode, open_cluster
+
+        async with open_cluster(tmp, provider, CLUSTER, server=server, extra=extra,
+                                provider_keys=provider_keys, clock=clock) as (a, b):
+            yield CrossNode(a, b)
+        return
     path = write_config(tmp, provider.url, server=server, extra=extra,
                         provider_keys=provider_keys)
     config = load_config(path)
