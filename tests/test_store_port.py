@@ -64,9 +64,9 @@ def running(s: SessionRecord, at: int) -> SessionRecord:
     return SessionRecord(**{**_fields(s), "status": "running", "updated_at": at})
 
 
-def idle(s: SessionRecord, at: int, usage: TokenUsage = TokenUsage()) -> SessionRecord:
+def idle(s: SessionRecord, at: int, usage: TokenUsage | None = None) -> SessionRecord:
     return SessionRecord(**{**_fields(s), "status": "idle", "updated_at": at,
-                            "token_usage": usage})
+                            "token_usage": usage or TokenUsage()})
 
 
 def _fields(s: SessionRecord) -> dict[str, Any]:
