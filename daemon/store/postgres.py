@@ -38,7 +38,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -195,6 +195,13 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _lost(exc: Exception) -> bool:
+    """The connection is gone (not an error of the statement)."""
+    state = getattr(exc, "sqlstate", None) or ""
+    return state[:2] == "08" or state in ("57P01", "57P02", "57P03") or (
+        isinstance(exc, psycopg.OperationalError) and not state)
+
+
 def _retryable(exc: Exception) -> bool:
     return (getattr(exc, "sqlstate", None) or "") in _RETRY_STATES
 
@@ -303,7 +310,17 @@ class PostgresStore:
                     with conn.transaction():
                         return fn(conn)
             except psycopg.Error as exc:
-                if not _retryable(exc) or attempt == _ATTEMPTS - 1:
+                lost = _lost(exc)
+                if lost:
+                    # The server went away (restarted, or ended our backends): the
+                    # pool's other idle connections are likely dead too. Drop them now,
+                    # so the next calls get fresh ones instead of failing one by one.
+                    self._pool.check()
+                last = attempt == _ATTEMPTS - 1
+                # A read is tried again on a fresh connection; a write that lost its
+                # connection is not — it may have committed before the loss (its
+                # caller gets 503 and nothing is acknowledged twice).
+                if last or not (_retryable(exc) or (lost and not tx)):
                     raise
         raise AssertionError("unreachable")
 
@@ -673,3 +690,10 @@ class PostgresStore:
             # the server).
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(conn.close)
+
+
+if TYPE_CHECKING:
+    from daemon.runtime.ports import ClusterStore
+
+    def _is_the_port(store: PostgresStore) -> ClusterStore:
+        return store  # mypy: PostgresStore is what the ClusterStore port says
