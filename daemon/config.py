@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import ssl
 import tomllib
 from collections.abc import Mapping
@@ -173,6 +174,40 @@ class ScheduleConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """`[cluster]` (CONTRACT §13): this daemon is one node of several on one PostgreSQL
+    store and one Redis bus."""
+
+    store: str  # postgresql://user:password@host:port/db
+    bus: str  # redis://… or rediss://…, a password and a db index allowed
+    node_id: str  # unique among live nodes; default HOST-PID
+    # A node heartbeats every lease_s/3; one silent for lease_s is dead (swept).
+    lease_s: float = 15.0
+    # Seqs the bus's stream keeps for `since=` replay, cluster-wide.
+    retention_events: int = 1_000_000
+    # How long a starting node retries an unreachable store or bus before exit 1.
+    connect_timeout_s: float = 10.0
+    # Sessions' working directories; None = data_dir/workspaces (a shared filesystem
+    # lets files follow a session across nodes).
+    workspaces: Path | None = None
+
+    def workspaces_in(self, data_dir: Path) -> Path:
+        return self.workspaces if self.workspaces is not None else data_dir / "workspaces"
+
+
+def redact_url(url: str) -> str:
+    """`url` without its password, for messages and logs."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    userinfo, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user + ':***' if ':' in userinfo else user}@{host}"
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -180,6 +215,7 @@ class Config:
     agents: Mapping[str, AgentConfig] = field(default_factory=dict)
     mcp: Mapping[str, McpServerConfig] = field(default_factory=dict)
     schedules: Mapping[str, ScheduleConfig] = field(default_factory=dict)
+    cluster: ClusterConfig | None = None  # None: the embedded SQLite store and bus
 
     def with_overrides(
         self, *, host: str | None = None, port: int | None = None, data_dir: str | None = None
@@ -591,6 +627,47 @@ def _schedule(
     return cfg
 
 
+STORE_SCHEMES = ("postgresql", "postgres")
+BUS_SCHEMES = ("redis", "rediss")
+# A node id names the node's Redis control stream and its row in the store.
+NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def _cluster_url(r: _Reader, key: str, schemes: tuple[str, ...]) -> str:
+    value: str | None = r.get(key, str, None)
+    if value is None:
+        raise r.fail(key, f"required: a {schemes[0]}:// URL")
+    scheme, sep, rest = value.strip().partition("://")
+    if not sep or scheme not in schemes or not rest:
+        raise r.fail(key, f"must be a {' or '.join(s + '://' for s in schemes)} URL, "
+                          f"got {redact_url(value)!r}")
+    return value.strip()
+
+
+def _cluster(file: str, table: Any) -> ClusterConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(file, "cluster", "must be a table")
+    r = _Reader(file, "cluster", table)
+    store = _cluster_url(r, "store", STORE_SCHEMES)
+    bus = _cluster_url(r, "bus", BUS_SCHEMES)
+    node_id = r.get("node_id", str, f"{socket.gethostname()}-{os.getpid()}")
+    if not NODE_ID.fullmatch(node_id):
+        raise r.fail("node_id", f"must be 1-100 letters, digits, '.', '_' or '-' "
+                                f"(not first), got {node_id!r}")
+    workspaces = r.get("workspaces", str, None)
+    if workspaces is not None and not workspaces.strip():
+        raise r.fail("workspaces", "must be a directory path")
+    cfg = ClusterConfig(
+        store=store, bus=bus, node_id=node_id,
+        lease_s=r.positive_seconds("lease_s", 15.0),
+        retention_events=r.positive_int("retention_events", 1_000_000),
+        connect_timeout_s=r.positive_seconds("connect_timeout_s", 10.0),
+        workspaces=Path(workspaces) if workspaces is not None else None,
+    )
+    r.check_unknown()
+    return cfg
+
+
 def load_config(path: Path) -> Config:
     """Load and validate `path` and the agent files in `config/agents/` beside it."""
     file = str(path)
@@ -624,9 +701,11 @@ def load_config(path: Path) -> Config:
         name: _schedule(file, name, table, agents)
         for name, table in top.get("schedules", dict, {}).items()
     }
+    cluster_table = top.get("cluster", dict, None)
+    cluster = _cluster(file, cluster_table) if cluster_table is not None else None
     top.check_unknown()
     return Config(path=path, server=server, providers=providers, agents=agents, mcp=mcp,
-                  schedules=schedules)
+                  schedules=schedules, cluster=cluster)
 
 
 def resolve_config_path(cli_path: str | None) -> Path:

@@ -13,9 +13,12 @@
     │   └── ServiceUnavailable   503 UNAVAILABLE (the store is busy or unreachable)
     ├── ProviderError        the LLM provider failed (HTTP status, dropped stream, garbage)
     ├── MaxIterationsError   the turn used all its LLM calls
-    └── StoreError           the embedded database failed
-        └── StoreUnavailable     ... because it is busy (locked past its timeout) or
-                                 cannot be read or written (I/O, full, read-only)
+    └── StoreError           the database failed
+        ├── StoreUnavailable     ... because it is busy (locked past its timeout) or
+        │                        cannot be read or written (I/O, full, read-only, lost)
+        ├── InboxConsumed        an inbox entry a message consumes was taken already
+        ├── NodeIdInUse          a live node of the cluster has this node id (§13)
+        └── OwnedElsewhere       the session is owned by another node of the cluster
 
 A turn turns ProviderError / MaxIterationsError / anything else into its terminal
 `error` event; the API layer turns ApiError into `{"error": {...}}` with its status.
@@ -110,8 +113,31 @@ class MaxIterationsError(VeildError):
 
 
 class StoreError(VeildError):
-    """The embedded database failed."""
+    """The database failed."""
 
 
 class StoreUnavailable(StoreError):
     """The database is busy past the store's timeout, or cannot be read or written."""
+
+
+class InboxConsumed(StoreError):
+    """An inbox entry a message was to consume was consumed already (by a turn on this or
+    another node) or does not exist: the message was not stored."""
+
+
+class NodeIdInUse(StoreError):
+    """A live node of the cluster (its lease not expired) already has this node id."""
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__(f"node id {node_id!r} is in use by a live node of the cluster "
+                         "([cluster] node_id)")
+        self.node_id = node_id
+
+
+class OwnedElsewhere(StoreError):
+    """The session is owned by another node: its turns run there (CONTRACT §13)."""
+
+    def __init__(self, session_id: str, owner: str) -> None:
+        super().__init__(f"session {session_id} is owned by node {owner!r}")
+        self.session_id = session_id
+        self.owner = owner

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from daemon.config import load_config
+from daemon.config import load_config, redact_url
 from daemon.errors import ConfigError
+
+_CLUSTER = "[cluster]\nstore = \"postgresql://u:pw@db:5432/veild\"\nbus = \"redis://r:6379/2\"\n"
 
 
 def test_default_config_loads() -> None:
@@ -59,6 +63,20 @@ def test_default_config_loads() -> None:
     ("[mcp.s]\ncommand = \"x\"\ncall_timeout_s = 0\n", "mcp.s.call_timeout_s"),
     ("[mcp.s]\ncommand = \"x\"\nenv = { A = 1 }\n", "mcp.s.env"),
     ("[mcp.s]\ncommand = \"x\"\ncomand = \"y\"\n", "mcp.s.comand"),
+    # CONTRACT §13: the cluster
+    ("[cluster]\nbus = \"redis://h\"\n", "cluster.store"),
+    ("[cluster]\nstore = \"postgresql://h/db\"\n", "cluster.bus"),
+    ("[cluster]\nstore = \"mysql://h/db\"\nbus = \"redis://h\"\n", "cluster.store"),
+    ("[cluster]\nstore = \"postgresql://h/db\"\nbus = \"http://h\"\n", "cluster.bus"),
+    (_CLUSTER + "lease_s = 0\n", "cluster.lease_s"),
+    (_CLUSTER + "lease_s = \"15\"\n", "cluster.lease_s"),
+    (_CLUSTER + "retention_events = 0\n", "cluster.retention_events"),
+    (_CLUSTER + "connect_timeout_s = -1\n", "cluster.connect_timeout_s"),
+    (_CLUSTER + "node_id = \"a b\"\n", "cluster.node_id"),
+    (_CLUSTER + "node_id = \"\"\n", "cluster.node_id"),
+    (_CLUSTER + "workspaces = 3\n", "cluster.workspaces"),
+    (_CLUSTER + "leas_s = 3\n", "cluster.leas_s"),
+    ("cluster = 3\n", "cluster"),
 ])
 def test_errors_name_file_and_key(tmp_path: Path, text: str, key: str) -> None:
     path = tmp_path / "daemon.toml"
@@ -121,3 +139,46 @@ def test_demo_config_has_one_schedule_disabled() -> None:
     config = load_config(Path("config/daemon.toml"))
     [demo] = config.schedules.values()
     assert demo.enabled is False and demo.agent in config.agents
+
+
+def test_cluster_defaults_and_absence(tmp_path: Path) -> None:
+    path = tmp_path / "daemon.toml"
+    path.write_text("[server]\ndata_dir = \"d\"\n")
+    assert load_config(path).cluster is None
+    path.write_text("[server]\ndata_dir = \"d\"\n" + _CLUSTER)
+    cluster = load_config(path).cluster
+    assert cluster is not None
+    assert cluster.store == "postgresql://u:pw@db:5432/veild"
+    assert cluster.bus == "redis://r:6379/2"
+    assert cluster.node_id == f"{socket.gethostname()}-{os.getpid()}"
+    assert (cluster.lease_s, cluster.retention_events, cluster.connect_timeout_s) \
+        == (15, 1_000_000, 10)
+    assert cluster.workspaces_in(Path("d")) == Path("d/workspaces")
+    path.write_text(_CLUSTER + "node_id = \"n-1\"\nlease_s = 3\nworkspaces = \"/srv/ws\"\n"
+                    "retention_events = 50\nconnect_timeout_s = 0.5\n")
+    cluster = load_config(path).cluster
+    assert cluster is not None and cluster.node_id == "n-1" and cluster.lease_s == 3
+    assert cluster.workspaces_in(Path("d")) == Path("/srv/ws")
+    assert (cluster.retention_events, cluster.connect_timeout_s) == (50, 0.5)
+
+
+def test_cluster_errors_never_show_the_password(tmp_path: Path) -> None:
+    path = tmp_path / "daemon.toml"
+    path.write_text("[cluster]\nstore = \"mysql://u:secret@h/db\"\nbus = \"redis://h\"\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == "cluster.store" and "secret" not in str(info.value)
+    assert redact_url("postgresql://u:secret@h:5/db") == "postgresql://u:***@h:5/db"
+    assert redact_url("redis://:secret@h/0") == "redis://:***@h/0"
+    assert redact_url("postgresql://h/db") == "postgresql://h/db"
+
+
+def test_cli_exits_2_on_a_cluster_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "daemon.toml"
+    path.write_text(_CLUSTER + "lease_s = -1\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "daemon", "serve", "--config", str(path)],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 2
+    assert str(path) in result.stderr and "cluster.lease_s" in result.stderr

@@ -14,6 +14,7 @@ behind the same protocol, tested by the same suite.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 import trio
@@ -22,6 +23,7 @@ from daemon.runtime.events import Envelope, Gap
 from daemon.store.models import (
     InboxRecord,
     MessageRecord,
+    NodeRecord,
     ScheduleRecord,
     SessionRecord,
     TokenUsage,
@@ -82,6 +84,34 @@ class Store(Protocol):
     # the seq floor the event log mirrors here (runtime/ports.EventLog)
     async def seq_reserved(self) -> int | None: ...
     async def set_seq_reserved(self, value: int) -> None: ...
+
+
+class ClusterStore(Store, Protocol):
+    """The store of a cluster (CONTRACT §13): one database, several nodes. It is opened
+    with this node's id: sessions it creates are owned by this node, and
+    unfinished_turns / running_sessions / sessions_to_wake answer for this node's
+    sessions only. Errors also: NodeIdInUse, OwnedElsewhere."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    # nodes: a lease each, renewed by heartbeats; a node whose lease is past is dead
+    async def register_node(self, node_id: str, url: str, lease_until_ms: int,
+                            now_ms: int) -> None: ...
+    async def heartbeat(self, node_id: str, lease_until_ms: int) -> bool: ...
+    async def expired_nodes(self, now_ms: int) -> list[str]: ...
+    async def drop_node(self, node_id: str) -> None: ...
+    async def nodes(self) -> list[NodeRecord]: ...
+
+    # ownership: which node runs a session's turns
+    async def session_owner(self, session_id: str) -> str | None: ...
+    async def claim_session(self, session_id: str, node_id: str) -> str | None: ...
+    async def release_sessions(self, node_id: str) -> list[str]: ...
+    async def node_unfinished_turns(self, node_id: str) -> list[TurnRecord]: ...
+    async def node_running_sessions(self, node_id: str) -> list[str]: ...
+
+    # one holder at a time, cluster-wide, freed when the holder's process dies
+    def try_advisory_lock(self, name: str) -> AbstractAsyncContextManager[bool]: ...
 
 
 class Replay(Protocol):

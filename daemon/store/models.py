@@ -110,3 +110,13 @@ class ScheduleRecord:
     last_turn_id: str | None = None
     last_outcome: str | None = None  # "done" or the error code of the last ended run
     skipped: int = 0  # ticks that came while the previous run still went
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """One node of a cluster (CONTRACT §13), as the store's `nodes` table holds it."""
+
+    node_id: str
+    url: str  # where the other nodes reach it
+    started_at: int  # ms
+    lease_until: int  # ms: dead once this is past

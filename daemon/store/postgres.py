@@ -1,0 +1,699 @@
+"""PostgreSQL, the cluster's store (CONTRACT §13), reached from Trio through worker threads.
+
+psycopg 3's async API runs on asyncio only, so every call is a blocking psycopg call in
+a worker thread (`trio.to_thread.run_sync`) on a connection of a bounded pool
+(psycopg_pool, `_POOL_MAX` connections; a CapacityLimiter of the same size keeps threads
+from queueing inside the pool). Each method that is one transaction in the SQLite store
+(sqlite.py, whose behaviour this file follows method by method) is one PostgreSQL
+transaction here: a message and the inbox entries it consumes; a turn's start and its
+session; a turn's end, its session, the replies it owes and the entries it quiets.
+
+Several nodes share the database. Each store is opened with its node's id: sessions it
+creates are owned by that node, and unfinished_turns / running_sessions /
+sessions_to_wake answer for the node's own sessions, so a node's startup recovery only
+touches what is its own. Where two nodes race, row locks decide:
+  - consuming an inbox entry locks it (`SELECT … FOR UPDATE`, in id order) and takes only
+    an entry still unconsumed; the loser (its entry taken by the winner's committed
+    transaction) raises InboxConsumed and stores nothing — the same delivery is consumed
+    once;
+  - claim_session is a compare-and-set (`UPDATE … WHERE owner IS NULL`);
+  - start_turn locks the session's row and refuses (OwnedElsewhere) one another node owns.
+
+Errors: a pool with no connection free within `busy_timeout_s`, a statement that runs
+past it (statement_timeout), a lost connection or an unreachable server raise
+StoreUnavailable (503 UNAVAILABLE); other database errors StoreError. A deadlock or a
+serialization failure is retried (a fresh transaction) a few times first. Messages name
+the database without its password.
+
+Schema: numbered files in pg_migrations/, applied in one transaction under a
+transaction-level advisory lock, recorded in `veild_schema` (one row per migration), so
+two nodes starting at once migrate once.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+import psycopg.errors
+import trio
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from daemon.config import redact_url
+from daemon.errors import (
+    InboxConsumed,
+    NodeIdInUse,
+    OwnedElsewhere,
+    StoreError,
+    StoreUnavailable,
+)
+from daemon.store.models import (
+    InboxRecord,
+    MessageRecord,
+    NodeRecord,
+    ScheduleRecord,
+    SessionRecord,
+    TokenUsage,
+    TurnHistory,
+    TurnRecord,
+)
+
+T = TypeVar("T")
+Conn = psycopg.Connection[Any]
+
+_POOL_MIN, _POOL_MAX = 1, 8
+# Attempts of a transaction that lost a deadlock or a serialization check.
+_ATTEMPTS = 3
+# How long a (re)connect attempt may take; libpq counts whole seconds, at least 2.
+_CONNECT_ATTEMPT_S = 2
+# Between attempts to reach a database that refused or did not answer.
+_RETRY_EVERY_S = 0.25
+# SQLSTATE classes that mean "not now" or "not reachable", not "wrong": connection
+# exceptions, insufficient resources, operator intervention, system errors.
+_UNAVAILABLE_CLASSES = ("08", "53", "57", "58")
+_BUSY_STATES = ("57014", "55P03")  # statement timeout / lock not available
+_RETRY_STATES = ("40001", "40P01")  # serialization failure / deadlock detected
+
+_SESSION_COLUMNS = (
+    "id, agent_name, parent_session_id, root_session_id, depth, spawn_tool_call_id, "
+    "status, created_at, updated_at, model, input_tokens, output_tokens, cache_tokens, cost, "
+    "engine_session_id"
+)
+_INBOX_COLUMNS = (
+    "id, session_id, content, from_session_id, delivery, wakes, reply_to, created_at"
+)
+
+
+def lock_key(name: str) -> int:
+    """The advisory lock's 64-bit key for `name`: the same on every node."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(),
+                          "big", signed=True)
+
+
+_MIGRATE_LOCK = lock_key("veild.migrate")
+
+
+def _migrations() -> list[tuple[int, str]]:
+    folder = resources.files("daemon.store") / "pg_migrations"
+    found = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".sql"):
+            found.append((int(entry.name.split("_", 1)[0]), entry.read_text()))
+    return sorted(found)
+
+
+def migrate(conn: Conn) -> list[int]:
+    """Bring the schema up to date; returns the migrations this call applied. Holds a
+    transaction-level advisory lock: a second node waits, then finds nothing to do."""
+    applied = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
+        conn.execute("CREATE TABLE IF NOT EXISTS veild_schema ("
+                     "version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL "
+                     "DEFAULT now())")
+        row = conn.execute("SELECT max(version) FROM veild_schema").fetchone()
+        version = row[0] if row and row[0] is not None else 0
+        known = _migrations()
+        if known and version > known[-1][0]:
+            raise StoreError(f"the database's schema is version {version}, newer than this "
+                             f"veild knows ({known[-1][0]}): upgrade veild")
+        for number, sql in known:
+            if number <= version:
+                continue
+            conn.execute(sql.encode())
+            conn.execute("INSERT INTO veild_schema(version) VALUES (%s)", (number,))
+            applied.append(number)
+    return applied
+
+
+def _session(row: tuple[Any, ...]) -> SessionRecord:
+    return SessionRecord(
+        id=row[0], agent_name=row[1], parent_session_id=row[2], root_session_id=row[3],
+        depth=row[4], spawn_tool_call_id=row[5], status=row[6], created_at=row[7],
+        updated_at=row[8], model=row[9],
+        token_usage=TokenUsage(row[10], row[11], row[12], row[13]), engine_session_id=row[14],
+    )
+
+
+def _inbox(row: tuple[Any, ...]) -> InboxRecord:
+    return InboxRecord(row[0], row[1], row[2], row[3], row[4], bool(row[5]), row[6], row[7])
+
+
+def _insert_inbox(conn: Conn, d: InboxRecord) -> InboxRecord:
+    row = conn.execute(
+        "INSERT INTO inbox(session_id, content, from_session_id, delivery, wakes, reply_to, "
+        "created_at) VALUES (%s,%s,%s,%s,%s,%s,%s) RETURNING id",
+        (d.session_id, d.content, d.from_session_id, d.delivery, d.wakes, d.reply_to,
+         d.created_at),
+    ).fetchone()
+    assert row is not None
+    return InboxRecord(row[0], d.session_id, d.content, d.from_session_id, d.delivery,
+                       d.wakes, d.reply_to, d.created_at)
+
+
+def _consume_inbox(conn: Conn, ids: Sequence[int], turn_id: str) -> None:
+    """Mark inbox entries taken by a turn; refuses (InboxConsumed, so the transaction
+    rolls back) if one already was. The rows are locked in id order (no deadlock between
+    two consumers of overlapping sets); a consumer that waited for another's lock sees
+    that one's committed outcome (READ COMMITTED re-checks the row)."""
+    wanted = sorted(set(ids))
+    free = [r[0] for r in conn.execute(
+        "SELECT id FROM inbox WHERE id = ANY(%s) AND consumed_by_turn IS NULL "
+        "ORDER BY id FOR UPDATE", (wanted,))]
+    if free != wanted:
+        gone = sorted(set(wanted) - set(free))
+        raise InboxConsumed(f"inbox entry {gone[0]} was already consumed or does not exist")
+    conn.execute("UPDATE inbox SET consumed_by_turn=%s WHERE id = ANY(%s)", (turn_id, wanted))
+
+
+def translate(exc: Exception, database: str, busy_timeout_s: float) -> StoreError:
+    """A psycopg or pool error as the daemon's StoreError / StoreUnavailable."""
+    if isinstance(exc, PoolTimeout):
+        return StoreUnavailable(
+            f"the database is busy: no connection to {database} was free within "
+            f"{busy_timeout_s:g}s (store_busy_timeout_s)")
+    state = getattr(exc, "sqlstate", None) or ""
+    if state in _BUSY_STATES:
+        return StoreUnavailable(
+            f"the database is busy: a statement waited more than {busy_timeout_s:g}s "
+            f"(store_busy_timeout_s)")
+    if state[:2] in _UNAVAILABLE_CLASSES or (
+            isinstance(exc, psycopg.OperationalError) and not state):
+        return StoreUnavailable(f"the database {database} is unavailable: "
+                                f"{_first_line(exc)}")
+    return StoreError(f"{_first_line(exc)}")
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _lost(exc: Exception) -> bool:
+    """The connection is gone (not an error of the statement)."""
+    state = getattr(exc, "sqlstate", None) or ""
+    return state[:2] == "08" or state in ("57P01", "57P02", "57P03") or (
+        isinstance(exc, psycopg.OperationalError) and not state)
+
+
+def _retryable(exc: Exception) -> bool:
+    return (getattr(exc, "sqlstate", None) or "") in _RETRY_STATES
+
+
+def connect_once(url: str, *, timeout_s: float, autocommit: bool = True) -> Conn:
+    """One blocking connection attempt (in a worker thread)."""
+    return psycopg.connect(url, autocommit=autocommit,
+                           connect_timeout=max(_CONNECT_ATTEMPT_S, int(timeout_s + 0.999)))
+
+
+async def connect(url: str, *, timeout_s: float) -> Conn:
+    """A connection to `url`, retried until `timeout_s` has passed; then
+    StoreUnavailable naming the database (without its password)."""
+    deadline = trio.current_time() + timeout_s
+    while True:
+        attempt_s = min(deadline - trio.current_time(), _CONNECT_ATTEMPT_S)
+        try:
+            return await trio.to_thread.run_sync(
+                functools.partial(connect_once, url, timeout_s=attempt_s))
+        except psycopg.Error as exc:
+            if trio.current_time() + _RETRY_EVERY_S >= deadline \
+                    or not isinstance(exc, psycopg.OperationalError):
+                raise StoreUnavailable(
+                    f"cannot reach the cluster store {redact_url(url)} within "
+                    f"{timeout_s:g}s (connect_timeout_s): {_first_line(exc)}") from exc
+        await trio.sleep(_RETRY_EVERY_S)  # a retry's pace, not synchronisation
+
+
+class PostgresStore:
+    """The Store port (runtime/ports.py) and the cluster's ClusterStore on PostgreSQL."""
+
+    def __init__(self, url: str, pool: ConnectionPool[Any], *, node_id: str,
+                 busy_timeout_s: float, connect_timeout_s: float,
+                 migrated: Sequence[int] = ()) -> None:
+        self._url = url
+        self._database = redact_url(url)
+        self._pool = pool
+        self._node_id = node_id
+        self._busy_timeout_s = busy_timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        self._limiter = trio.CapacityLimiter(_POOL_MAX)
+        self.migrated = tuple(migrated)  # the migrations this open applied
+
+    @property
+    def node_id(self) -> str:
+        return self._node_id
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, url: str, *, node_id: str, busy_timeout_s: float = 5.0,
+                   connect_timeout_s: float = 10.0) -> PostgresStore:
+        """Reach the database (retried for `connect_timeout_s`), migrate it, and open
+        the pool."""
+        conn = await connect(url, timeout_s=connect_timeout_s)
+        database = redact_url(url)
+        try:
+            applied = await trio.to_thread.run_sync(migrate, conn)
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot migrate the database {database}: "
+                             f"{_first_line(exc)}") from exc
+        finally:
+            await trio.to_thread.run_sync(conn.close)
+
+        timeout_ms = int(busy_timeout_s * 1000)
+
+        def _configure(c: Conn) -> None:
+            # A statement that waits (on a lock another node holds) past the store's busy
+            # timeout fails, like SQLite's busy timeout: 503, not a hung request.
+            c.execute(f"SET statement_timeout = {timeout_ms}")
+
+        def _open_pool() -> ConnectionPool[Any]:
+            pool: ConnectionPool[Any] = ConnectionPool(
+                url, min_size=_POOL_MIN, max_size=_POOL_MAX, open=False,
+                timeout=busy_timeout_s, configure=_configure, name=f"veild-{node_id}",
+                kwargs={"autocommit": True, "connect_timeout": _CONNECT_ATTEMPT_S},
+                reconnect_timeout=max(connect_timeout_s, 60.0),
+            )
+            try:
+                pool.open(wait=True, timeout=max(connect_timeout_s, 1.0))
+            except BaseException:
+                pool.close()
+                raise
+            return pool
+
+        try:
+            pool = await trio.to_thread.run_sync(_open_pool)
+        except (PoolTimeout, psycopg.Error) as exc:
+            raise StoreUnavailable(
+                f"cannot reach the cluster store {database} within {connect_timeout_s:g}s "
+                f"(connect_timeout_s): {_first_line(exc)}") from exc
+        return cls(url, pool, node_id=node_id, busy_timeout_s=busy_timeout_s,
+                   connect_timeout_s=connect_timeout_s, migrated=applied)
+
+    async def aclose(self) -> None:
+        await trio.to_thread.run_sync(self._pool.close)
+
+    def _work(self, fn: Callable[[Conn], T], tx: bool) -> T:
+        # In the worker thread: one pooled connection; a write is one transaction, tried
+        # again from the start when it lost a deadlock or a serialization check.
+        for attempt in range(_ATTEMPTS):
+            try:
+                with self._pool.connection() as conn:
+                    if not tx:
+                        return fn(conn)
+                    with conn.transaction():
+                        return fn(conn)
+            except psycopg.Error as exc:
+                lost = _lost(exc)
+                if lost:
+                    # The server went away (restarted, or ended our backends): the
+                    # pool's other idle connections are likely dead too. Drop them now,
+                    # so the next calls get fresh ones instead of failing one by one.
+                    self._pool.check()
+                last = attempt == _ATTEMPTS - 1
+                # A read is tried again on a fresh connection; a write that lost its
+                # connection is not — it may have committed before the loss (its
+                # caller gets 503 and nothing is acknowledged twice).
+                if last or not (_retryable(exc) or (lost and not tx)):
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _run(self, fn: Callable[[Conn], T], *, tx: bool) -> T:
+        with trio.move_on_after(self._busy_timeout_s) as waiting:
+            await self._limiter.acquire()
+        if waiting.cancelled_caught:
+            raise StoreUnavailable(
+                f"the database is busy: no connection was free within "
+                f"{self._busy_timeout_s:g}s (store_busy_timeout_s)")
+        try:
+            # A read may be abandoned when its caller is cancelled (its result is not
+            # needed); a write is waited for, so that its caller never leaves while a
+            # transaction it started may still commit.
+            return await trio.to_thread.run_sync(self._work, fn, tx, abandon_on_cancel=not tx)
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise translate(exc, self._database, self._busy_timeout_s) from exc
+        finally:
+            self._limiter.release()
+
+    async def _read(self, fn: Callable[[Conn], T]) -> T:
+        return await self._run(fn, tx=False)
+
+    async def _write(self, fn: Callable[[Conn], T]) -> T:
+        return await self._run(fn, tx=True)
+
+    async def _execute(self, sql: str, args: Sequence[Any] = ()) -> int:
+        """One write statement (its own transaction); returns the rows it changed."""
+        return await self._write(lambda conn: conn.execute(sql, args).rowcount)
+
+    async def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return await self._read(lambda conn: conn.execute(sql, args).fetchall())
+
+    # -- meta -----------------------------------------------------------------------------
+
+    async def set_seq_reserved(self, value: int) -> None:
+        await self._execute(
+            "INSERT INTO meta(key, value) VALUES ('seq_reserved', %s) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(value),))
+
+    async def seq_reserved(self) -> int | None:
+        rows = await self._rows("SELECT value FROM meta WHERE key = 'seq_reserved'")
+        return int(rows[0][0]) if rows else None
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def create_session(self, s: SessionRecord) -> None:
+        await self._execute(
+            "INSERT INTO sessions(id, agent_name, parent_session_id, root_session_id, depth, "
+            "spawn_tool_call_id, status, created_at, updated_at, model, owner) "
+            "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+            (s.id, s.agent_name, s.parent_session_id, s.root_session_id, s.depth,
+             s.spawn_tool_call_id, s.status, s.created_at, s.updated_at, s.model,
+             self._node_id))
+
+    async def save_session(self, s: SessionRecord) -> None:
+        u = s.token_usage
+        await self._execute(
+            "UPDATE sessions SET status=%s, updated_at=%s, model=%s, input_tokens=%s, "
+            "output_tokens=%s, cache_tokens=%s, cost=%s WHERE id=%s",
+            (s.status, s.updated_at, s.model, u.input, u.output, u.cache, u.cost, s.id))
+
+    async def set_engine_session(self, session_id: str, engine_session_id: str | None) -> None:
+        await self._execute("UPDATE sessions SET engine_session_id=%s WHERE id=%s",
+                            (engine_session_id, session_id))
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        rows = await self._rows(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id=%s",
+                                (session_id,))
+        return _session(rows[0]) if rows else None
+
+    async def list_sessions(
+        self, *, agent: str | None = None, parent: str | None = None, limit: int = 100
+    ) -> list[SessionRecord]:
+        where, args = [], []
+        if agent is not None:
+            where.append("agent_name=%s")
+            args.append(agent)
+        if parent is not None:
+            where.append("parent_session_id=%s")
+            args.append(parent)
+        sql = f"SELECT {_SESSION_COLUMNS} FROM sessions"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC, seq DESC LIMIT %s"
+        return [_session(r) for r in await self._rows(sql, (*args, limit))]
+
+    async def children(self, session_id: str) -> list[str]:
+        rows = await self._rows(
+            "SELECT id FROM sessions WHERE parent_session_id=%s ORDER BY created_at, seq",
+            (session_id,))
+        return [r[0] for r in rows]
+
+    async def running_sessions(self) -> list[str]:
+        return await self.node_running_sessions(self._node_id)
+
+    # -- messages -------------------------------------------------------------------------
+
+    async def append_message(
+        self, session_id: str, m: MessageRecord, turn_id: str | None = None
+    ) -> None:
+        """Store a message; with `inbox_ids`, consume those entries in the same
+        transaction (InboxConsumed, nothing stored, when one was taken already)."""
+
+        def _append(conn: Conn) -> None:
+            if m.inbox_ids:
+                assert turn_id is not None
+                _consume_inbox(conn, m.inbox_ids, turn_id)
+            conn.execute(
+                "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
+                "created_at, turn_id) VALUES (%s,%s,%s,%s,%s,%s,%s)",
+                (session_id, m.role, m.content,
+                 json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id,
+                 m.created_at, turn_id))
+
+        await self._write(_append)
+
+    async def messages(self, session_id: str) -> list[MessageRecord]:
+        rows = await self._rows(
+            "SELECT role, content, tool_calls, tool_call_id, created_at, turn_id "
+            "FROM messages WHERE session_id=%s ORDER BY id", (session_id,))
+        return [MessageRecord(r[0], r[1], json.loads(r[2]) if r[2] else None, r[3], r[4],
+                              turn_id=r[5]) for r in rows]
+
+    # -- turns ----------------------------------------------------------------------------
+
+    async def start_turn(self, t: TurnRecord, session: SessionRecord) -> None:
+        """Record the turn and mark its session running, in one transaction. The
+        session's row is locked first: one owned by another node is refused
+        (OwnedElsewhere); one owned by none (released by the sweeper) becomes this
+        node's, as a claim would make it."""
+
+        def _start(conn: Conn) -> None:
+            row = conn.execute("SELECT owner FROM sessions WHERE id=%s FOR UPDATE",
+                               (t.session_id,)).fetchone()
+            if row is not None and row[0] is not None and row[0] != self._node_id:
+                raise OwnedElsewhere(t.session_id, row[0])
+            conn.execute(
+                "INSERT INTO turns(id, session_id, trigger, started_at, reply_to, "
+                "from_session_id, start_seq, schedule) VALUES (%s,%s,%s,%s,%s,%s,%s,%s)",
+                (t.id, t.session_id, t.trigger, t.started_at, t.reply_to, t.from_session_id,
+                 t.start_seq, t.schedule))
+            conn.execute("UPDATE sessions SET status=%s, updated_at=%s, "
+                         "owner=COALESCE(owner, %s) WHERE id=%s",
+                         (session.status, session.updated_at, self._node_id, session.id))
+
+        await self._write(_start)
+
+    async def end_turn(
+        self, turn_id: str, code: str, ended_at: int, session: SessionRecord,
+        deliveries: Sequence[InboxRecord] = (), quiet: Sequence[int] = (),
+        *, cancel_reason: str | None = None, usage: TokenUsage | None = None,
+        model: str | None = None,
+    ) -> list[InboxRecord]:
+        """Close the turn (its code, cancel reason, usage and model), save its session
+        (status, usage), record what it delivers to other inboxes and stop the `quiet`
+        entries from waking anything, in one transaction; returns the deliveries with
+        their ids. A reply owed to a session deleted since is dropped."""
+        u = session.token_usage
+        t = usage or TokenUsage()
+
+        def _end(conn: Conn) -> list[InboxRecord]:
+            conn.execute(
+                "UPDATE turns SET ended_at=%s, terminal_code=%s, cancel_reason=%s, model=%s, "
+                "input_tokens=%s, output_tokens=%s, cache_tokens=%s, cost=%s WHERE id=%s",
+                (ended_at, code, cancel_reason, model, t.input, t.output, t.cache, t.cost,
+                 turn_id))
+            conn.execute(
+                "UPDATE sessions SET status=%s, updated_at=%s, model=%s, input_tokens=%s, "
+                "output_tokens=%s, cache_tokens=%s, cost=%s WHERE id=%s",
+                (session.status, session.updated_at, session.model, u.input, u.output,
+                 u.cache, u.cost, session.id))
+            if quiet:
+                conn.execute("UPDATE inbox SET wakes=FALSE WHERE id = ANY(%s)", (list(quiet),))
+            # Key-share lock on each target: a concurrent delete of it waits for this
+            # commit (or this insert sees it gone), never a foreign-key failure here.
+            return [_insert_inbox(conn, d) for d in deliveries
+                    if conn.execute("SELECT 1 FROM sessions WHERE id=%s FOR KEY SHARE",
+                                    (d.session_id,)).fetchone()]
+
+        return await self._write(_end)
+
+    async def turns(self, session_id: str) -> list[TurnHistory]:
+        rows = await self._rows(
+            "SELECT id, trigger, from_session_id, started_at, ended_at, terminal_code, "
+            "cancel_reason, input_tokens, output_tokens, cache_tokens, cost, model, "
+            "start_seq, schedule FROM turns WHERE session_id=%s ORDER BY started_at, seq",
+            (session_id,))
+        return [TurnHistory(r[0], r[1], r[2], r[3], r[4], r[5], r[6],
+                            TokenUsage(r[7], r[8], r[9], r[10]), r[11], r[12], r[13])
+                for r in rows]
+
+    async def unfinished_turns(self) -> list[TurnRecord]:
+        return await self.node_unfinished_turns(self._node_id)
+
+    # -- inbox ----------------------------------------------------------------------------
+
+    async def deliver(self, d: InboxRecord) -> InboxRecord:
+        return await self._write(lambda conn: _insert_inbox(conn, d))
+
+    async def pending_inbox(self, session_id: str) -> list[InboxRecord]:
+        rows = await self._rows(
+            f"SELECT {_INBOX_COLUMNS} FROM inbox "
+            "WHERE session_id=%s AND consumed_by_turn IS NULL ORDER BY id", (session_id,))
+        return [_inbox(r) for r in rows]
+
+    async def sessions_to_wake(self) -> list[str]:
+        """This node's sessions holding a waking delivery no turn has taken yet."""
+        rows = await self._rows(
+            "SELECT i.session_id FROM inbox i JOIN sessions s ON s.id = i.session_id "
+            "WHERE i.consumed_by_turn IS NULL AND i.wakes AND s.owner = %s "
+            "GROUP BY i.session_id ORDER BY MIN(i.id)", (self._node_id,))
+        return [r[0] for r in rows]
+
+    # -- schedules ------------------------------------------------------------------------
+
+    async def schedule_states(self) -> list[ScheduleRecord]:
+        rows = await self._rows(
+            "SELECT name, paused, last_run_at, next_run_at, last_session_id, "
+            "last_turn_id, last_outcome, skipped FROM schedules ORDER BY name")
+        return [ScheduleRecord(r[0], bool(r[1]), *r[2:]) for r in rows]
+
+    async def save_schedule_state(self, s: ScheduleRecord) -> None:
+        await self._execute(
+            "INSERT INTO schedules(name, paused, last_run_at, next_run_at, last_session_id, "
+            "last_turn_id, last_outcome, skipped) VALUES (%s,%s,%s,%s,%s,%s,%s,%s) "
+            "ON CONFLICT (name) DO UPDATE SET paused=excluded.paused, "
+            "last_run_at=excluded.last_run_at, next_run_at=excluded.next_run_at, "
+            "last_session_id=excluded.last_session_id, last_turn_id=excluded.last_turn_id, "
+            "last_outcome=excluded.last_outcome, skipped=excluded.skipped",
+            (s.name, s.paused, s.last_run_at, s.next_run_at, s.last_session_id,
+             s.last_turn_id, s.last_outcome, s.skipped))
+
+    # -- history that does not grow forever (CONTRACT §12) ---------------------------------
+
+    async def subtree(self, session_id: str) -> list[SessionRecord]:
+        """The session and all its descendants, each parent before its children; [] for
+        an unknown id."""
+        columns = ", ".join("s." + c.strip() for c in _SESSION_COLUMNS.split(","))
+        rows = await self._rows(
+            "WITH RECURSIVE tree(id, level) AS ("
+            " SELECT id, 0 FROM sessions WHERE id=%s"
+            " UNION ALL SELECT s.id, tree.level + 1 FROM sessions s"
+            " JOIN tree ON s.parent_session_id = tree.id) "
+            f"SELECT {columns} FROM tree JOIN sessions s ON s.id = tree.id "
+            "ORDER BY tree.level, s.seq", (session_id,))
+        return [_session(r) for r in rows]
+
+    async def delete_sessions(self, session_ids: Sequence[str]) -> None:
+        """Remove these sessions (a whole subtree) with their messages, turns and inbox
+        entries in one transaction."""
+        ids = list(session_ids)
+
+        def _delete(conn: Conn) -> None:
+            for table in ("messages", "turns", "inbox"):
+                conn.execute(f"DELETE FROM {table} WHERE session_id = ANY(%s)", (ids,))
+            # One statement: the parent links are checked at its end, when the whole
+            # subtree is gone.
+            conn.execute("DELETE FROM sessions WHERE id = ANY(%s)", (ids,))
+
+        await self._write(_delete)
+
+    async def stale_trees(self, updated_before: int, limit: int = 500) -> list[str]:
+        rows = await self._rows(
+            "SELECT root_session_id FROM sessions GROUP BY root_session_id "
+            "HAVING MAX(updated_at) < %s AND NOT bool_or(status = 'running') "
+            "ORDER BY MAX(updated_at) LIMIT %s", (updated_before, limit))
+        return [r[0] for r in rows]
+
+    async def reclaim_space(self) -> None:
+        """Nothing to do: PostgreSQL's autovacuum makes deleted rows' space reusable, and
+        a VACUUM FULL (which would shrink the files) locks the tables for every node."""
+
+    # -- the cluster (ClusterStore) -------------------------------------------------------
+
+    async def register_node(self, node_id: str, url: str, lease_until_ms: int,
+                            now_ms: int) -> None:
+        """Insert this node's row, or take over one whose lease is past (a node that
+        died with this id); NodeIdInUse while a live node has it."""
+        rows = await self._write(lambda conn: conn.execute(
+            "INSERT INTO nodes(node_id, url, started_at, lease_until) VALUES (%s,%s,%s,%s) "
+            "ON CONFLICT (node_id) DO UPDATE SET url=excluded.url, "
+            "started_at=excluded.started_at, lease_until=excluded.lease_until "
+            "WHERE nodes.lease_until <= %s RETURNING node_id",
+            (node_id, url, now_ms, lease_until_ms, now_ms)).fetchall())
+        if not rows:
+            raise NodeIdInUse(node_id)
+
+    async def heartbeat(self, node_id: str, lease_until_ms: int) -> bool:
+        """Renew the lease; False when the row is gone (a sweeper took this node)."""
+        return await self._execute("UPDATE nodes SET lease_until=%s WHERE node_id=%s",
+                                   (lease_until_ms, node_id)) == 1
+
+    async def expired_nodes(self, now_ms: int) -> list[str]:
+        rows = await self._rows(
+            "SELECT node_id FROM nodes WHERE lease_until < %s ORDER BY lease_until, node_id",
+            (now_ms,))
+        return [r[0] for r in rows]
+
+    async def drop_node(self, node_id: str) -> None:
+        await self._execute("DELETE FROM nodes WHERE node_id=%s", (node_id,))
+
+    async def nodes(self) -> list[NodeRecord]:
+        rows = await self._rows(
+            "SELECT node_id, url, started_at, lease_until FROM nodes ORDER BY node_id")
+        return [NodeRecord(*r) for r in rows]
+
+    async def session_owner(self, session_id: str) -> str | None:
+        rows = await self._rows("SELECT owner FROM sessions WHERE id=%s", (session_id,))
+        return rows[0][0] if rows else None
+
+    async def claim_session(self, session_id: str, node_id: str) -> str | None:
+        """owner := node_id if the session has none (compare-and-set); returns its owner
+        after (None for an unknown session)."""
+
+        def _claim(conn: Conn) -> str | None:
+            won = conn.execute(
+                "UPDATE sessions SET owner=%s WHERE id=%s AND owner IS NULL RETURNING owner",
+                (node_id, session_id)).fetchone()
+            if won is not None:
+                owner: str = won[0]
+                return owner
+            # A new statement, a new snapshot: sees the winner's committed claim.
+            row = conn.execute("SELECT owner FROM sessions WHERE id=%s",
+                               (session_id,)).fetchone()
+            return row[0] if row else None
+
+        return await self._write(_claim)
+
+    async def release_sessions(self, node_id: str) -> list[str]:
+        rows = await self._write(lambda conn: conn.execute(
+            "UPDATE sessions SET owner=NULL WHERE owner=%s RETURNING id",
+            (node_id,)).fetchall())
+        return sorted(r[0] for r in rows)
+
+    async def node_unfinished_turns(self, node_id: str) -> list[TurnRecord]:
+        rows = await self._rows(
+            "SELECT t.id, t.session_id, t.trigger, t.started_at, t.reply_to FROM turns t "
+            "JOIN sessions s ON s.id = t.session_id "
+            "WHERE t.ended_at IS NULL AND s.owner = %s ORDER BY t.started_at, t.seq",
+            (node_id,))
+        return [TurnRecord(*r) for r in rows]
+
+    async def node_running_sessions(self, node_id: str) -> list[str]:
+        rows = await self._rows(
+            "SELECT id FROM sessions WHERE status='running' AND owner=%s ORDER BY seq",
+            (node_id,))
+        return [r[0] for r in rows]
+
+    @asynccontextmanager
+    async def try_advisory_lock(self, name: str) -> AsyncIterator[bool]:
+        """A session-level `pg_try_advisory_lock` on a connection of its own (not the
+        pool's), held for the block: yields whether this holder got it. The lock is
+        freed when the block ends, or by the server when the connection dies (the
+        process with it)."""
+        conn = await connect(self._url, timeout_s=self._connect_timeout_s)
+        try:
+            try:
+                row = await trio.to_thread.run_sync(
+                    lambda: conn.execute("SELECT pg_try_advisory_lock(%s)",
+                                         (lock_key(name),)).fetchone())
+            except psycopg.Error as exc:
+                raise translate(exc, self._database, self._busy_timeout_s) from exc
+            yield bool(row and row[0])
+        finally:
+            # Closing the connection frees the lock; bounded (a close does not wait on
+            # the server).
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(conn.close)
+
+
+if TYPE_CHECKING:
+    from daemon.runtime.ports import ClusterStore
+
+    def _is_the_port(store: PostgresStore) -> ClusterStore:
+        return store  # mypy: PostgresStore is what the ClusterStore port says

@@ -1,0 +1,327 @@
+"""The cluster's PostgreSQL store (CONTRACT §13): what the Store port does not cover —
+nodes and their leases, session ownership, races between two nodes on one database,
+the advisory lock, migrations, an unreachable or busy database. A real PostgreSQL
+(tests/pgserver.py); two stores with two node ids on one database are two nodes."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import trio
+
+from daemon.config import ClusterConfig, ServerConfig
+from daemon.errors import InboxConsumed, NodeIdInUse, OwnedElsewhere, StoreUnavailable
+from daemon.store import open_store
+from daemon.store.models import InboxRecord, MessageRecord, NodeRecord, TurnRecord
+from daemon.store.postgres import PostgresStore, _migrations, lock_key
+from tests.pgserver import pg_server, pg_url  # noqa: F401  (fixtures)
+from tests.test_store_port import delivery, running, session
+
+
+@pytest.fixture
+async def two(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:  # noqa: F811
+    a = await PostgresStore.open(pg_url, node_id="a", connect_timeout_s=5)
+    b = await PostgresStore.open(pg_url, node_id="b", connect_timeout_s=5)
+    try:
+        yield a, b
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def wait_for_lock_waiters(url: str, count: int) -> None:
+    """Until `count` backends wait on a lock (the racers are both inside the race)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity "
+                               "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                               ).fetchone()
+            if row is not None and row[0] >= count:
+                return
+            await trio.sleep(0.01)  # polling a condition the server reports
+
+
+async def test_node_ids_leases_and_sweeping(two: tuple[PostgresStore, PostgresStore]) -> None:
+    a, b = two
+    await a.register_node("a", "http://a:1", lease_until_ms=15_000, now_ms=1000)
+    with pytest.raises(NodeIdInUse) as info:
+        await b.register_node("a", "http://other:2", lease_until_ms=16_000, now_ms=2000)
+    assert "'a'" in str(info.value) and info.value.node_id == "a"
+    await b.register_node("b", "http://b:1", lease_until_ms=17_000, now_ms=2000)
+    assert await a.nodes() == [NodeRecord("a", "http://a:1", 1000, 15_000),
+                               NodeRecord("b", "http://b:1", 2000, 17_000)]
+
+    assert await a.heartbeat("a", 30_000) is True
+    assert await b.expired_nodes(20_000) == ["b"]
+    assert await b.expired_nodes(40_000) == ["b", "a"]  # longest dead first
+    assert await b.expired_nodes(10_000) == []
+
+    # A node that died with this id can come back once its lease is past.
+    await a.register_node("b", "http://b:2", lease_until_ms=60_000, now_ms=45_000)
+    assert (await a.nodes())[1] == NodeRecord("b", "http://b:2", 45_000, 60_000)
+
+    await b.drop_node("a")  # swept
+    assert await a.heartbeat("a", 50_000) is False
+    assert [n.node_id for n in await a.nodes()] == ["b"]
+
+
+async def test_ownership_follows_the_creating_node(
+        two: tuple[PostgresStore, PostgresStore]) -> None:
+    a, b = two
+    sa, sb = session("sa"), session("sb")
+    await a.create_session(sa)
+    await b.create_session(sb)
+    assert await b.session_owner("sa") == "a" and await a.session_owner("sb") == "b"
+    assert await a.session_owner("nope") is None
+    assert await a.claim_session("sb", "a") == "b"  # owned: the claim changes nothing
+
+    await a.start_turn(TurnRecord("ta", "sa", "chat", 3000), running(sa, 3000))
+    with pytest.raises(OwnedElsewhere) as info:
+        await b.start_turn(TurnRecord("tx", "sa", "chat", 3001), running(sa, 3001))
+    assert info.value.owner == "a" and "'a'" in str(info.value)
+    await b.start_turn(TurnRecord("tb", "sb", "chat", 3000), running(sb, 3000))
+    await a.deliver(delivery("sa", "for a"))
+    await a.deliver(delivery("sb", "for b"))
+
+    # Each node's recovery sees its own sessions only.
+    assert [t.id for t in await a.unfinished_turns()] == ["ta"]
+    assert [t.id for t in await b.unfinished_turns()] == ["tb"]
+    assert await a.running_sessions() == ["sa"] and await b.running_sessions() == ["sb"]
+    assert await a.sessions_to_wake() == ["sa"] and await b.sessions_to_wake() == ["sb"]
+    assert [t.id for t in await b.node_unfinished_turns("a")] == ["ta"]
+    assert await b.node_running_sessions("a") == ["sa"]
+
+    # The sweeper releases a's sessions; the next node to claim one owns it.
+    assert await b.release_sessions("a") == ["sa"]
+    assert await b.session_owner("sa") is None
+    assert await a.unfinished_turns() == [] and await a.sessions_to_wake() == []
+    assert await b.claim_session("sa", "b") == "b"
+    assert await a.claim_session("sa", "a") == "b"
+    assert await b.claim_session("nope", "b") is None
+    assert await b.sessions_to_wake() == ["sa", "sb"]
+
+    # A turn started on a released session makes it the starting node's.
+    await b.create_session(session("sc"))
+    await b.release_sessions("b")
+    await a.start_turn(TurnRecord("tc", "sc", "chat", 4000), running(session("sc"), 4000))
+    assert await b.session_owner("sc") == "a"
+
+
+async def test_claim_race_has_one_winner(two: tuple[PostgresStore, PostgresStore]) -> None:
+    a, b = two
+    rounds = 60
+    for i in range(rounds):
+        await a.create_session(session(f"s{i}"))
+    await a.release_sessions("a")
+    wins = {"a": 0, "b": 0}
+    for i in range(rounds):
+        seen: dict[str, str | None] = {}
+
+        async def claim(store: PostgresStore, sid: str, seen: dict[str, str | None]) -> None:
+            seen[store.node_id] = await store.claim_session(sid, store.node_id)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(claim, a, f"s{i}", seen)
+            nursery.start_soon(claim, b, f"s{i}", seen)
+        owner = await a.session_owner(f"s{i}")
+        assert owner in ("a", "b") and seen == {"a": owner, "b": owner}
+        wins[owner] += 1
+    assert sum(wins.values()) == rounds
+
+
+async def test_claim_race_behind_a_row_lock(pg_url: str,  # noqa: F811
+                                            two: tuple[PostgresStore, PostgresStore]) -> None:
+    """Both claims wait on the same row lock, then go at once: one wins, both agree."""
+    a, b = two
+    for i in range(5):
+        await a.create_session(session(f"s{i}"))
+    await a.release_sessions("a")
+    for i in range(5):
+        seen: dict[str, str | None] = {}
+        with psycopg.connect(pg_url) as holder:
+            holder.execute("SELECT 1 FROM sessions WHERE id=%s FOR UPDATE", (f"s{i}",))
+
+            async def claim(store: PostgresStore, sid: str,
+                            seen: dict[str, str | None]) -> None:
+                seen[store.node_id] = await store.claim_session(sid, store.node_id)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(claim, a, f"s{i}", seen)
+                nursery.start_soon(claim, b, f"s{i}", seen)
+                await wait_for_lock_waiters(pg_url, 2)
+                holder.commit()
+        owner = await b.session_owner(f"s{i}")
+        assert owner in ("a", "b") and seen == {"a": owner, "b": owner}
+
+
+async def test_one_inbox_entry_consumed_once_by_two_nodes(
+        pg_url: str, two: tuple[PostgresStore, PostgresStore]) -> None:  # noqa: F811
+    a, b = two
+    await a.create_session(session("s"))
+    for i in range(8):
+        entry = await a.deliver(delivery("s", f"d{i}"))
+        outcomes: dict[str, str] = {}
+
+        async def take(store: PostgresStore, entry: InboxRecord,
+                       outcomes: dict[str, str]) -> None:
+            try:
+                await store.append_message(
+                    "s", MessageRecord("user", f"{entry.content} by {store.node_id}",
+                                       inbox_ids=(entry.id,)), turn_id=f"t-{store.node_id}")
+                outcomes[store.node_id] = "took"
+            except InboxConsumed:
+                outcomes[store.node_id] = "refused"
+
+        # The entry is locked while both consumers start, so both are in the race.
+        with psycopg.connect(pg_url) as holder:
+            holder.execute("SELECT 1 FROM inbox WHERE id=%s FOR UPDATE", (entry.id,))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(take, a, entry, outcomes)
+                nursery.start_soon(take, b, entry, outcomes)
+                await wait_for_lock_waiters(pg_url, 2)
+                holder.commit()
+        assert sorted(outcomes.values()) == ["refused", "took"]
+        [winner] = [n for n, o in outcomes.items() if o == "took"]
+        stored = [m.content for m in await a.messages("s") if m.content.startswith(f"d{i} ")]
+        assert stored == [f"d{i} by {winner}"]
+        assert await b.pending_inbox("s") == []
+
+
+async def test_advisory_lock_excludes_and_frees_with_its_connection(
+        pg_url: str, two: tuple[PostgresStore, PostgresStore]) -> None:  # noqa: F811
+    a, b = two
+    async with a.try_advisory_lock("sweeper") as got_a:
+        assert got_a is True
+        async with b.try_advisory_lock("sweeper") as got_b:
+            assert got_b is False
+        async with b.try_advisory_lock("scheduler") as other:
+            assert other is True  # another name, another lock
+    async with b.try_advisory_lock("sweeper") as got_b:
+        assert got_b is True
+
+    # The holder's connection dies (as with its process): the server frees the lock.
+    async with a.try_advisory_lock("sweeper") as got_a:
+        assert got_a is True
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            # A bigint key is (classid, objid) = its high and low 32 bits, objsubid 1.
+            key = lock_key("sweeper")
+            [pid] = [r[0] for r in admin.execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND objsubid = 1 AND classid::bigint = %s AND objid::bigint = %s",
+                ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF)).fetchall()]
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        async with b.try_advisory_lock("sweeper") as got_b:
+            assert got_b is True
+
+
+async def test_migrations_from_two_nodes_at_once_run_once(pg_url: str) -> None:  # noqa: F811
+    opened: list[PostgresStore] = []
+
+    async def open_one(node: str) -> None:
+        opened.append(await PostgresStore.open(pg_url, node_id=node, connect_timeout_s=5))
+
+    async with trio.open_nursery() as nursery:
+        for node in ("a", "b", "c"):
+            nursery.start_soon(open_one, node)
+    try:
+        numbers = [n for n, _ in _migrations()]
+        assert sorted(n for s in opened for n in s.migrated) == numbers
+        with psycopg.connect(pg_url) as conn:
+            rows = conn.execute("SELECT version FROM veild_schema ORDER BY version").fetchall()
+        assert [r[0] for r in rows] == numbers
+    finally:
+        for s in opened:
+            await s.aclose()
+    # An up-to-date database: a node opening it migrates nothing.
+    again = await PostgresStore.open(pg_url, node_id="d", connect_timeout_s=5)
+    assert again.migrated == ()
+    await again.aclose()
+
+
+async def test_a_newer_schema_is_refused(pg_url: str) -> None:  # noqa: F811
+    first = await PostgresStore.open(pg_url, node_id="a", connect_timeout_s=5)
+    await first.aclose()
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("INSERT INTO veild_schema(version) VALUES (999)")
+    with pytest.raises(Exception, match="newer than this veild"):
+        await PostgresStore.open(pg_url, node_id="a", connect_timeout_s=5)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port  # closed: nothing listens on it
+
+
+async def test_unreachable_database_is_unavailable_within_connect_timeout(
+        tmp_path: Path) -> None:
+    url = f"postgresql://veild:s3cret-pw@127.0.0.1:{_closed_port()}/veild"
+    cluster = ClusterConfig(store=url, bus="redis://127.0.0.1:1", node_id="n",
+                            connect_timeout_s=1.0)
+    started = trio.current_time()
+    with pytest.raises(StoreUnavailable) as info:
+        await open_store(ServerConfig(data_dir=tmp_path), cluster)
+    elapsed = trio.current_time() - started
+    message = str(info.value)
+    assert "s3cret-pw" not in message
+    assert "postgresql://veild:***@127.0.0.1" in message and "connect_timeout_s" in message
+    # It kept trying for the whole timeout, and gave up then (not a libpq minute later).
+    assert 0.7 <= elapsed < 1.0 + 3.0
+
+
+async def test_open_store_picks_postgres_for_a_cluster(pg_url: str) -> None:  # noqa: F811
+    store = await open_store(ServerConfig(), ClusterConfig(
+        store=pg_url, bus="redis://127.0.0.1:1", node_id="n", connect_timeout_s=5))
+    try:
+        assert isinstance(store, PostgresStore) and store.node_id == "n"
+        await store.create_session(session("s"))
+        assert await store.session_owner("s") == "n"
+    finally:
+        await store.aclose()
+
+
+async def test_a_lock_held_past_the_busy_timeout_is_503(pg_url: str) -> None:  # noqa: F811
+    store = await PostgresStore.open(pg_url, node_id="a", connect_timeout_s=5,
+                                     busy_timeout_s=0.5)
+    try:
+        await store.create_session(session("s"))
+        with psycopg.connect(pg_url) as holder:
+            holder.execute("SELECT 1 FROM sessions WHERE id='s' FOR UPDATE")
+            with pytest.raises(StoreUnavailable, match="busy"):
+                await store.start_turn(TurnRecord("t", "s", "chat", 1), running(session("s"), 1))
+            assert await store.get_session("s") is not None  # reads go on
+        await store.start_turn(TurnRecord("t", "s", "chat", 1), running(session("s"), 1))
+        assert await store.running_sessions() == ["s"]
+    finally:
+        await store.aclose()
+
+
+async def test_lost_connections_are_replaced(pg_url: str) -> None:  # noqa: F811
+    """The server ends every backend (a restart, an operator): a read is answered from a
+    fresh connection; a write that finds its connection dead answers 503 (it is not
+    retried: it might have committed) and the next one works."""
+    store = await PostgresStore.open(pg_url, node_id="a", connect_timeout_s=5)
+
+    def end_backends() -> None:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+    try:
+        await store.create_session(session("s"))
+        end_backends()
+        got = await store.get_session("s")
+        assert got is not None and got.id == "s"
+        end_backends()
+        with pytest.raises(StoreUnavailable, match="unavailable"):
+            await store.set_engine_session("s", "e1")
+        await store.set_engine_session("s", "e2")
+        got = await store.get_session("s")
+        assert got is not None and got.engine_session_id == "e2"
+    finally:
+        await store.aclose()

@@ -1,0 +1,272 @@
+"""The Store port (daemon/runtime/ports.py): the same behaviours from both stores — the
+embedded SQLite and the cluster's PostgreSQL (a real server, tests/pgserver.py)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from daemon.errors import StoreError
+from daemon.runtime.ports import Store
+from daemon.store.models import (
+    InboxRecord,
+    MessageRecord,
+    ScheduleRecord,
+    SessionRecord,
+    TokenUsage,
+    TurnRecord,
+)
+from daemon.store.postgres import PostgresStore
+from daemon.store.sqlite import Store as SqliteStore
+from tests.pgserver import pg_server, pg_url  # noqa: F401  (fixtures)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Any]:
+    if request.param == "sqlite":
+        return "sqlite", tmp_path / "veild.db"
+    return "postgres", request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+async def store(store_target: tuple[str, Any]) -> AsyncIterator[Store]:
+    kind, where = store_target
+    opened: Store
+    if kind == "sqlite":
+        opened = await SqliteStore.open(where)
+    else:
+        opened = await PostgresStore.open(where, node_id="n1", connect_timeout_s=5)
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
+
+
+def session(sid: str, *, parent: SessionRecord | None = None, at: int = 1000,
+            agent: str = "a", status: str = "idle") -> SessionRecord:
+    return SessionRecord(
+        id=sid, agent_name=agent, parent_session_id=parent.id if parent else None,
+        root_session_id=parent.root_session_id if parent else sid,
+        depth=parent.depth + 1 if parent else 0, spawn_tool_call_id="call" if parent else None,
+        status=status, created_at=at, updated_at=at, model="m")
+
+
+def delivery(sid: str, content: str, *, wakes: bool = True, reply_to: str | None = None,
+             from_sid: str | None = None, at: int = 2000) -> InboxRecord:
+    return InboxRecord(0, sid, content, from_sid, "steer", wakes, reply_to, at)
+
+
+def running(s: SessionRecord, at: int) -> SessionRecord:
+    return SessionRecord(**{**_fields(s), "status": "running", "updated_at": at})
+
+
+def idle(s: SessionRecord, at: int, usage: TokenUsage | None = None) -> SessionRecord:
+    return SessionRecord(**{**_fields(s), "status": "idle", "updated_at": at,
+                            "token_usage": usage or TokenUsage()})
+
+
+def _fields(s: SessionRecord) -> dict[str, Any]:
+    return {f: getattr(s, f) for f in SessionRecord.__slots__}
+
+
+async def test_sessions_crud_list_and_children(store: Store) -> None:
+    root = session("r", at=1000, agent="x")
+    await store.create_session(root)
+    kids = [session(f"k{i}", parent=root, at=2000, agent="y") for i in range(3)]
+    for kid in kids:
+        await store.create_session(kid)
+    assert await store.get_session("r") == root
+    assert await store.get_session("nope") is None
+    assert await store.children("r") == ["k0", "k1", "k2"]  # creation order, ties too
+    assert [s.id for s in await store.list_sessions()] == ["k2", "k1", "k0", "r"]
+    assert [s.id for s in await store.list_sessions(agent="x")] == ["r"]
+    assert [s.id for s in await store.list_sessions(parent="r", limit=2)] == ["k2", "k1"]
+
+    usage = TokenUsage(10, 20, 3, 0.5)
+    await store.save_session(idle(root, 5000, usage))
+    await store.set_engine_session("r", "engine-1")
+    got = await store.get_session("r")
+    assert got is not None and got.token_usage == usage and got.updated_at == 5000
+    assert got.engine_session_id == "engine-1"
+    await store.set_engine_session("r", None)
+    got = await store.get_session("r")
+    assert got is not None and got.engine_session_id is None
+
+    with pytest.raises(StoreError):
+        await store.create_session(root)  # the id is taken
+
+
+async def test_messages_consume_inbox_in_one_transaction(store: Store) -> None:
+    s = session("s")
+    await store.create_session(s)
+    await store.start_turn(TurnRecord("t1", "s", "chat", 3000), running(s, 3000))
+    a = await store.deliver(delivery("s", "first"))
+    b = await store.deliver(delivery("s", "second"))
+    assert a.id != b.id and a.content == "first" and a.session_id == "s"
+    assert [d.content for d in await store.pending_inbox("s")] == ["first", "second"]
+
+    calls = [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]
+    await store.append_message("s", MessageRecord("user", "first", created_at=3001,
+                                                  inbox_ids=(a.id,)), turn_id="t1")
+    await store.append_message("s", MessageRecord("assistant", "", tool_calls=calls,
+                                                  created_at=3002), turn_id="t1")
+    await store.append_message("s", MessageRecord("tool", "ok", tool_call_id="c1",
+                                                  created_at=3003), turn_id="t1")
+    assert [d.id for d in await store.pending_inbox("s")] == [b.id]
+
+    # A second consumer of `a` fails and stores nothing: not its message, not `b`.
+    with pytest.raises(StoreError):
+        await store.append_message("s", MessageRecord("user", "again", created_at=3004,
+                                                      inbox_ids=(b.id, a.id)), turn_id="t1")
+    with pytest.raises(StoreError):
+        await store.append_message("s", MessageRecord("user", "ghost", created_at=3005,
+                                                      inbox_ids=(999_999,)), turn_id="t1")
+    assert [d.id for d in await store.pending_inbox("s")] == [b.id]
+    got = await store.messages("s")
+    assert [(m.role, m.content, m.turn_id) for m in got] == [
+        ("user", "first", "t1"), ("assistant", "", "t1"), ("tool", "ok", "t1")]
+    assert got[1].tool_calls == calls and got[2].tool_call_id == "c1"
+    assert got[0].created_at == 3001 and got[0].tool_calls is None
+    assert await store.messages("other") == []
+
+
+async def test_turn_start_end_with_deliveries_and_quiet(store: Store) -> None:
+    parent, child = session("p"), session("c", at=1001)
+    await store.create_session(parent)
+    await store.create_session(child)
+    await store.start_turn(TurnRecord("t1", "c", "delivery", 3000, reply_to="p",
+                                      from_session_id="p", start_seq=41), running(child, 3000))
+    assert (s := await store.get_session("c")) is not None and s.status == "running"
+    assert await store.running_sessions() == ["c"]
+    assert [t.id for t in await store.unfinished_turns()] == ["t1"]
+    [unfinished] = await store.unfinished_turns()
+    assert (unfinished.session_id, unfinished.trigger, unfinished.started_at,
+            unfinished.reply_to) == ("c", "delivery", 3000, "p")
+
+    waiting = await store.deliver(delivery("c", "left over"))
+    usage = TokenUsage(5, 7, 1, 0.25)
+    owed = [delivery("p", "the result", from_sid="c", at=4000),
+            delivery("gone", "to a deleted session", from_sid="c", at=4000)]
+    stored = await store.end_turn("t1", "done", 4000, idle(child, 4000, usage), owed,
+                                  quiet=[waiting.id], cancel_reason=None, usage=usage,
+                                  model="m2")
+    assert [(d.session_id, d.content) for d in stored] == [("p", "the result")]
+    assert stored[0].id > 0
+    assert await store.pending_inbox("p") == stored
+    assert (s := await store.get_session("c")) is not None
+    assert s.status == "idle" and s.token_usage == usage
+    assert await store.running_sessions() == [] and await store.unfinished_turns() == []
+    # The quieted entry is still there (drained by the next turn) but wakes nothing.
+    assert [d.wakes for d in await store.pending_inbox("c")] == [False]
+    assert await store.sessions_to_wake() == ["p"]
+
+    [turn] = await store.turns("c")
+    assert (turn.id, turn.trigger, turn.from_session_id, turn.started_at, turn.ended_at,
+            turn.terminal_code, turn.token_usage, turn.model, turn.start_seq) == (
+        "t1", "delivery", "p", 3000, 4000, "done", usage, "m2", 41)
+
+
+async def test_turns_history_in_order_with_cancel_and_schedule(store: Store) -> None:
+    s = session("s")
+    await store.create_session(s)
+    for i, at in enumerate([3000, 3000, 2000]):
+        await store.start_turn(TurnRecord(f"t{i}", "s", "schedule" if i == 2 else "chat",
+                                          at, schedule="nightly" if i == 2 else None),
+                               running(s, at))
+    await store.end_turn("t1", "CANCELLED", 3500, idle(s, 3500), cancel_reason="user")
+    history = await store.turns("s")
+    assert [t.id for t in history] == ["t2", "t0", "t1"]  # started_at, then insertion
+    assert history[0].schedule == "nightly" and history[0].terminal_code is None
+    assert (history[2].terminal_code, history[2].cancel_reason) == ("CANCELLED", "user")
+    assert [t.id for t in await store.unfinished_turns()] == ["t2", "t0"]
+    assert await store.turns("nope") == []
+
+
+async def test_sessions_to_wake_in_order_of_first_delivery(store: Store) -> None:
+    for sid in ("a", "b", "c"):
+        await store.create_session(session(sid))
+    await store.deliver(delivery("b", "1"))
+    await store.deliver(delivery("a", "2"))
+    await store.deliver(delivery("c", "quiet", wakes=False))
+    await store.deliver(delivery("b", "3", reply_to="a"))
+    assert await store.sessions_to_wake() == ["b", "a"]
+    [_, reply] = await store.pending_inbox("b")
+    assert reply.reply_to == "a" and reply.wakes and reply.delivery == "steer"
+    await store.start_turn(TurnRecord("t", "a", "delivery", 3000), running(session("a"), 3000))
+    [entry] = await store.pending_inbox("a")
+    await store.append_message("a", MessageRecord("user", "2", inbox_ids=(entry.id,)),
+                               turn_id="t")
+    assert await store.sessions_to_wake() == ["b"]
+
+
+async def test_subtree_delete_and_stale_trees(store: Store) -> None:
+    old = session("old", at=1000)
+    kid = session("old.k", parent=old, at=1100)
+    grandkid = session("old.k.g", parent=kid, at=1200)
+    new = session("new", at=9000)
+    busy = session("busy", at=1000)
+    busy_kid = session("busy.k", parent=busy, at=1000)
+    for s in (old, kid, grandkid, new, busy, busy_kid):
+        await store.create_session(s)
+    await store.start_turn(TurnRecord("bt", "busy.k", "chat", 1000), running(busy_kid, 1000))
+    await store.start_turn(TurnRecord("ot", "old.k", "chat", 1100), running(kid, 1100))
+    await store.end_turn("ot", "done", 1150, idle(kid, 1150))
+    await store.append_message("old.k.g", MessageRecord("user", "hi", created_at=1200))
+    await store.deliver(delivery("old.k", "pending", at=1200))
+
+    assert [s.id for s in await store.subtree("old")] == ["old", "old.k", "old.k.g"]
+    assert [s.id for s in await store.subtree("old.k")] == ["old.k", "old.k.g"]
+    assert await store.subtree("nope") == []
+    assert await store.stale_trees(5000) == ["old"]  # `busy` runs, `new` is recent
+    assert await store.stale_trees(10_000, limit=1) == ["old"]
+
+    await store.delete_sessions([s.id for s in await store.subtree("old")])
+    for sid in ("old", "old.k", "old.k.g"):
+        assert await store.get_session(sid) is None
+        assert await store.messages(sid) == [] and await store.turns(sid) == []
+        assert await store.pending_inbox(sid) == []
+    assert await store.get_session("new") is not None
+    assert await store.stale_trees(10_000) == ["new"]
+    await store.reclaim_space()
+
+
+async def test_schedule_states(store: Store) -> None:
+    assert await store.schedule_states() == []
+    first = ScheduleRecord("b", paused=True, next_run_at=5000)
+    await store.save_schedule_state(first)
+    await store.save_schedule_state(ScheduleRecord("a", last_run_at=1000, next_run_at=2000,
+                                                   last_session_id="s", last_turn_id="t",
+                                                   last_outcome="done", skipped=2))
+    updated = ScheduleRecord("b", paused=False, last_run_at=5000, next_run_at=6000,
+                             last_outcome="PROVIDER_ERROR", skipped=1)
+    await store.save_schedule_state(updated)
+    states = await store.schedule_states()
+    assert [s.name for s in states] == ["a", "b"]
+    assert states[1] == updated
+    assert states[0] == ScheduleRecord("a", False, 1000, 2000, "s", "t", "done", 2)
+
+
+async def test_seq_floor(store: Store) -> None:
+    assert await store.seq_reserved() is None
+    await store.set_seq_reserved(1000)
+    await store.set_seq_reserved(2 ** 40)
+    assert await store.seq_reserved() == 2 ** 40
+
+
+async def test_concurrent_writes_all_land(store: Store) -> None:
+    await store.create_session(session("s"))
+    ids: list[int] = []
+
+    async def one(i: int) -> None:
+        ids.append((await store.deliver(delivery("s", f"m{i}"))).id)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(50):
+            nursery.start_soon(one, i)
+    assert len(set(ids)) == 50
+    pending = await store.pending_inbox("s")
+    assert sorted(d.id for d in pending) == sorted(ids) == [d.id for d in pending]
