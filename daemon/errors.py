@@ -10,7 +10,10 @@
     │   ├── Conflict             409 CONFLICT
     │   ├── PayloadTooLarge      413 PAYLOAD_TOO_LARGE
     │   ├── Unavailable          503 SHUTTING_DOWN
-    │   └── ServiceUnavailable   503 UNAVAILABLE (the store is busy or unreachable)
+    │   ├── ServiceUnavailable   503 UNAVAILABLE (the store is busy or unreachable)
+    │   │   ├── BusUnavailable       ... the cluster's Redis cannot be reached
+    │   │   └── NodeUnreachable      ... a session's owner node did not answer
+    │   └── RemoteError          what an owner node answered a routed request with
     ├── ProviderError        the LLM provider failed (HTTP status, dropped stream, garbage)
     ├── MaxIterationsError   the turn used all its LLM calls
     └── StoreError           the database failed
@@ -141,3 +144,20 @@ class OwnedElsewhere(StoreError):
         super().__init__(f"session {session_id} is owned by node {owner!r}")
         self.session_id = session_id
         self.owner = owner
+class BusUnavailable(ServiceUnavailable):
+    """The cluster's Redis cannot be reached (503 UNAVAILABLE)."""
+
+
+class NodeUnreachable(ServiceUnavailable):
+    """The node that owns a session did not answer a control request in time."""
+
+
+class RemoteError(ApiError):
+    """An error the owner node answered a routed request with: raised on the node that
+    routed it, with the owner's status, code and message, as if it were local."""
+
+    def __init__(self, status: int, code: str, message: str,
+                 details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details)
+        self.status = status
+        self.code = code

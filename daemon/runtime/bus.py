@@ -16,6 +16,12 @@ can resume with `since=N` and miss nothing.
 Subscribers are indexed by the sessions they name, so a publish touches only the
 subscribers that may match it: those with no session filter, those naming its session,
 and (includeChildren) those naming one of its ancestors.
+
+Over a remote-sequenced log (the cluster's, eventlog/redis.py: `log.remote_seq`) the
+cluster numbers events, not this process: `publish` builds the envelope with seq 0 and
+`submit`s it (the envelope it returns carries no seq: nothing may depend on it), and the
+log's tailer hands every event of every node back, numbered, to `_fan_out` — the same
+per-subscriber path as the local one. `fence()` is then what a seq bound is taken from.
 """
 
 from __future__ import annotations
@@ -24,14 +30,14 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import trio
 
 from daemon.clock import now_ms
 from daemon.runtime import events
 from daemon.runtime.events import CHUNK_TYPES, ChunkEncoder, ChunkRun, Envelope, Gap, SessionRef
-from daemon.runtime.ports import EventLog, Replay
+from daemon.runtime.ports import EventLog, RemoteEventLog, Replay
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +255,11 @@ class Bus:
         coalesce_after: int = DEFAULT_COALESCE_AFTER,
     ) -> None:
         self.log = log
+        # A remote-sequenced log (the cluster's): publishing submits, its tailer fans out.
+        self._remote: RemoteEventLog | None = None
+        if getattr(log, "remote_seq", False):
+            self._remote = cast(RemoteEventLog, log)
+            self._remote.attach(self._fan_out)
         # Every subscriber's queue bound, and the backlog past which its chunks merge.
         self.queue_bytes = queue_bytes
         self.coalesce_after = coalesce_after
@@ -276,32 +287,56 @@ class Bus:
         self, type: str, ref: SessionRef | None, fields: dict[str, Any],
         *, turn_id: str | None = None, event_type: str | None = None,
     ) -> Envelope:
+        remote = self._remote
+        if remote is not None:
+            # Numbered by the cluster: the tailer hands it back, seq and all, to _fan_out.
+            env = events.build(0, now_ms(), type, ref, fields, turn_id=turn_id,
+                               event_type=event_type)
+            remote.submit(env)
+            return env
         env = events.build(self.log.take_seq(), now_ms(), type, ref, fields, turn_id=turn_id,
                            event_type=event_type)
-        self._fan_out(env, ref)
+        self.log.append(env)
+        self._fan_out(env)
         return env
 
     def publish_chunk(self, encoder: ChunkEncoder, content: str, offset: int = 0) -> Envelope:
         """A chunk event of one turn: the per-token path, spliced by its encoder."""
+        remote = self._remote
+        if remote is not None:
+            env = encoder.envelope(0, now_ms(), content, offset)
+            remote.submit(env)
+            return env
         env = encoder.envelope(self.log.take_seq(), now_ms(), content, offset)
-        self._fan_out(env, encoder.ref)
+        self.log.append(env)
+        self._fan_out(env)
         return env
 
-    def _fan_out(self, env: Envelope, ref: SessionRef | None) -> None:
-        self.log.append(env)
+    async def fence(self) -> int:
+        """A seq no event published before the call exceeds, once every one of them is on
+        the bus: over the local log its latest seq, at once (no checkpoint); over a
+        remote-sequenced one, once this node's writer has appended them."""
+        if self._remote is not None:
+            return await self._remote.fence()
+        return self.log.latest_seq
+
+    def _fan_out(self, env: Envelope) -> None:
+        """Offer a numbered event to the subscribers that may match it (the local log's
+        publish, or the remote log's tailer)."""
         if self._unfiltered:
             for sub in tuple(self._unfiltered):
                 if sub.filter.matches(env):
                     sub._offer(env)
-        if ref is not None:
+        session_id = env.session_id
+        if session_id is not None:
             if self._by_session:
-                subs = self._by_session.get(ref.session_id)
+                subs = self._by_session.get(session_id)
                 if subs:
                     for sub in tuple(subs):
                         if sub.filter.matches(env):
                             sub._offer(env)
             if self._by_ancestor:
-                for sid in ref.lineage:
+                for sid in env.lineage:
                     subs = self._by_ancestor.get(sid)
                     if subs:
                         for sub in tuple(subs):

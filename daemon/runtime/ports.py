@@ -8,12 +8,13 @@ behind the same protocol, tested by the same suite.
                method one transaction where the runtime needs one (a message and the
                inbox entries it consumes; a turn's end and the replies it owes)
     EventLog   seqs and retention: take a seq, append the event, replay since a seq
+    RemoteEventLog   an EventLog whose seqs another process assigns (the cluster's)
     Replay     one subscriber's replay, read page by page as the subscriber takes it
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
@@ -150,3 +151,31 @@ class EventLog(Protocol):
 
     async def aclose(self) -> None:
         """Write what is still pending and mark a clean stop."""
+
+
+class RemoteEventLog(EventLog, Protocol):
+    """An EventLog whose seqs the cluster assigns (`remote_seq` True: eventlog/redis.py).
+
+    The Bus does not call `take_seq`/`append` on it: it `submit`s envelopes built with
+    seq 0 and is handed every event, its own and other nodes', numbered, through the
+    callback given to `attach` (one global order). `latest_seq` is the last seq handed
+    back, `replay` covers what was handed back, and `fence` is the only way to bound the
+    seq of what this process published.
+    """
+
+    @property
+    def remote_seq(self) -> bool: ...
+
+    @property
+    def degraded(self) -> bool:
+        """The log cannot reach where seqs are assigned, or sheds chunks (/health)."""
+
+    def attach(self, deliver: Callable[[Envelope], None]) -> None:
+        """Where every numbered event goes, synchronously, in seq order."""
+
+    def submit(self, env: Envelope) -> None:
+        """Queue an envelope built with seq 0. Synchronous, never blocks, bounded."""
+
+    async def fence(self) -> int:
+        """Once everything submitted before the call is numbered: a seq no event
+        submitted before exceeds (the highest assigned by then)."""

@@ -506,7 +506,7 @@ class SessionManager:
         """Shut the gates; the terminals follow from each turn's exit path."""
         if session_id not in self._sessions:
             await self.record(session_id)  # 404 for an unknown session
-        # From here on nothing awaits: every gate is shut before the receipt is made.
+        # From here on nothing awaits until every gate is shut.
         state = self._sessions.get(session_id)
         named = state.running if state is not None else None
         stopped: list[Turn] = []
@@ -536,8 +536,10 @@ class SessionManager:
                 if other is not turn and (other in stopped or other.ending)
                 and (sid in other.session.ref.lineage[1:] or turn in other.ancestors())
             )
+        # Every gate is shut: no chunk of a stopped turn is published from here, so the
+        # fence (everything this node published so far is numbered) bounds their seqs.
         return CancelReceipt(
-            [{"sessionId": t.session.id, "turnId": t.id} for t in stopped], self.bus.latest_seq
+            [{"sessionId": t.session.id, "turnId": t.id} for t in stopped], await self.bus.fence()
         )
 
     # -- history (CONTRACT §12) -----------------------------------------------------------

@@ -279,7 +279,9 @@ class Turn:
         }
         if self.schedule is not None:
             start["schedule"] = self.schedule
-        start_seq = self._stream(ev.TURN_START, start)
+        # Over the cluster's log the seq is assigned later: a lower bound is stored then.
+        start_seq = self.services.bus.latest_seq + 1
+        self._stream(ev.TURN_START, start)
         # Shielded: a turn stopped at once still keeps what it was asked in the history
         # (and a drain consumes what it took), so a stop never loses a message.
         with trio.move_on_after(self.services.grace_s, shield=True) as persisting:

@@ -1,0 +1,433 @@
+"""The cluster's event log (CONTRACT §13, docs/cluster.md): one Redis stream, one global seq.
+
+Redis assigns the seq. A node never numbers an event itself: `submit` queues the
+envelope unsequenced (built with seq 0), and one writer task per node appends what is
+queued with ONE Lua script call per batch — `INCRBY <prefix>:seq N`, then `XADD
+<prefix>:events MAXLEN ~ R <seq>-0 …` for each event — atomically, so stream ids ARE
+seqs and strictly increase across every node. Every node, the publisher too, gets the
+events back only by tailing the stream (XREAD BLOCK) into its local Bus fan-out, so every
+subscriber on every node sees one global order.
+
+Per scheduler tick: the writer is woken by the first submit and takes everything queued
+by the time it runs (and what queued meanwhile, on its next round), so no timer delays a
+token and a busy node still makes one call per batch, not per event.
+
+Encoded once: the envelope's JSON starts `{"seq":0,` (events.build and ChunkEncoder put
+seq first); the tailer splices the real seq into the bytes. The entry's own fields carry
+type, sessionId, turnId, eventType and lineage, so a receiving node never parses JSON.
+
+Bounded: what waits to be appended is bounded in bytes (`max_pending_bytes`). Past the
+bound the log is `degraded` and chunk events (inference/thinking/tool chunks) are dropped
+and counted (`dropped_chunks`) while every other event is still kept — they are few
+and a turn's terminal, messages and tool results must not vanish; a client sees the
+missing text in the stored messages.
+
+A lost connection: the writer and the tailer retry with a bounded backoff, `degraded`
+is True meanwhile (/health reports it), nothing queued is lost within the bound, and the
+tailer resumes from the last id it delivered. A batch whose reply was lost is re-sent
+with the same token; the script recognises it and answers the seq it got, so an append
+is never applied twice. A Redis that lost its data (a restart without persistence) has
+its seq raised back above the highest seq this node has seen, so seqs never repeat.
+
+Replay (`since=`): the ring of recent events this node delivered, and below it XRANGE
+pages from the stream; below what the stream retains (`retention_events` seqs), a
+`stream.gap`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any, Final, cast
+
+import trio
+from coredis.response.types import StreamEntry
+
+from daemon.cluster.redis import COMMAND_TIMEOUT_S, TRANSIENT, Client, connect
+from daemon.errors import BusUnavailable
+from daemon.eventlog.ring import PagedReplay, Ring
+from daemon.runtime.events import CHUNK_TYPES, Envelope
+
+log = logging.getLogger(__name__)
+
+# One script call appends at most this many events, about this many bytes.
+MAX_BATCH_EVENTS = 512
+MAX_BATCH_BYTES = 1024 * 1024
+# What may wait to be appended (while Redis is slow or unreachable) before chunks drop.
+DEFAULT_PENDING_BYTES = 64 * 1024 * 1024
+# The tailer's reads: entries per read, and how long one read blocks at the server.
+TAIL_COUNT = 1000
+BLOCK_MS = 2000
+# Retrying a lost connection: the first wait, doubled each time up to the last.
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 2.0
+RING_EVENTS = 10_000
+RING_BYTES = 32 * 1024 * 1024
+# How long a writer's last-batch record lives (a retry comes well within it).
+TOKEN_TTL_S = 3600
+
+SEQ_PREFIX: Final = b'{"seq":0,'
+
+# KEYS: the seq counter, the stream, this writer's last-batch record.
+# ARGV: n, maxlen, seq floor, batch token, then 6 fields per event.
+_APPEND = """
+local done = redis.call('GET', KEYS[3])
+if done then
+  local sep = string.find(done, ':', 1, true)
+  if string.sub(done, 1, sep - 1) == ARGV[4] then
+    return tonumber(string.sub(done, sep + 1))
+  end
+end
+local n = tonumber(ARGV[1])
+local floor = tonumber(ARGV[3])
+if tonumber(redis.call('GET', KEYS[1]) or '0') < floor then
+  redis.call('SET', KEYS[1], ARGV[3])
+end
+local first = redis.call('INCRBY', KEYS[1], n) - n + 1
+local at = 5
+for i = 0, n - 1 do
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], string.format('%d-0', first + i),
+    't', ARGV[at], 's', ARGV[at + 1], 'u', ARGV[at + 2], 'e', ARGV[at + 3],
+    'l', ARGV[at + 4], 'd', ARGV[at + 5])
+  at = at + 6
+end
+redis.call('SET', KEYS[3], ARGV[4] .. ':' .. string.format('%d', first), 'EX', ARGV[5 + 6 * n])
+return first
+"""
+
+# KEYS: the seq counter. ARGV: the floor. Raises the counter to the floor; 1 if it did.
+_FLOOR = """
+if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
+def _text(value: bytes) -> str | None:
+    return value.decode() if value else None
+
+
+class RedisEventLog:
+    """The EventLog port over a Redis stream, remote-sequenced (`remote_seq`): the Bus
+    `submit`s unsequenced envelopes and is handed every event back, seq and all,
+    through the callback given to `attach`. Open with `open` (a connected client) or
+    `connect` (a URL), run `serve` with `nursery.start`, `aclose` at shutdown."""
+
+    remote_seq: Final = True
+
+    def __init__(
+        self, client: Client, latest: int, *, key_prefix: str = "veild",
+        retention_events: int = 1_000_000, max_pending_bytes: int = DEFAULT_PENDING_BYTES,
+        ring_events: int = RING_EVENTS, ring_bytes: int = RING_BYTES,
+        fence_timeout_s: float = 10.0,
+    ) -> None:
+        self._client = client
+        self._seq_key = f"{key_prefix}:seq"
+        self._stream = f"{key_prefix}:events"
+        self._token_key = f"{key_prefix}:writer:{os.urandom(8).hex()}"
+        self._append = client.register_script(_APPEND)
+        self._floor_script = client.register_script(_FLOOR)
+        self._retention_events = retention_events
+        self._max_pending_bytes = max_pending_bytes
+        self._fence_timeout_s = fence_timeout_s
+        self._ring = Ring(min(ring_events, retention_events), ring_bytes)
+        self._latest = latest  # the last seq the tailer delivered
+        self._deliver: Callable[[Envelope], None] | None = None
+        # Queued, not yet acknowledged by Redis (the batch in flight stays at the front).
+        self._pending: deque[Envelope] = deque()
+        self._pending_bytes = 0
+        self._wanted = trio.Event()
+        self._submitted = 0  # events ever queued
+        self._acked = 0  # of those, appended
+        self._acked_seq = 0  # the seq counter's value after this node's last append
+        self._acked_lot = trio.lowlevel.ParkingLot()  # fences waiting for an append
+        # Held by whoever appends (the writer; aclose once the writer has stopped), so
+        # the batch at the front is never in flight twice.
+        self._write_lock = trio.Lock()
+        self._tokens = itertools.count(1)
+        self._writer_failing = False
+        self._tailer_failing = False
+        self._overflowing = False
+        self._closed = False
+        self.dropped_chunks = 0
+        self.appends = 0  # script calls that appended a batch
+
+    @classmethod
+    async def open(cls, client: Client, **kwargs: Any) -> RedisEventLog:
+        """A log over a connected client (cluster/redis.connect), tailing from now."""
+        key_prefix = kwargs.get("key_prefix", "veild")
+        try:
+            with trio.fail_after(COMMAND_TIMEOUT_S):
+                raw = await client.get(f"{key_prefix}:seq")
+        except TRANSIENT as exc:
+            raise BusUnavailable(f"cannot read the bus's seq: {exc}") from exc
+        return cls(client, int(raw or 0), **kwargs)
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(cls, url: str, *, connect_timeout_s: float = 10.0,
+                      **kwargs: Any) -> AsyncIterator[RedisEventLog]:
+        """A log on its own client from a `redis://` / `rediss://` URL."""
+        async with connect(url, connect_timeout_s=connect_timeout_s) as client:
+            yield await cls.open(client, **kwargs)
+
+    # -- the EventLog port ------------------------------------------------------------
+
+    @property
+    def latest_seq(self) -> int:
+        """The last seq this node's tailer delivered (what `hello` reports)."""
+        return self._latest
+
+    @property
+    def degraded(self) -> bool:
+        """Redis is unreachable from here, or what waits to be appended is past its
+        bound (chunks are being dropped)."""
+        return self._writer_failing or self._tailer_failing or self._overflowing
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    def retained_range(self) -> tuple[int, int]:
+        return (max(0, self._latest - self._retention_events) + 1, self._latest)
+
+    def take_seq(self) -> int:
+        raise TypeError("a remote-sequenced log numbers events itself: submit them")
+
+    def append(self, env: Envelope) -> None:
+        raise TypeError("a remote-sequenced log numbers events itself: submit them")
+
+    def attach(self, deliver: Callable[[Envelope], None]) -> None:
+        """Where the tailer hands each event (the Bus's local fan-out)."""
+        self._deliver = deliver
+
+    def submit(self, env: Envelope) -> None:
+        """Queue an envelope built with seq 0 for the writer. Synchronous, never blocks."""
+        if self._closed:
+            raise BusUnavailable("the event log is closed")
+        size = len(env.data)
+        if self._pending_bytes + size > self._max_pending_bytes:
+            if not self._overflowing:
+                log.error("event log: %d bytes wait to be appended; dropping chunks "
+                          "until the writer catches up", self._pending_bytes)
+                self._overflowing = True
+            if env.event_type in CHUNK_TYPES:
+                self.dropped_chunks += 1
+                return
+        pending = self._pending
+        pending.append(env)
+        self._pending_bytes += size
+        self._submitted += 1
+        if len(pending) == 1:
+            self._wanted.set()
+
+    def replay(self, since: int) -> PagedReplay:
+        latest = self._latest
+        floor = max(0, latest - self._retention_events)
+        return PagedReplay(since, latest, self._ring.since(max(since, floor)), self._read,
+                           floor=floor)
+
+    async def fence(self, timeout_s: float | None = None) -> int:
+        """Wait until everything submitted before the call is in the stream; the highest
+        seq assigned by then (every event this node submitted before has a smaller or
+        equal one, every event submitted after a larger one). Raises BusUnavailable
+        after `timeout_s` (default `fence_timeout_s`) without Redis."""
+        target = self._submitted
+        limit = self._fence_timeout_s if timeout_s is None else timeout_s
+        with trio.move_on_after(limit) as waited:
+            if self._acked >= target:
+                seq = await self._retrying(self._read_seq, "read the seq")
+                return max(seq, self._acked_seq)
+            while self._acked < target:
+                await self._acked_lot.park()
+            return self._acked_seq
+        assert waited.cancelled_caught
+        raise BusUnavailable("the bus did not take this node's events in time")
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """The writer and the tailer."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write_loop)
+            nursery.start_soon(self._tail_loop)
+            task_status.started()
+
+    async def aclose(self) -> None:
+        """Append what is still queued, one try per batch (the caller bounds how long
+        this may take; the client must still be open). Nothing is submitted after."""
+        self._closed = True
+        async with self._write_lock:
+            while self._pending:
+                batch = self._take_batch()
+                try:
+                    first = await self._append_batch(batch, f"{next(self._tokens)}")
+                except TRANSIENT as exc:
+                    log.error("event log: %d events not appended at close: %s",
+                              len(self._pending), exc)
+                    return
+                self._acknowledge(batch, first)
+
+    # -- the writer ---------------------------------------------------------------------
+
+    async def _write_loop(self) -> None:
+        while True:
+            while not self._pending:
+                await self._wanted.wait()
+                self._wanted = trio.Event()
+            async with self._write_lock:
+                batch = self._take_batch()
+                token = f"{next(self._tokens)}"
+                first = await self._retrying(
+                    partial(self._append_batch, batch, token), "append")
+                self._acknowledge(batch, first)
+
+    def _acknowledge(self, batch: list[Envelope], first: int) -> None:
+        """`batch`, at the front of the queue, is in the stream from seq `first`."""
+        for _ in batch:
+            self._pending.popleft()
+        self._pending_bytes -= sum(len(e.data) for e in batch)
+        if self._overflowing and self._pending_bytes <= self._max_pending_bytes // 2:
+            log.warning("event log: the writer caught up; chunks are kept again "
+                        "(%d dropped so far)", self.dropped_chunks)
+            self._overflowing = False
+        self._acked += len(batch)
+        self._acked_seq = max(self._acked_seq, first + len(batch) - 1)
+        self.appends += 1
+        self._acked_lot.unpark_all()
+
+    def _take_batch(self) -> list[Envelope]:
+        batch: list[Envelope] = []
+        size = 0
+        for env in self._pending:
+            if batch and (len(batch) >= MAX_BATCH_EVENTS or size >= MAX_BATCH_BYTES):
+                break
+            batch.append(env)
+            size += len(env.data)
+        return batch
+
+    async def _append_batch(self, batch: list[Envelope], token: str) -> int:
+        args: list[str | bytes | int] = [len(batch), self._retention_events,
+                                         self._seen(), token]
+        for env in batch:
+            data = env.data
+            if not data.startswith(SEQ_PREFIX):
+                raise ValueError(f"a submitted envelope must be built with seq 0: {env!r}")
+            args += [env.type, env.session_id or "", env.turn_id or "", env.event_type or "",
+                     ",".join(env.lineage), data]
+        args.append(TOKEN_TTL_S)
+        with trio.fail_after(COMMAND_TIMEOUT_S):
+            first: object = await self._append(
+                keys=[self._seq_key, self._stream, self._token_key], args=args,
+            )
+        assert isinstance(first, int)
+        return first
+
+    def _seen(self) -> int:
+        """The highest seq this node knows was assigned: the floor of every new one."""
+        return max(self._latest, self._acked_seq)
+
+    async def _read_seq(self) -> int:
+        with trio.fail_after(COMMAND_TIMEOUT_S):
+            raw = await self._client.get(self._seq_key)
+        return int(raw or 0)
+
+    async def _retrying(self, op: Callable[[], Awaitable[int]], what: str) -> int:
+        """Run `op` until it succeeds, with a bounded backoff; degraded meanwhile."""
+        delay = BACKOFF_MIN_S
+        while True:
+            try:
+                result = await op()
+            except TRANSIENT as exc:
+                if not self._writer_failing:
+                    log.error("event log: could not %s (%s: %s); retrying",
+                              what, type(exc).__name__, exc)
+                self._writer_failing = True
+                await trio.sleep(delay)
+                delay = min(delay * 2, BACKOFF_MAX_S)
+                continue
+            if self._writer_failing:
+                log.warning("event log: the bus is reachable again")
+                self._writer_failing = False
+            return result
+
+    # -- the tailer ---------------------------------------------------------------------
+
+    async def _tail_loop(self) -> None:
+        delay = BACKOFF_MIN_S
+        while True:
+            try:
+                if self._tailer_failing:
+                    await self._raise_floor()
+                with trio.fail_after(COMMAND_TIMEOUT_S + BLOCK_MS / 1000):
+                    reply = await self._client.xread(
+                        {self._stream: f"{self._latest}-0"}, count=TAIL_COUNT, block=BLOCK_MS,
+                    )
+            except TRANSIENT as exc:
+                if not self._tailer_failing:
+                    log.error("event log: tailing the stream failed (%s: %s); retrying",
+                              type(exc).__name__, exc)
+                self._tailer_failing = True
+                await trio.sleep(delay)
+                delay = min(delay * 2, BACKOFF_MAX_S)
+                continue
+            if self._tailer_failing:
+                log.warning("event log: tailing the stream again from seq %d", self._latest)
+                self._tailer_failing = False
+                delay = BACKOFF_MIN_S
+            if reply:
+                for entries in reply.values():
+                    self._deliver_entries(entries)
+
+    def _deliver_entries(self, entries: tuple[StreamEntry, ...]) -> None:
+        deliver = self._deliver
+        ring = self._ring
+        for entry in entries:
+            env = _envelope(entry)
+            if env.seq <= self._latest:
+                continue
+            self._latest = env.seq
+            ring.add(env, evictable_upto=env.seq)
+            if deliver is not None:
+                deliver(env)
+
+    async def _raise_floor(self) -> None:
+        """After a lost connection: a Redis that came back without its data has its seq
+        raised above every seq this node saw, so none is handed out twice."""
+        with trio.fail_after(COMMAND_TIMEOUT_S):
+            raised: object = await self._floor_script(keys=[self._seq_key], args=[self._seen()])
+        if raised:
+            log.error("event log: the bus lost its seq (a restart without persistence?); "
+                      "seqs go on above %d, what it held is replayed as a stream.gap",
+                      self._seen())
+
+    async def _read(self, after: int, upto: int, limit: int) -> list[Envelope]:
+        try:
+            with trio.fail_after(COMMAND_TIMEOUT_S):
+                entries = await self._client.xrange(
+                    self._stream, f"{after + 1}-0", f"{upto}-0", count=limit,
+                )
+        except TRANSIENT as exc:
+            raise BusUnavailable(f"cannot read the event stream: {exc}") from exc
+        return [_envelope(e) for e in entries]
+
+
+def _envelope(entry: StreamEntry) -> Envelope:
+    """An entry as the envelope it was submitted as, its seq spliced into the JSON."""
+    ident = entry.identifier
+    assert isinstance(ident, bytes)
+    seq = int(ident[: ident.index(b"-")])
+    fields = cast(dict[bytes, bytes], entry.field_values)
+    data = b'{"seq":%d,%b' % (seq, fields[b"d"][9:])
+    lineage = fields[b"l"]
+    return Envelope(
+        seq, fields[b"t"].decode(), _text(fields[b"s"]),
+        tuple(lineage.decode().split(",")) if lineage else (),
+        _text(fields[b"u"]), _text(fields[b"e"]), None, data,
+    )
