@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Callable
+import socket
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import trio
 
 from daemon.api.app import build_app
 from daemon.clock import SYSTEM_CLOCK, Clock, SystemClock
+from daemon.cluster.node import SCHEDULER_LOCK, ClusterNode
 from daemon.config import AgentConfig, Config, check_exposure
 from daemon.engines.anthropic import AnthropicEngine
 from daemon.engines.base import Engine
@@ -36,7 +39,7 @@ from daemon.observe.metrics import Metrics
 from daemon.observe.provider import ObservedAnthropicClient, ObservedOpenAIClient, ProviderCalls
 from daemon.runtime.bus import Bus
 from daemon.runtime.core import Runtime
-from daemon.runtime.ports import Store
+from daemon.runtime.ports import EventLog, Store
 from daemon.runtime.pruner import serve_pruner
 from daemon.runtime.sessions import SessionManager
 from daemon.runtime.turn import TurnServices
@@ -47,6 +50,12 @@ from daemon.store import open_store
 from daemon.tools.agents import AgentMessageTool, AgentSpawnTool
 from daemon.tools.base import Tool
 from daemon.tools.bash import BashTool
+
+if TYPE_CHECKING:
+    from daemon.cluster.node import Degradable
+    from daemon.cluster.redis import Client as RedisClient
+    from daemon.config import ClusterConfig
+    from daemon.runtime.ports import ClusterStore
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +163,6 @@ async def serve_daemon(
     core still runs, so it also runs when a service crashes: turns end `shutdown` and
     WebSockets get 1001 either way.
     """
-    server = config.server
     check_exposure(config)  # before anything listens (CONTRACT §3.1)
     stop = trio.Event()
     async with trio.open_nursery() as outer:
@@ -162,35 +170,86 @@ async def serve_daemon(
             # First of all: a SIGTERM from here on is a graceful stop, never the default
             # action (no window between binding the socket and handling signals).
             await outer.start(_serve_signals, stop.set)
-        store: Store = await open_store(server)
-        try:
-            event_log = await SqliteEventLog.open(
-                server.data_dir / "events.db", retention_events=server.retention_events,
-                retention_bytes=server.retention_bytes, flush_ms=server.event_flush_ms,
-                seq_floor=await store.seq_reserved() or 0, mirror=store.set_seq_reserved,
-            )
-            try:
-                async with trio.open_nursery() as core:
-                    await _serve(config, store, event_log, core, stop, task_status, clock)
-                    core.cancel_scope.cancel()
-            finally:
-                with trio.move_on_after(CLOSE_S, shield=True):
-                    await event_log.aclose()
-        finally:
-            with trio.move_on_after(CLOSE_S, shield=True):
-                await store.aclose()
+        async with AsyncExitStack() as backends:
+            store, event_log, redis = await _open_backends(config, backends)
+            async with trio.open_nursery() as core:
+                await _serve(config, store, event_log, redis, core, stop, task_status,
+                             clock)
+                core.cancel_scope.cancel()
         outer.cancel_scope.cancel()
 
 
+def _listen_url(host: str, listener: socket.socket) -> str:
+    port = listener.getsockname()[1]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def _join_cluster(
+    config: ClusterConfig, store: ClusterStore, event_log: EventLog, redis: RedisClient,
+    sessions: SessionManager, services: trio.Nursery, url: str, stop: trio.Event,
+    runtime: Callable[[], Runtime],
+) -> ClusterNode:
+    """This node in the cluster (CONTRACT §13): registered under its id (a live node
+    with the same id: NodeIdInUse, exit 1), its control stream served (operations other
+    nodes route here for the sessions it owns), its lease renewed."""
+    from daemon.api.actions import answer_routed
+    from daemon.cluster.control import ControlChannel
+    from daemon.cluster.routing import Router
+
+    node = ClusterNode(config, config.node_id, store, cast("Degradable", event_log),
+                       stop.set)
+    await node.register(url)
+    channel = ControlChannel(redis, config.node_id)
+    await services.start(channel.serve, lambda op, body: answer_routed(runtime(), op, body))
+    sessions.router = Router(config.node_id, store, channel)
+    await services.start(node.serve)
+    return node
+
+
+async def _bounded_close(close: Callable[[], Awaitable[None]]) -> None:
+    with trio.move_on_after(CLOSE_S, shield=True):
+        await close()
+
+
+async def _open_backends(
+    config: Config, stack: AsyncExitStack,
+) -> tuple[Store, EventLog, RedisClient | None]:
+    """The store and the event log (closed by `stack`, the log first): the embedded
+    SQLite pair, or with [cluster] PostgreSQL and the Redis stream (CONTRACT §13)."""
+    server, cluster = config.server, config.cluster
+    if cluster is None:
+        store: Store = await open_store(server)
+        stack.push_async_callback(_bounded_close, store.aclose)
+        event_log: EventLog = await SqliteEventLog.open(
+            server.data_dir / "events.db", retention_events=server.retention_events,
+            retention_bytes=server.retention_bytes, flush_ms=server.event_flush_ms,
+            seq_floor=await store.seq_reserved() or 0, mirror=store.set_seq_reserved,
+        )
+        stack.push_async_callback(_bounded_close, event_log.aclose)
+        return store, event_log, None
+    from daemon.cluster.redis import connect
+    from daemon.eventlog.redis import RedisEventLog
+
+    store = await open_store(server, cluster)
+    stack.push_async_callback(_bounded_close, store.aclose)
+    redis = await stack.enter_async_context(
+        connect(cluster.bus, connect_timeout_s=cluster.connect_timeout_s))
+    event_log = await RedisEventLog.open(redis, retention_events=cluster.retention_events)
+    stack.push_async_callback(_bounded_close, event_log.aclose)
+    return store, event_log, redis
+
+
 async def _serve(
-    config: Config, store: Store, event_log: SqliteEventLog, core: trio.Nursery,
-    stop: trio.Event, task_status: trio.TaskStatus[Daemon], clock: Clock = SYSTEM_CLOCK,
+    config: Config, store: Store, event_log: EventLog, redis: RedisClient | None,
+    core: trio.Nursery, stop: trio.Event, task_status: trio.TaskStatus[Daemon],
+    clock: Clock = SYSTEM_CLOCK,
 ) -> None:
     server = config.server
     bus = Bus(event_log, queue_bytes=server.stream_queue_bytes,
               coalesce_after=server.stream_coalesce_after)
     metrics = _metrics(bus)
     sessions: SessionManager | None = None
+    cluster: ClusterNode | None = None
     http_server: HttpServer | None = None
     mcp: McpManager | None = None
     async with AsyncExitStack() as clients_stack, trio.open_nursery() as services:
@@ -222,24 +281,38 @@ async def _serve(
             turn_services = TurnServices(
                 bus=bus, store=store,
                 engine_for=_engine_factory(config, clients, mock_roots, metrics),
-                tools=tools, workspaces=server.data_dir / "workspaces", metrics=metrics,
+                tools=tools, metrics=metrics,
+                workspaces=(config.cluster.workspaces_in(server.data_dir)
+                            if config.cluster is not None else server.data_dir / "workspaces"),
                 grace_s=server.shutdown_grace_s,
                 slots=trio.CapacityLimiter(server.max_running_turns),
                 mcp=mcp,
             )
             sessions = SessionManager(config, store, bus, turn_services)
+            listener = bind_socket(server.host, server.port)
+            if config.cluster is not None:
+                assert redis is not None
+                cluster = await _join_cluster(
+                    config.cluster, cast("ClusterStore", store), event_log, redis,
+                    sessions, services, _listen_url(server.host, listener), stop,
+                    lambda: runtime,
+                )
             await core.start(sessions.serve)
             await services.start(serve_pruner, sessions, server.keep_days, clock)
             # A service (it stops after the turns it started have ended `shutdown`,
             # so it records their outcome); its turns run in the session manager.
             scheduler = Scheduler(config.schedules, store, SessionLauncher(sessions),
                                   SystemClock())
-            await services.start(scheduler.serve)
-            runtime = Runtime(config, store, bus, sessions, mcp, scheduler, clock)
+            if cluster is None:
+                await services.start(scheduler.serve)
+            else:  # a schedule ticks on one node of the cluster (CONTRACT §13.5)
+                await services.start(cluster.serve_leader, SCHEDULER_LOCK, scheduler.serve)
+                await services.start(cluster.serve_sweeper, sessions)
+            runtime = Runtime(config, store, bus, sessions, mcp, scheduler, clock, cluster)
             connections = Connections()
             http_server = HttpServer(
                 build_app(runtime, connections, metrics),
-                bind_socket(server.host, server.port),
+                listener,
                 connections,
             )
             await core.start(http_server.serve)
@@ -263,6 +336,9 @@ async def _serve(
                 if sessions is not None:
                     with trio.move_on_at(deadline - 1.0):  # leave connections a second
                         await sessions.shutdown()
+                if cluster is not None:
+                    with trio.move_on_at(deadline - 0.5):
+                        await cluster.leave()  # its sessions are free for other nodes
                 bus.close_all("shutdown")
                 if http_server is not None:
                     left = max(0.0, deadline - trio.current_time() - 0.2)

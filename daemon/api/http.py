@@ -45,6 +45,12 @@ def _json(body: dict[str, Any], status: int = 200) -> Response:
     return response
 
 
+def _answer(result: tuple[int, dict[str, Any]]) -> Response:
+    """An operation's (status, body), run here or on the session's owner node."""
+    status, body = result
+    return _json(body, status)
+
+
 def chat_result(outcome: TurnOutcome) -> dict[str, Any]:
     stats = outcome.stats.wire()
     result: dict[str, Any] = {
@@ -235,7 +241,7 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     ))
     async def cancel(session_id: str) -> Response:
         scope = parse.cancel_scope(await body_object(allow_empty=True))
-        return _json(*await perform(rt, "cancel", {"sessionId": session_id, "scope": scope}))
+        return _answer(await perform(rt, "cancel", {"sessionId": session_id, "scope": scope}))
 
     @bp.post("/sessions/<session_id>/messages")
     @documented(Op(
@@ -247,7 +253,7 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     ))
     async def post_message(session_id: str) -> Response:
         req = parse.MessageRequest.parse(await body_object())
-        return _json(*await perform(rt, "message", {
+        return _answer(await perform(rt, "message", {
             "sessionId": session_id, "message": req.message, "delivery": req.delivery,
         }))
 
@@ -263,7 +269,7 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     async def decide(session_id: str, approval_id: str) -> Response:
         # The body first (400), then the id (404), then its state (409): CONTRACT §9.
         req = parse.DecisionRequest.parse(await body_object())
-        return _json(*await perform(rt, "decide", {
+        return _answer(await perform(rt, "decide", {
             "sessionId": session_id, "approvalId": approval_id, "decision": req.decision,
             "reason": req.reason,
         }))
@@ -374,7 +380,7 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         }, tags=("sessions",),
     ))
     async def delete_session(session_id: str) -> Response:
-        return _json(*await perform(rt, "delete", {"sessionId": session_id}))
+        return _answer(await perform(rt, "delete", {"sessionId": session_id}))
 
     @bp.delete("/sessions")
     @documented(Op(

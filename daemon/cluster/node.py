@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SWEEPER_LOCK = "veild:sweeper"
+SCHEDULER_LOCK = "veild:scheduler"
 
 
 class Degradable(Protocol):
@@ -79,6 +80,15 @@ class ClusterNode:
     async def register(self, url: str) -> None:
         now = now_ms()
         await self._store.register_node(self.node_id, url, now + self.lease_ms, now)
+
+    async def leave(self) -> None:
+        """A clean stop: this node's sessions released, its row removed (its turns have
+        ended `shutdown`), so no sweep is needed and another node may take them."""
+        try:
+            await self._store.release_sessions(self.node_id)
+            await self._store.drop_node(self.node_id)
+        except StoreError as exc:
+            log.warning("leaving the cluster: %s (a sweeper will do it)", exc)
 
     # -- the lease ------------------------------------------------------------------------
 

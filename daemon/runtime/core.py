@@ -15,6 +15,7 @@ from daemon.runtime.ports import Store
 from daemon.runtime.sessions import SessionManager
 
 if TYPE_CHECKING:
+    from daemon.cluster.node import ClusterNode
     from daemon.schedules.scheduler import Scheduler
 
 
@@ -27,6 +28,7 @@ class Runtime:
     mcp: McpManager
     schedules: Scheduler | None = None
     clock: Clock = SYSTEM_CLOCK  # what "older than" is measured from (DELETE /sessions)
+    cluster: ClusterNode | None = None  # this node, with [cluster] (CONTRACT §13)
 
     @property
     def approvals(self) -> Approvals:
