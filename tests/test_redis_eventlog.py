@@ -28,11 +28,11 @@ CHILD = SessionRef("ses_c", "agent", "ses_a", "ses_a", 1, "call_1", ("ses_c", "s
 
 @asynccontextmanager
 async def node(
-    url: str, key_prefix: str, **kwargs: Any,
+    url: str, key_prefix: str, connect_timeout_s: float = 5, **kwargs: Any,
 ) -> AsyncIterator[tuple[RedisEventLog, Bus]]:
     """One node's log and Bus, the writer and tailer running."""
-    async with RedisEventLog.connect(url, connect_timeout_s=5, key_prefix=key_prefix,
-                                     **kwargs) as log:
+    async with RedisEventLog.connect(url, connect_timeout_s=connect_timeout_s,
+                                     key_prefix=key_prefix, **kwargs) as log:
         bus = Bus(log)
         async with trio.open_nursery() as nursery:
             await nursery.start(log.serve)
@@ -266,3 +266,36 @@ async def test_over_the_bound_chunks_drop_other_events_stay(tmp_path: Path,
     names = [label(e) for e in got]
     assert [x for x in names if x[0] == "m"] == [f"m{i}" for i in range(0, 500, 100)]
     assert [x for x in names if x[0] == "c"] == [f"c{i}" for i in range(kept_chunks)]
+
+
+async def test_rediss_verified_with_a_password_and_db(tmp_path: Path, prefix: str) -> None:
+    """rediss:// verifies the server's certificate (here against a test CA named with
+    ?ssl_ca_certs=); a password and a db index in the URL are used."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    port = free_port()
+    args = ("--tls-port", str(port), "--tls-cert-file", str(tmp_path / "cert.pem"),
+            "--tls-key-file", str(tmp_path / "key.pem"), "--tls-auth-clients", "no",
+            "--requirepass", "s3cret")
+    with RedisServer(tmp_path / "redis", port=0, extra_args=args), trio.fail_after(60):
+        url = f"rediss://:s3cret@127.0.0.1:{port}/3?ssl_ca_certs={tmp_path / 'ca.pem'}"
+        async with node(url, prefix) as (log_a, bus_a):
+            sub = bus_a.subscribe(Filter())
+            bus_a.publish_stream(REF, "t", "message", {"content": "over tls"})
+            [env] = await take(sub, 1)
+            assert label(env) == "over tls"
+            assert await log_a._client.exists([f"{prefix}:events"]) == 1  # in db 3 ...
+        async with node(url.replace("/3?", "/0?"), prefix) as (log_0, _):
+            assert await log_0._client.exists([f"{prefix}:events"]) == 0  # ... not in 0
+        # Not verified (the system's CAs do not know the test CA): refused.
+        with pytest.raises(BusUnavailable, match="certificate verify failed"):
+            async with node(url.split("?")[0], prefix, connect_timeout_s=0.5):
+                pass
+        with pytest.raises(BusUnavailable, match=r"rediss://:\*\*\*@"):  # not the password
+            async with node(url.replace("s3cret", "wrong"), prefix, connect_timeout_s=0.5):
+                pass
