@@ -299,3 +299,31 @@ async def test_rediss_verified_with_a_password_and_db(tmp_path: Path, prefix: st
         with pytest.raises(BusUnavailable, match=r"rediss://:\*\*\*@"):  # not the password
             async with node(url.replace("s3cret", "wrong"), prefix, connect_timeout_s=0.5):
                 pass
+
+
+async def test_a_tailer_behind_the_retention_ends_subscribers_lagged(
+        redis_server: RedisServer, prefix: str) -> None:
+    """Entries trimmed before a node read them are no silent hole: its subscribers end
+    lagged, and resuming from where they were, the replay says stream.gap for them."""
+    keep = 50
+    with trio.fail_after(60):
+        async with node(redis_server.url, prefix, retention_events=keep) as (log_a, bus_a):
+            sub = bus_a.subscribe(Filter())
+            bus_a.publish_stream(REF, "t", "message", {"content": "first"})
+            [first] = await take(sub, 1)
+            # One batch far larger than the retention: trimmed within the append itself.
+            for i in range(500):
+                bus_a.publish_stream(REF, "t", "message", {"content": f"m{i}"})
+            received: list[Envelope] = []
+            with pytest.raises(trio.EndOfChannel):
+                while True:
+                    received += [e for e in await sub.receive_batch()
+                                 if isinstance(e, Envelope)]
+            assert sub.lagged and log_a.lost_seqs > 0
+            resumed = bus_a.subscribe(Filter(), since=sub.last_seq)
+            gap = await resumed.receive_batch()
+            rest = await take(resumed, keep)
+    assert received == [] and sub.last_seq == first.seq
+    latest = first.seq + 500
+    assert gap == [Gap(first.seq + 1, latest - keep)]
+    assert [e.seq for e in rest] == list(range(latest - keep + 1, latest + 1))

@@ -82,6 +82,8 @@ _SEP: Final = "\x1f"
 
 # KEYS: the seq counter, the stream, this writer's last-batch record.
 # ARGV: n, maxlen, seq floor, batch token, then 2 fields per event, then the token's TTL.
+# The counter is first raised to the floor and to the stream's last id: a counter lost
+# (evicted, or a restart without persistence) never hands out a seq twice.
 _APPEND = """
 local done = redis.call('GET', KEYS[3])
 if done then
@@ -92,8 +94,12 @@ if done then
 end
 local n = tonumber(ARGV[1])
 local floor = tonumber(ARGV[3])
+local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+if top[1] then
+  floor = math.max(floor, tonumber(string.match(top[1][1], '^(%d+)')))
+end
 if tonumber(redis.call('GET', KEYS[1]) or '0') < floor then
-  redis.call('SET', KEYS[1], ARGV[3])
+  redis.call('SET', KEYS[1], string.format('%d', floor))
 end
 local first = redis.call('INCRBY', KEYS[1], n) - n + 1
 local at = 5
@@ -142,6 +148,7 @@ class RedisEventLog:
         self._ring = Ring(min(ring_events, retention_events), ring_bytes)
         self._latest = latest  # the last seq the tailer delivered
         self._deliver: Callable[[Envelope], None] | None = None
+        self._lost: Callable[[int, int], None] | None = None
         # Queued, not yet acknowledged by Redis (the batch in flight stays at the front).
         self._pending: deque[Envelope] = deque()
         self._pending_bytes = 0
@@ -153,12 +160,14 @@ class RedisEventLog:
         # Held by whoever appends (the writer; aclose once the writer has stopped), so
         # the batch at the front is never in flight twice.
         self._write_lock = trio.Lock()
+        self._in_flight: tuple[int, str] | None = None  # (events, token) being appended
         self._tokens = itertools.count(1)
         self._writer_failing = False
         self._tailer_failing = False
         self._overflowing = False
         self._closed = False
         self.dropped_chunks = 0
+        self.lost_seqs = 0  # seqs trimmed before the tailer read them
         self.appends = 0  # script calls that appended a batch
 
     @classmethod
@@ -206,9 +215,13 @@ class RedisEventLog:
     def append(self, env: Envelope) -> None:
         raise TypeError("a remote-sequenced log numbers events itself: submit them")
 
-    def attach(self, deliver: Callable[[Envelope], None]) -> None:
-        """Where the tailer hands each event (the Bus's local fan-out)."""
+    def attach(self, deliver: Callable[[Envelope], None],
+               lost: Callable[[int, int], None] | None = None) -> None:
+        """Where the tailer hands each event (the Bus's local fan-out), and whom it tells
+        of seqs it can no longer deliver (trimmed before it read them: it fell further
+        behind than the retention, or Redis lost them)."""
         self._deliver = deliver
+        self._lost = lost
 
     def submit(self, env: Envelope) -> None:
         """Queue an envelope built with seq 0 for the writer. Synchronous, never blocks."""
@@ -267,9 +280,9 @@ class RedisEventLog:
         self._closed = True
         async with self._write_lock:
             while self._pending:
-                batch = self._take_batch()
+                batch, token = self._next_batch()
                 try:
-                    first = await self._append_batch(batch, f"{next(self._tokens)}")
+                    first = await self._append_batch(batch, token)
                 except TRANSIENT as exc:
                     log.error("event log: %d events not appended at close: %s",
                               len(self._pending), exc)
@@ -284,14 +297,26 @@ class RedisEventLog:
                 await self._wanted.wait()
                 self._wanted = trio.Event()
             async with self._write_lock:
-                batch = self._take_batch()
-                token = f"{next(self._tokens)}"
+                batch, token = self._next_batch()
                 first = await self._retrying(
                     partial(self._append_batch, batch, token), "append")
                 self._acknowledge(batch, first)
 
+    def _next_batch(self) -> tuple[list[Envelope], str]:
+        """The batch at the front and its token. A batch whose append was interrupted
+        (the writer cancelled mid-call) is sent again as it was, with its token: if it
+        was applied, the script answers its seq instead of appending it twice."""
+        if self._in_flight is not None:
+            n, token = self._in_flight
+            return list(itertools.islice(self._pending, n)), token
+        batch = self._take_batch()
+        token = f"{next(self._tokens)}"
+        self._in_flight = (len(batch), token)
+        return batch, token
+
     def _acknowledge(self, batch: list[Envelope], first: int) -> None:
         """`batch`, at the front of the queue, is in the stream from seq `first`."""
+        self._in_flight = None
         for _ in batch:
             self._pending.popleft()
         self._pending_bytes -= sum(len(e.data) for e in batch)
@@ -397,6 +422,14 @@ class RedisEventLog:
             env = _envelope(ident, fields)
             if env.seq <= self._latest:
                 continue
+            if env.seq != self._latest + 1:
+                # Seqs are contiguous (INCRBY N, then N entries): these were trimmed
+                # before this tailer read them.
+                log.error("event log: seqs %d..%d were gone before this node read them",
+                          self._latest + 1, env.seq - 1)
+                self.lost_seqs += env.seq - 1 - self._latest
+                if self._lost is not None:
+                    self._lost(self._latest + 1, env.seq - 1)
             self._latest = env.seq
             ring.add(env, evictable_upto=env.seq)
             if deliver is not None:
