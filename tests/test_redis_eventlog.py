@@ -327,3 +327,40 @@ async def test_a_tailer_behind_the_retention_ends_subscribers_lagged(
     latest = first.seq + 500
     assert gap == [Gap(first.seq + 1, latest - keep)]
     assert [e.seq for e in rest] == list(range(latest - keep + 1, latest + 1))
+
+
+async def test_a_batch_sent_twice_is_appended_once(redis_server: RedisServer,
+                                                   prefix: str) -> None:
+    """A reply lost after the script ran: the writer sends the batch again with the same
+    token, and the script answers the seq it gave it instead of appending it again."""
+    from daemon.runtime import events
+
+    with trio.fail_after(30):
+        async with node(redis_server.url, prefix) as (log_a, _):
+            batch = [events.build(0, 1, "session.updated", REF, {"label": f"x{i}"})
+                     for i in range(3)]
+            first = await log_a._append_batch(batch, "token-1")
+            again = await log_a._append_batch(batch, "token-1")
+            other = await log_a._append_batch(batch[:1], "token-2")
+            length = await log_a._client.xlen(f"{prefix}:events")
+    assert again == first and other == first + 3 and length == 4
+
+
+async def test_a_lost_counter_never_repeats_a_seq(redis_server: RedisServer,
+                                                  prefix: str) -> None:
+    """The seq key gone (evicted, say) while the stream stays, appended to by a log that
+    has seen none of it: seqs go on above the stream's last id."""
+    from daemon.runtime import events
+
+    with trio.fail_after(30):
+        async with node(redis_server.url, prefix) as (log_a, bus_a):
+            sub = bus_a.subscribe(Filter())
+            for i in range(5):
+                bus_a.publish_stream(REF, "t", "message", {"content": f"a{i}"})
+            before = await take(sub, 5)
+            await log_a._client.delete([f"{prefix}:seq"])
+            fresh = RedisEventLog(log_a._client, 0, key_prefix=prefix)  # has seen nothing
+            env = events.build(0, 1, "session.updated", REF, {"label": "b"})
+            first = await fresh._append_batch([env], "token-b")
+            [after] = await take(sub, 1)
+    assert first == after.seq == before[-1].seq + 1 and label(after) == "b"
