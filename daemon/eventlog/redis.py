@@ -258,8 +258,7 @@ class RedisEventLog:
         limit = self._fence_timeout_s if timeout_s is None else timeout_s
         with trio.move_on_after(limit) as waited:
             if self._acked >= target:
-                seq = await self._retrying(self._read_seq, "read the seq")
-                return max(seq, self._acked_seq)
+                return max(await self._read_seq(), self._acked_seq)
             while self._acked < target:
                 await self._acked_lot.park()
             return self._acked_seq
@@ -360,9 +359,17 @@ class RedisEventLog:
         return max(self._latest, self._acked_seq)
 
     async def _read_seq(self) -> int:
-        with trio.fail_after(COMMAND_TIMEOUT_S):
-            raw = await self._client.get(self._seq_key)
-        return int(raw or 0)
+        """The seq counter, retried until the fence's own deadline (the tailer is what
+        reports the bus unreachable meanwhile)."""
+        delay = BACKOFF_MIN_S
+        while True:
+            try:
+                with trio.fail_after(COMMAND_TIMEOUT_S):
+                    raw = await self._client.get(self._seq_key)
+                return int(raw or 0)
+            except TRANSIENT:
+                await trio.sleep(delay)
+                delay = min(delay * 2, BACKOFF_MAX_S)
 
     async def _retrying(self, op: Callable[[], Awaitable[int]], what: str) -> int:
         """Run `op` until it succeeds, with a bounded backoff; degraded meanwhile."""
