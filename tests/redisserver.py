@@ -30,7 +30,8 @@ def free_port() -> int:
 class RedisServer:
     """redis-server on 127.0.0.1:`port`, started and stopped by the test process."""
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail("redis-server is not installed: run .ci/run (it installs the "
@@ -38,6 +39,7 @@ class RedisServer:
         self.binary = binary
         self.workdir = workdir
         self.port = port if port is not None else free_port()
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: list[bytes] = []
 
@@ -51,7 +53,7 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
+             "--appendonly", "no", "--dir", str(self.workdir), *self.extra_args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         assert proc.stdout is not None

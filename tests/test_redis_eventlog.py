@@ -28,11 +28,11 @@ CHILD = SessionRef("ses_c", "agent", "ses_a", "ses_a", 1, "call_1", ("ses_c", "s
 
 @asynccontextmanager
 async def node(
-    url: str, key_prefix: str, **kwargs: Any,
+    url: str, key_prefix: str, connect_timeout_s: float = 5, **kwargs: Any,
 ) -> AsyncIterator[tuple[RedisEventLog, Bus]]:
     """One node's log and Bus, the writer and tailer running."""
-    async with RedisEventLog.connect(url, connect_timeout_s=5, key_prefix=key_prefix,
-                                     **kwargs) as log:
+    async with RedisEventLog.connect(url, connect_timeout_s=connect_timeout_s,
+                                     key_prefix=key_prefix, **kwargs) as log:
         bus = Bus(log)
         async with trio.open_nursery() as nursery:
             await nursery.start(log.serve)
@@ -266,3 +266,101 @@ async def test_over_the_bound_chunks_drop_other_events_stay(tmp_path: Path,
     names = [label(e) for e in got]
     assert [x for x in names if x[0] == "m"] == [f"m{i}" for i in range(0, 500, 100)]
     assert [x for x in names if x[0] == "c"] == [f"c{i}" for i in range(kept_chunks)]
+
+
+async def test_rediss_verified_with_a_password_and_db(tmp_path: Path, prefix: str) -> None:
+    """rediss:// verifies the server's certificate (here against a test CA named with
+    ?ssl_ca_certs=); a password and a db index in the URL are used."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    port = free_port()
+    args = ("--tls-port", str(port), "--tls-cert-file", str(tmp_path / "cert.pem"),
+            "--tls-key-file", str(tmp_path / "key.pem"), "--tls-auth-clients", "no",
+            "--requirepass", "s3cret")
+    with RedisServer(tmp_path / "redis", port=0, extra_args=args), trio.fail_after(60):
+        url = f"rediss://:s3cret@127.0.0.1:{port}/3?ssl_ca_certs={tmp_path / 'ca.pem'}"
+        async with node(url, prefix) as (log_a, bus_a):
+            sub = bus_a.subscribe(Filter())
+            bus_a.publish_stream(REF, "t", "message", {"content": "over tls"})
+            [env] = await take(sub, 1)
+            assert label(env) == "over tls"
+            assert await log_a._client.exists([f"{prefix}:events"]) == 1  # in db 3 ...
+        async with node(url.replace("/3?", "/0?"), prefix) as (log_0, _):
+            assert await log_0._client.exists([f"{prefix}:events"]) == 0  # ... not in 0
+        # Not verified (the system's CAs do not know the test CA): refused.
+        with pytest.raises(BusUnavailable, match="certificate verify failed"):
+            async with node(url.split("?")[0], prefix, connect_timeout_s=0.5):
+                pass
+        with pytest.raises(BusUnavailable, match=r"rediss://:\*\*\*@"):  # not the password
+            async with node(url.replace("s3cret", "wrong"), prefix, connect_timeout_s=0.5):
+                pass
+
+
+async def test_a_tailer_behind_the_retention_ends_subscribers_lagged(
+        redis_server: RedisServer, prefix: str) -> None:
+    """Entries trimmed before a node read them are no silent hole: its subscribers end
+    lagged, and resuming from where they were, the replay says stream.gap for them."""
+    keep = 50
+    with trio.fail_after(60):
+        async with node(redis_server.url, prefix, retention_events=keep) as (log_a, bus_a):
+            sub = bus_a.subscribe(Filter())
+            bus_a.publish_stream(REF, "t", "message", {"content": "first"})
+            [first] = await take(sub, 1)
+            # One batch far larger than the retention: trimmed within the append itself.
+            for i in range(500):
+                bus_a.publish_stream(REF, "t", "message", {"content": f"m{i}"})
+            received: list[Envelope] = []
+            with pytest.raises(trio.EndOfChannel):
+                while True:
+                    received += [e for e in await sub.receive_batch()
+                                 if isinstance(e, Envelope)]
+            assert sub.lagged and log_a.lost_seqs > 0
+            resumed = bus_a.subscribe(Filter(), since=sub.last_seq)
+            gap = await resumed.receive_batch()
+            rest = await take(resumed, keep)
+    assert received == [] and sub.last_seq == first.seq
+    latest = first.seq + 500
+    assert gap == [Gap(first.seq + 1, latest - keep)]
+    assert [e.seq for e in rest] == list(range(latest - keep + 1, latest + 1))
+
+
+async def test_a_batch_sent_twice_is_appended_once(redis_server: RedisServer,
+                                                   prefix: str) -> None:
+    """A reply lost after the script ran: the writer sends the batch again with the same
+    token, and the script answers the seq it gave it instead of appending it again."""
+    from daemon.runtime import events
+
+    with trio.fail_after(30):
+        async with node(redis_server.url, prefix) as (log_a, _):
+            batch = [events.build(0, 1, "session.updated", REF, {"label": f"x{i}"})
+                     for i in range(3)]
+            first = await log_a._append_batch(batch, "token-1")
+            again = await log_a._append_batch(batch, "token-1")
+            other = await log_a._append_batch(batch[:1], "token-2")
+            length = await log_a._client.xlen(f"{prefix}:events")
+    assert again == first and other == first + 3 and length == 4
+
+
+async def test_a_lost_counter_never_repeats_a_seq(redis_server: RedisServer,
+                                                  prefix: str) -> None:
+    """The seq key gone (evicted, say) while the stream stays, appended to by a log that
+    has seen none of it: seqs go on above the stream's last id."""
+    from daemon.runtime import events
+
+    with trio.fail_after(30):
+        async with node(redis_server.url, prefix) as (log_a, bus_a):
+            sub = bus_a.subscribe(Filter())
+            for i in range(5):
+                bus_a.publish_stream(REF, "t", "message", {"content": f"a{i}"})
+            before = await take(sub, 5)
+            await log_a._client.delete([f"{prefix}:seq"])
+            fresh = RedisEventLog(log_a._client, 0, key_prefix=prefix)  # has seen nothing
+            env = events.build(0, 1, "session.updated", REF, {"label": "b"})
+            first = await fresh._append_batch([env], "token-b")
+            [after] = await take(sub, 1)
+    assert first == after.seq == before[-1].seq + 1 and label(after) == "b"

@@ -79,19 +79,37 @@ async def connect(url: str, *, connect_timeout_s: float = 10.0) -> AsyncIterator
     """A connected client: retries an unreachable server for `connect_timeout_s`, then
     raises BusUnavailable naming it (the node exits 1 with that line)."""
     client = client_from_url(url, connect_timeout_s=max(0.1, connect_timeout_s))
+    failure: BusUnavailable | None = None
     async with client:
-        deadline = trio.current_time() + connect_timeout_s
-        delay = 0.05
-        while True:
-            try:
-                with trio.fail_after(max(0.1, connect_timeout_s)):
-                    await client.ping()
-                break
-            except TRANSIENT as exc:
-                if trio.current_time() + delay > deadline:
-                    raise BusUnavailable(
-                        f"cannot reach the bus at {redact(url)}: {exc or type(exc).__name__}"
-                    ) from exc
-                await trio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-        yield client
+        failure = await _reach(client, url, connect_timeout_s)
+        if failure is None:
+            yield client
+    if failure is not None:
+        # Raised outside the client's task group, so it is not wrapped in a group.
+        raise failure
+
+
+async def _reach(client: Client, url: str, connect_timeout_s: float) -> BusUnavailable | None:
+    deadline = trio.current_time() + connect_timeout_s
+    delay = 0.05
+    while True:
+        try:
+            with trio.fail_after(max(0.1, connect_timeout_s)):
+                await client.ping()
+            return None
+        except TRANSIENT as exc:
+            if trio.current_time() + delay > deadline:
+                failure = BusUnavailable(
+                    f"cannot reach the bus at {redact(url)}: {_reason(exc)}")
+                failure.__cause__ = exc
+                return failure
+            await trio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def _reason(exc: BaseException) -> str:
+    """The root cause's words (coredis says "Unable to establish a connection" over a
+    refused connection, a failed certificate check and a wrong password alike)."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return str(exc) or type(exc).__name__

@@ -13,8 +13,10 @@ by the time it runs (and what queued meanwhile, on its next round), so no timer 
 token and a busy node still makes one call per batch, not per event.
 
 Encoded once: the envelope's JSON starts `{"seq":0,` (events.build and ChunkEncoder put
-seq first); the tailer splices the real seq into the bytes. The entry's own fields carry
-type, sessionId, turnId, eventType and lineage, so a receiving node never parses JSON.
+seq first); the tailer splices the real seq into the bytes. Each entry has two fields:
+`d`, that JSON, and `m`, its type, sessionId, turnId, eventType and lineage (unit-
+separated), so a receiving node never parses JSON (two fields, not five: parsing the
+entries is most of a tailer's cost).
 
 Bounded: what waits to be appended is bounded in bytes (`max_pending_bytes`). Past the
 bound the log is `degraded` and chunk events (inference/thinking/tool chunks) are dropped
@@ -43,10 +45,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import trio
-from coredis.response.types import StreamEntry
+from coredis.commands.constants import CommandName
+from coredis.response._callbacks import NoopCallback
+from coredis.tokens import PrefixToken
+from coredis.typing import Key
 
 from daemon.cluster.redis import COMMAND_TIMEOUT_S, TRANSIENT, Client, connect
 from daemon.errors import BusUnavailable
@@ -72,9 +77,13 @@ RING_BYTES = 32 * 1024 * 1024
 TOKEN_TTL_S = 3600
 
 SEQ_PREFIX: Final = b'{"seq":0,'
+SEP: Final = b"\x1f"
+_SEP: Final = "\x1f"
 
 # KEYS: the seq counter, the stream, this writer's last-batch record.
-# ARGV: n, maxlen, seq floor, batch token, then 6 fields per event.
+# ARGV: n, maxlen, seq floor, batch token, then 2 fields per event, then the token's TTL.
+# The counter is first raised to the floor and to the stream's last id: a counter lost
+# (evicted, or a restart without persistence) never hands out a seq twice.
 _APPEND = """
 local done = redis.call('GET', KEYS[3])
 if done then
@@ -85,18 +94,21 @@ if done then
 end
 local n = tonumber(ARGV[1])
 local floor = tonumber(ARGV[3])
+local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+if top[1] then
+  floor = math.max(floor, tonumber(string.match(top[1][1], '^(%d+)')))
+end
 if tonumber(redis.call('GET', KEYS[1]) or '0') < floor then
-  redis.call('SET', KEYS[1], ARGV[3])
+  redis.call('SET', KEYS[1], string.format('%d', floor))
 end
 local first = redis.call('INCRBY', KEYS[1], n) - n + 1
 local at = 5
 for i = 0, n - 1 do
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], string.format('%d-0', first + i),
-    't', ARGV[at], 's', ARGV[at + 1], 'u', ARGV[at + 2], 'e', ARGV[at + 3],
-    'l', ARGV[at + 4], 'd', ARGV[at + 5])
-  at = at + 6
+    'm', ARGV[at], 'd', ARGV[at + 1])
+  at = at + 2
 end
-redis.call('SET', KEYS[3], ARGV[4] .. ':' .. string.format('%d', first), 'EX', ARGV[5 + 6 * n])
+redis.call('SET', KEYS[3], ARGV[4] .. ':' .. string.format('%d', first), 'EX', ARGV[5 + 2 * n])
 return first
 """
 
@@ -108,10 +120,6 @@ if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
 end
 return 0
 """
-
-
-def _text(value: bytes) -> str | None:
-    return value.decode() if value else None
 
 
 class RedisEventLog:
@@ -140,6 +148,7 @@ class RedisEventLog:
         self._ring = Ring(min(ring_events, retention_events), ring_bytes)
         self._latest = latest  # the last seq the tailer delivered
         self._deliver: Callable[[Envelope], None] | None = None
+        self._lost: Callable[[int, int], None] | None = None
         # Queued, not yet acknowledged by Redis (the batch in flight stays at the front).
         self._pending: deque[Envelope] = deque()
         self._pending_bytes = 0
@@ -151,12 +160,14 @@ class RedisEventLog:
         # Held by whoever appends (the writer; aclose once the writer has stopped), so
         # the batch at the front is never in flight twice.
         self._write_lock = trio.Lock()
+        self._in_flight: tuple[int, str] | None = None  # (events, token) being appended
         self._tokens = itertools.count(1)
         self._writer_failing = False
         self._tailer_failing = False
         self._overflowing = False
         self._closed = False
         self.dropped_chunks = 0
+        self.lost_seqs = 0  # seqs trimmed before the tailer read them
         self.appends = 0  # script calls that appended a batch
 
     @classmethod
@@ -204,9 +215,13 @@ class RedisEventLog:
     def append(self, env: Envelope) -> None:
         raise TypeError("a remote-sequenced log numbers events itself: submit them")
 
-    def attach(self, deliver: Callable[[Envelope], None]) -> None:
-        """Where the tailer hands each event (the Bus's local fan-out)."""
+    def attach(self, deliver: Callable[[Envelope], None],
+               lost: Callable[[int, int], None] | None = None) -> None:
+        """Where the tailer hands each event (the Bus's local fan-out), and whom it tells
+        of seqs it can no longer deliver (trimmed before it read them: it fell further
+        behind than the retention, or Redis lost them)."""
         self._deliver = deliver
+        self._lost = lost
 
     def submit(self, env: Envelope) -> None:
         """Queue an envelope built with seq 0 for the writer. Synchronous, never blocks."""
@@ -243,8 +258,7 @@ class RedisEventLog:
         limit = self._fence_timeout_s if timeout_s is None else timeout_s
         with trio.move_on_after(limit) as waited:
             if self._acked >= target:
-                seq = await self._retrying(self._read_seq, "read the seq")
-                return max(seq, self._acked_seq)
+                return max(await self._read_seq(), self._acked_seq)
             while self._acked < target:
                 await self._acked_lot.park()
             return self._acked_seq
@@ -265,9 +279,9 @@ class RedisEventLog:
         self._closed = True
         async with self._write_lock:
             while self._pending:
-                batch = self._take_batch()
+                batch, token = self._next_batch()
                 try:
-                    first = await self._append_batch(batch, f"{next(self._tokens)}")
+                    first = await self._append_batch(batch, token)
                 except TRANSIENT as exc:
                     log.error("event log: %d events not appended at close: %s",
                               len(self._pending), exc)
@@ -282,14 +296,26 @@ class RedisEventLog:
                 await self._wanted.wait()
                 self._wanted = trio.Event()
             async with self._write_lock:
-                batch = self._take_batch()
-                token = f"{next(self._tokens)}"
+                batch, token = self._next_batch()
                 first = await self._retrying(
                     partial(self._append_batch, batch, token), "append")
                 self._acknowledge(batch, first)
 
+    def _next_batch(self) -> tuple[list[Envelope], str]:
+        """The batch at the front and its token. A batch whose append was interrupted
+        (the writer cancelled mid-call) is sent again as it was, with its token: if it
+        was applied, the script answers its seq instead of appending it twice."""
+        if self._in_flight is not None:
+            n, token = self._in_flight
+            return list(itertools.islice(self._pending, n)), token
+        batch = self._take_batch()
+        token = f"{next(self._tokens)}"
+        self._in_flight = (len(batch), token)
+        return batch, token
+
     def _acknowledge(self, batch: list[Envelope], first: int) -> None:
         """`batch`, at the front of the queue, is in the stream from seq `first`."""
+        self._in_flight = None
         for _ in batch:
             self._pending.popleft()
         self._pending_bytes -= sum(len(e.data) for e in batch)
@@ -319,8 +345,7 @@ class RedisEventLog:
             data = env.data
             if not data.startswith(SEQ_PREFIX):
                 raise ValueError(f"a submitted envelope must be built with seq 0: {env!r}")
-            args += [env.type, env.session_id or "", env.turn_id or "", env.event_type or "",
-                     ",".join(env.lineage), data]
+            args += [_meta(env), data]
         args.append(TOKEN_TTL_S)
         with trio.fail_after(COMMAND_TIMEOUT_S):
             first: object = await self._append(
@@ -334,9 +359,17 @@ class RedisEventLog:
         return max(self._latest, self._acked_seq)
 
     async def _read_seq(self) -> int:
-        with trio.fail_after(COMMAND_TIMEOUT_S):
-            raw = await self._client.get(self._seq_key)
-        return int(raw or 0)
+        """The seq counter, retried until the fence's own deadline (the tailer is what
+        reports the bus unreachable meanwhile)."""
+        delay = BACKOFF_MIN_S
+        while True:
+            try:
+                with trio.fail_after(COMMAND_TIMEOUT_S):
+                    raw = await self._client.get(self._seq_key)
+                return int(raw or 0)
+            except TRANSIENT:
+                await trio.sleep(delay)
+                delay = min(delay * 2, BACKOFF_MAX_S)
 
     async def _retrying(self, op: Callable[[], Awaitable[int]], what: str) -> int:
         """Run `op` until it succeeds, with a bounded backoff; degraded meanwhile."""
@@ -366,8 +399,12 @@ class RedisEventLog:
                 if self._tailer_failing:
                     await self._raise_floor()
                 with trio.fail_after(COMMAND_TIMEOUT_S + BLOCK_MS / 1000):
-                    reply = await self._client.xread(
-                        {self._stream: f"{self._latest}-0"}, count=TAIL_COUNT, block=BLOCK_MS,
+                    # Raw, not coredis's StreamEntry shape: building it per entry cost
+                    # as much as the rest of the tailer.
+                    reply: dict[bytes, list[list[Any]]] | None = await self._client.create_request(
+                        CommandName.XREAD, PrefixToken.COUNT, TAIL_COUNT, PrefixToken.BLOCK,
+                        BLOCK_MS, PrefixToken.STREAMS, Key(self._stream), f"{self._latest}-0",
+                        callback=NoopCallback(),
                     )
             except TRANSIENT as exc:
                 if not self._tailer_failing:
@@ -385,13 +422,21 @@ class RedisEventLog:
                 for entries in reply.values():
                     self._deliver_entries(entries)
 
-    def _deliver_entries(self, entries: tuple[StreamEntry, ...]) -> None:
+    def _deliver_entries(self, entries: list[list[Any]]) -> None:
         deliver = self._deliver
         ring = self._ring
-        for entry in entries:
-            env = _envelope(entry)
+        for ident, fields in entries:
+            env = _envelope(ident, fields)
             if env.seq <= self._latest:
                 continue
+            if env.seq != self._latest + 1:
+                # Seqs are contiguous (INCRBY N, then N entries): these were trimmed
+                # before this tailer read them.
+                log.error("event log: seqs %d..%d were gone before this node read them",
+                          self._latest + 1, env.seq - 1)
+                self.lost_seqs += env.seq - 1 - self._latest
+                if self._lost is not None:
+                    self._lost(self._latest + 1, env.seq - 1)
             self._latest = env.seq
             ring.add(env, evictable_upto=env.seq)
             if deliver is not None:
@@ -410,24 +455,34 @@ class RedisEventLog:
     async def _read(self, after: int, upto: int, limit: int) -> list[Envelope]:
         try:
             with trio.fail_after(COMMAND_TIMEOUT_S):
-                entries = await self._client.xrange(
-                    self._stream, f"{after + 1}-0", f"{upto}-0", count=limit,
+                entries: list[list[Any]] = await self._client.create_request(
+                    CommandName.XRANGE, Key(self._stream), f"{after + 1}-0", f"{upto}-0",
+                    PrefixToken.COUNT, limit, callback=NoopCallback(),
                 )
         except TRANSIENT as exc:
             raise BusUnavailable(f"cannot read the event stream: {exc}") from exc
-        return [_envelope(e) for e in entries]
+        return [_envelope(ident, fields) for ident, fields in entries]
 
 
-def _envelope(entry: StreamEntry) -> Envelope:
-    """An entry as the envelope it was submitted as, its seq spliced into the JSON."""
-    ident = entry.identifier
-    assert isinstance(ident, bytes)
+def _meta(env: Envelope) -> bytes:
+    """The entry's `m` field: what subscriptions filter on, so no node parses the JSON.
+    Unit-separated: ids and type names never hold the separator."""
+    return SEP.join((env.type.encode(), (env.session_id or "").encode(),
+                     (env.turn_id or "").encode(), (env.event_type or "").encode(),
+                     ",".join(env.lineage).encode()))
+
+
+def _envelope(ident: bytes, fields: list[bytes]) -> Envelope:
+    """An entry (its id, its fields as RESP gives them: `m`, value, `d`, value) as the
+    envelope it was submitted as, its seq spliced into the JSON."""
     seq = int(ident[: ident.index(b"-")])
-    fields = cast(dict[bytes, bytes], entry.field_values)
-    data = b'{"seq":%d,%b' % (seq, fields[b"d"][9:])
-    lineage = fields[b"l"]
+    if fields[0] == b"m":
+        meta, data = fields[1], fields[3]
+    else:  # written by something else than this module's script: by name
+        named = dict(zip(fields[::2], fields[1::2], strict=True))
+        meta, data = named[b"m"], named[b"d"]
+    type_, session_id, turn_id, event_type, lineage = meta.decode().split(_SEP)
     return Envelope(
-        seq, fields[b"t"].decode(), _text(fields[b"s"]),
-        tuple(lineage.decode().split(",")) if lineage else (),
-        _text(fields[b"u"]), _text(fields[b"e"]), None, data,
+        seq, type_, session_id or None, tuple(lineage.split(",")) if lineage else (),
+        turn_id or None, event_type or None, None, b'{"seq":%d,%b' % (seq, data[9:]),
     )

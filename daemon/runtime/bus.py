@@ -259,7 +259,7 @@ class Bus:
         self._remote: RemoteEventLog | None = None
         if getattr(log, "remote_seq", False):
             self._remote = cast(RemoteEventLog, log)
-            self._remote.attach(self._fan_out)
+            self._remote.attach(self._fan_out, self._lost)
         # Every subscriber's queue bound, and the backlog past which its chunks merge.
         self.queue_bytes = queue_bytes
         self.coalesce_after = coalesce_after
@@ -319,6 +319,15 @@ class Bus:
         if self._remote is not None:
             return await self._remote.fence()
         return self.log.latest_seq
+
+    def _lost(self, first: int, last: int) -> None:
+        """The remote log will never hand back seqs first..last: every subscriber ends
+        lagged, so it resumes with since= and its replay says `stream.gap` for them —
+        never a silent hole."""
+        log.error("bus: seqs %d..%d cannot be delivered; %d subscribers resume from the log",
+                  first, last, len(self._all))
+        for sub in tuple(self._all):
+            sub._end("lagged")
 
     def _fan_out(self, env: Envelope) -> None:
         """Offer a numbered event to the subscribers that may match it (the local log's

@@ -170,8 +170,10 @@ class RemoteEventLog(EventLog, Protocol):
     def degraded(self) -> bool:
         """The log cannot reach where seqs are assigned, or sheds chunks (/health)."""
 
-    def attach(self, deliver: Callable[[Envelope], None]) -> None:
-        """Where every numbered event goes, synchronously, in seq order."""
+    def attach(self, deliver: Callable[[Envelope], None],
+               lost: Callable[[int, int], None] | None = None) -> None:
+        """Where every numbered event goes, synchronously, in seq order; `lost(first,
+        last)`: seqs it will never hand back (a replay reports them as a gap)."""
 
     def submit(self, env: Envelope) -> None:
         """Queue an envelope built with seq 0. Synchronous, never blocks, bounded."""
