@@ -230,6 +230,8 @@ async def _open_backends(
     from daemon.cluster.redis import connect
     from daemon.eventlog.redis import RedisEventLog
 
+    # Nothing of the store is here, but the workspaces (by default) and claude-cli's home.
+    server.data_dir.mkdir(parents=True, exist_ok=True)
     store = await open_store(server, cluster)
     stack.push_async_callback(_bounded_close, store.aclose)
     redis = await stack.enter_async_context(

@@ -6,6 +6,8 @@ with every message consumed exactly once — in the store and in the session's h
 
 from __future__ import annotations
 
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
+
 import json
 from pathlib import Path
 from typing import Any

@@ -4,6 +4,8 @@ turn and wakes nothing (Stop means stop)."""
 
 from __future__ import annotations
 
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
+
 from pathlib import Path
 
 import trio

@@ -5,6 +5,8 @@ between two LLM calls, after k events of that phase."""
 
 from __future__ import annotations
 
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
+
 import json
 from pathlib import Path
 

@@ -5,6 +5,8 @@ seqs are never reused across restarts; an inbox message is never dropped."""
 
 from __future__ import annotations
 
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
+
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager

@@ -4,6 +4,8 @@ out, an exception inside a tool, too many iterations, a budget, and shutdown."""
 
 from __future__ import annotations
 
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
+
 from pathlib import Path
 
 import pytest
@@ -82,6 +84,8 @@ async def test_budget_exceeded_is_a_cancel(daemon: Running) -> None:
         )
         body = r.json()
         assert body["cancelled"] is True and body["cancelReason"] == "budget_exceeded"
+        # The answer may come before the subscriber's copy (on another node: always).
+        await rec.terminal(body["turnId"])
         stream = rec.stream(body["turnId"])
         terminal = assert_one_terminal_last(stream)
         assert terminal["data"]["details"]["reason"] == "budget_exceeded"
@@ -90,7 +94,10 @@ async def test_budget_exceeded_is_a_cancel(daemon: Running) -> None:
 
 
 async def test_shutdown_ends_running_turns(tmp_path: Path, provider: Provider) -> None:
-    async with open_daemon(tmp_path, provider) as daemon, open_recorder(daemon.ws_url) as rec:
+    # `rec` watches from the subscribers' node (on a cluster: another node than the one
+    # that stops); `own` is a client of the daemon that stops, which it closes with 1001.
+    async with open_daemon(tmp_path, provider) as daemon, open_recorder(daemon.ws_url) as rec, \
+            open_recorder(daemon.daemon.url.replace("http://", "ws://") + "/ws") as own:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(daemon.chat, mock(say=10, hang_after=4))
             turn_id = await rec.turn_of()
@@ -101,5 +108,5 @@ async def test_shutdown_ends_running_turns(tmp_path: Path, provider: Provider) -
             assert terminal["data"]["code"] == "CANCELLED"
             assert terminal["data"]["details"]["reason"] == "shutdown"
             assert_one_terminal_last(rec.stream(turn_id))
-            await rec.wait_for(lambda _: rec.closed is not None)
-            assert rec.closed is not None and rec.closed.reason.code == 1001
+            closed = await own.wait_closed()
+            assert closed.reason.code == 1001

@@ -7,6 +7,8 @@ exactly once."""
 
 from __future__ import annotations
 
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
+
 import json
 from pathlib import Path
 from typing import Any

@@ -3,6 +3,8 @@ still runs, offsets count bytes per stream, output is bounded with a truncation 
 
 from __future__ import annotations
 
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
+
 from pathlib import Path
 
 import trio

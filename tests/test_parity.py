@@ -5,6 +5,8 @@ POST /sessions/{id}/messages)."""
 
 from __future__ import annotations
 
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
+
 from itertools import groupby
 from pathlib import Path
 

@@ -8,6 +8,8 @@ or while either child's bash prints, after k such events."""
 
 from __future__ import annotations
 
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
+
 from pathlib import Path
 
 import trio
