@@ -101,13 +101,25 @@ def stop_server(server: PgServer, bin_dir: Path) -> None:
     shutil.rmtree(server.directory, ignore_errors=True)
 
 
+# One server for the whole session, however many test modules import the fixture (each
+# import is a fixture of its own to pytest): the first to set up starts it, the last to
+# tear down stops it.
+_running: list[tuple[PgServer, Path]] = []
+_users = 0
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
-    server, bin_dir = start_server()
+    global _users
+    if not _running:
+        _running.append(start_server())
+    _users += 1
     try:
-        yield server
+        yield _running[0][0]
     finally:
-        stop_server(server, bin_dir)
+        _users -= 1
+        if _users == 0:
+            stop_server(*_running.pop())
 
 
 _databases = itertools.count(1)
