@@ -263,8 +263,8 @@ class PostgresStore:
         try:
             applied = await trio.to_thread.run_sync(migrate, conn)
         except psycopg.Error as exc:
-            raise StoreError(f"cannot migrate the database {database}: "
-                             f"{_first_line(exc)}") from exc
+            failed = translate(exc, database, busy_timeout_s)  # lost: StoreUnavailable
+            raise type(failed)(f"cannot migrate the database {database}: {failed}") from exc
         finally:
             await trio.to_thread.run_sync(conn.close)
 
