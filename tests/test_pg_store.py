@@ -14,7 +14,13 @@ import pytest
 import trio
 
 from daemon.config import ClusterConfig, ServerConfig
-from daemon.errors import InboxConsumed, NodeIdInUse, OwnedElsewhere, StoreUnavailable
+from daemon.errors import (
+    InboxConsumed,
+    NodeIdInUse,
+    OwnedElsewhere,
+    StoreError,
+    StoreUnavailable,
+)
 from daemon.store import open_store
 from daemon.store.models import InboxRecord, MessageRecord, NodeRecord, TurnRecord
 from daemon.store.postgres import PostgresStore, _migrations, lock_key
@@ -247,7 +253,7 @@ async def test_a_newer_schema_is_refused(pg_url: str) -> None:  # noqa: F811
     await first.aclose()
     with psycopg.connect(pg_url) as conn:
         conn.execute("INSERT INTO veild_schema(version) VALUES (999)")
-    with pytest.raises(Exception, match="newer than this veild"):
+    with pytest.raises(StoreError, match="newer than this veild"):
         await PostgresStore.open(pg_url, node_id="a", connect_timeout_s=5)
 
 

@@ -72,6 +72,8 @@ _POOL_MIN, _POOL_MAX = 1, 8
 _ATTEMPTS = 3
 # How long a (re)connect attempt may take; libpq counts whole seconds, at least 2.
 _CONNECT_ATTEMPT_S = 2
+# The least time a call waits for a pooled connection, whatever its queueing left it.
+_MIN_WAIT_S = 0.01
 # Between attempts to reach a database that refused or did not answer.
 _RETRY_EVERY_S = 0.25
 # SQLSTATE classes that mean "not now" or "not reachable", not "wrong": connection
@@ -261,8 +263,8 @@ class PostgresStore:
         try:
             applied = await trio.to_thread.run_sync(migrate, conn)
         except psycopg.Error as exc:
-            raise StoreError(f"cannot migrate the database {database}: "
-                             f"{_first_line(exc)}") from exc
+            failed = translate(exc, database, busy_timeout_s)  # lost: StoreUnavailable
+            raise type(failed)(f"cannot migrate the database {database}: {failed}") from exc
         finally:
             await trio.to_thread.run_sync(conn.close)
 
@@ -299,12 +301,13 @@ class PostgresStore:
     async def aclose(self) -> None:
         await trio.to_thread.run_sync(self._pool.close)
 
-    def _work(self, fn: Callable[[Conn], T], tx: bool) -> T:
-        # In the worker thread: one pooled connection; a write is one transaction, tried
-        # again from the start when it lost a deadlock or a serialization check.
+    def _work(self, fn: Callable[[Conn], T], tx: bool, wait_s: float) -> T:
+        # In the worker thread: one pooled connection (waited for at most `wait_s`, what
+        # is left of the call's busy timeout); a write is one transaction, tried again
+        # from the start when it lost a deadlock or a serialization check.
         for attempt in range(_ATTEMPTS):
             try:
-                with self._pool.connection() as conn:
+                with self._pool.connection(timeout=wait_s) as conn:
                     if not tx:
                         return fn(conn)
                     with conn.transaction():
@@ -325,7 +328,8 @@ class PostgresStore:
         raise AssertionError("unreachable")
 
     async def _run(self, fn: Callable[[Conn], T], *, tx: bool) -> T:
-        with trio.move_on_after(self._busy_timeout_s) as waiting:
+        deadline = trio.current_time() + self._busy_timeout_s
+        with trio.move_on_at(deadline) as waiting:
             await self._limiter.acquire()
         if waiting.cancelled_caught:
             raise StoreUnavailable(
@@ -335,7 +339,9 @@ class PostgresStore:
             # A read may be abandoned when its caller is cancelled (its result is not
             # needed); a write is waited for, so that its caller never leaves while a
             # transaction it started may still commit.
-            return await trio.to_thread.run_sync(self._work, fn, tx, abandon_on_cancel=not tx)
+            wait_s = max(_MIN_WAIT_S, deadline - trio.current_time())
+            return await trio.to_thread.run_sync(self._work, fn, tx, wait_s,
+                                                 abandon_on_cancel=not tx)
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self._database, self._busy_timeout_s) from exc
         finally:
@@ -677,11 +683,18 @@ class PostgresStore:
         freed when the block ends, or by the server when the connection dies (the
         process with it)."""
         conn = await connect(self._url, timeout_s=self._connect_timeout_s)
+
+        def _try() -> tuple[Any, ...] | None:
+            # TCP keepalives from the server's side: a holder whose machine vanishes
+            # (no FIN, unlike a killed process) loses the lock within ~11 s, not the
+            # kernel's two hours.
+            conn.execute("SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; "
+                         "SET tcp_keepalives_count = 3")
+            return conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_key(name),)).fetchone()
+
         try:
             try:
-                row = await trio.to_thread.run_sync(
-                    lambda: conn.execute("SELECT pg_try_advisory_lock(%s)",
-                                         (lock_key(name),)).fetchone())
+                row = await trio.to_thread.run_sync(_try)
             except psycopg.Error as exc:
                 raise translate(exc, self._database, self._busy_timeout_s) from exc
             yield bool(row and row[0])
