@@ -114,7 +114,9 @@ async def open_cluster(
 
 class CrossNode(Running):
     """The invariant modules' `Running` on a cluster: the turns run on node A (its
-    `http`), the subscribers and cancels are on node B."""
+    `http`: a new session is created there, so A owns it), the subscribers and cancels
+    are on node B, and a chat to an existing session goes to node B, which routes it to
+    the owner (an injection mid-turn, or a turn started there)."""
 
     def __init__(self, a: Node, b: Node) -> None:
         super().__init__(a.daemon, a.http, a.config_path)
@@ -123,6 +125,10 @@ class CrossNode(Running):
     @property
     def url(self) -> str:
         return self.node_b.url
+
+    async def chat(self, message: str, agent: str = "assistant", **body: Any) -> httpx.Response:
+        http = self.node_b.http if body.get("sessionId") else self.http
+        return await http.post(f"/agents/{agent}/chat", json={"message": message, **body})
 
     async def cancel(self, session_id: str, scope: str | None = None) -> dict[str, Any]:
         body = {"scope": scope} if scope else None

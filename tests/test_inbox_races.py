@@ -6,8 +6,6 @@ with every message consumed exactly once — in the store and in the session's h
 
 from __future__ import annotations
 
-ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
-
 import json
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,8 @@ from tests.harness import (
     open_provider,
     open_recorder,
 )
+
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
 
 OPS = st.one_of(
     st.tuples(st.just("chat"), st.integers(1, 40)),

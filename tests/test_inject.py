@@ -4,13 +4,13 @@ turn and wakes nothing (Stop means stop)."""
 
 from __future__ import annotations
 
-ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
-
 from pathlib import Path
 
 import trio
 
 from tests.harness import Running, mock, open_recorder
+
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
 
 WAIT_FOR_GO = {"name": "bash", "arguments": {
     "command": "echo waiting; while [ ! -e go ]; do sleep 0.02; done"}}

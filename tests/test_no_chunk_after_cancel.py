@@ -5,8 +5,6 @@ between two LLM calls, after k events of that phase."""
 
 from __future__ import annotations
 
-ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
-
 import json
 from pathlib import Path
 
@@ -24,6 +22,8 @@ from tests.harness import (
     open_recorder,
     process_group_alive,
 )
+
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
 
 TICKS = "echo $$ > pgid; for i in $(seq 1 400); do echo tick $i; sleep 0.005; done"
 # The second call hangs after its chunks: the turn can only end by the cancel, so every

@@ -5,8 +5,6 @@ seqs are never reused across restarts; an inbox message is never dropped."""
 
 from __future__ import annotations
 
-ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
-
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,6 +25,8 @@ from tests.harness import (
     write_config,
 )
 from tests.process import DaemonProcess, spawn_daemon
+
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
 
 
 async def test_messages_survive_a_restart(tmp_path: Path, provider: Provider) -> None:

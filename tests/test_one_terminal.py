@@ -4,8 +4,6 @@ out, an exception inside a tool, too many iterations, a budget, and shutdown."""
 
 from __future__ import annotations
 
-ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
-
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,8 @@ from tests.harness import (
     open_daemon,
     open_recorder,
 )
+
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
 
 BASH_SLEEP = {"name": "bash", "arguments": {"command": "sleep 30", "timeoutS": 0.3}}
 

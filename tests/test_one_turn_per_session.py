@@ -7,8 +7,6 @@ exactly once."""
 
 from __future__ import annotations
 
-ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
-
 import json
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,8 @@ from typing import Any
 import trio
 
 from tests.harness import TERMINALS, Running, inbox_rows, mock, open_recorder
+
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
 
 
 def text(marker: str) -> str:

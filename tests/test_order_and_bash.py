@@ -3,13 +3,13 @@ still runs, offsets count bytes per stream, output is bounded with a truncation 
 
 from __future__ import annotations
 
-ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
-
 from pathlib import Path
 
 import trio
 
 from tests.harness import Running, mock, open_recorder
+
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
 
 
 async def test_event_order_of_a_turn(daemon: Running) -> None:

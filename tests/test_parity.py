@@ -5,8 +5,6 @@ POST /sessions/{id}/messages)."""
 
 from __future__ import annotations
 
-ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
-
 from itertools import groupby
 from pathlib import Path
 
@@ -21,6 +19,8 @@ from tests.harness import (
     open_recorder,
     spawn,
 )
+
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
 
 SCRIPT = mock(calls=[
     {"think": 4, "say": 5, "tools": [{"name": "bash", "arguments": {"command": "echo out"}}]},

@@ -8,8 +8,6 @@ or while either child's bash prints, after k such events."""
 
 from __future__ import annotations
 
-ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
-
 from pathlib import Path
 
 import trio
@@ -31,6 +29,8 @@ from tests.harness import (
     process_group_alive,
     spawn,
 )
+
+ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
 
 TICKS = "echo $$ > pgid; for i in $(seq 1 400); do echo tick $i; sleep 0.005; done"
 
