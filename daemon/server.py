@@ -196,7 +196,7 @@ async def _join_cluster(
     from daemon.cluster.control import ControlChannel
     from daemon.cluster.routing import Router
 
-    node = ClusterNode(config, config.node_id, store, cast("Degradable", event_log),
+    node = ClusterNode(config, config.node_id, store, cast("Degradable", event_log), redis,
                        stop.set)
     await node.register(url)
     channel = ControlChannel(redis, config.node_id)

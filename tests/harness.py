@@ -205,6 +205,12 @@ class Recorder:
                 raise AssertionError(f"WebSocket closed while waiting: {self.closed}")
             await self._changed.wait()
 
+    async def more(self) -> None:
+        """Until at least one more event has arrived (a cue to look at something else
+        again, e.g. the database, that changes with the events)."""
+        seen = len(self.events)
+        await self.wait_for(lambda evs: len(evs) > seen)
+
     async def wait_closed(self) -> ConnectionClosed:
         """Until the server has closed the connection (everything before it received)."""
         while self.closed is None:

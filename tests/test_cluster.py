@@ -3,6 +3,7 @@ three daemons on port 0 in this Trio run (tests/clusterkit.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from functools import partial
 from pathlib import Path
@@ -21,6 +22,11 @@ from tests.harness import (
 )
 from tests.pgserver import PgServer
 from tests.redisserver import RedisServer
+from tests.test_approvals import AGENTS as APPROVAL_AGENTS
+from tests.test_approvals import bash as approval_bash
+from tests.test_approvals import next_request
+from tests.test_approvals import script as approval_script
+from tests.test_schedules_e2e import schedule, scheduled_starts
 
 
 def backends(pg_server: PgServer, redis_server: RedisServer) -> Backends:
@@ -176,12 +182,12 @@ async def test_one_delivery_from_two_nodes_at_once_is_consumed_once(
             for i, text in enumerate(texts):
                 nursery.start_soon(post, (a, b)[i % 2], text)
 
-        def settled(_: list[dict[str, Any]]) -> bool:
+        def settled() -> bool:
             return all(r["consumed_by_turn"] is not None
                        for r in pg_rows(b, "SELECT consumed_by_turn FROM inbox"))
         with trio.fail_after(30):
-            while not settled([]):
-                await rec.wait_for(lambda evs, n=len(rec.events): len(evs) > n)
+            while not settled():  # checked again after each event the turns publish
+                await rec.more()
         rows = pg_rows(b, "SELECT content, consumed_by_turn FROM inbox ORDER BY id")
         assert len(rows) == len(texts)
         for text in texts:  # stored once each
@@ -205,3 +211,68 @@ def pg_rows(node: Node, sql: str) -> list[dict[str, Any]]:
     assert store is not None
     with psycopg.connect(store.store, row_factory=dict_row) as conn:
         return [dict(r) for r in conn.execute(sql)]  # type: ignore[arg-type]
+
+
+async def test_a_schedule_ticks_on_one_node(tmp_path: Path, provider: Provider,
+                                            pg_server: PgServer,
+                                            redis_server: RedisServer) -> None:
+    """CONTRACT §13.5: both nodes have the schedule; each tick runs once, on the node
+    that leads the scheduler, and its API answers alike on either node."""
+    extra = schedule("job", mock(say=3), every="300ms")
+    async with open_cluster(tmp_path, provider, backends(pg_server, redis_server),
+                            extra=extra) as (a, b), open_recorder(b.ws_url) as rec:
+        starts = await scheduled_starts(rec, 6)
+        for s in starts:
+            await rec.terminal(s["turnId"])
+        owners = {r["owner"] for r in pg_rows(a, "SELECT owner FROM sessions")}
+        assert len(owners) == 1, owners  # every run's session was made by one node
+        # One run per tick: two schedulers would start the same planned tick twice, at
+        # about the same moment (a loaded machine may delay one tick, never by a period).
+        gaps = [y["ts"] - x["ts"] for x, y in itertools.pairwise(starts)]
+        assert min(gaps) >= 30, gaps
+        # Either node answers for the schedule, with the leader's state.
+        on_a, on_b = (await a.http.get("/schedules")).json(), (await b.http.get("/schedules")).json()
+        [job_a], [job_b] = on_a["schedules"], on_b["schedules"]
+        assert job_a["lastRunAt"] is not None and job_b["lastRunAt"] is not None
+        assert job_a["name"] == job_b["name"] == "job"
+        # Paused on the node that does not lead: no tick after it.
+        leader = owners.pop()
+        other = b if leader == a.node_id else a
+        r = await other.http.post("/schedules/job/pause")
+        assert r.status_code == 200, r.text
+        assert r.json() == {"name": "job", "paused": True}
+        assert (await (a if other is b else b).http.get("/schedules")).json()[
+            "schedules"][0]["paused"] is True
+
+
+async def test_an_approval_asked_on_one_node_is_decided_on_another(
+        tmp_path: Path, provider: Provider, pg_server: PgServer,
+        redis_server: RedisServer) -> None:
+    """CONTRACT §13.5: a request that waits on node A is listed and decided on node B."""
+    async with open_cluster(tmp_path, provider, backends(pg_server, redis_server),
+                            extra=APPROVAL_AGENTS) as (a, b), \
+            open_recorder(b.ws_url) as rec, trio.open_nursery() as nursery:
+        replies: list[dict[str, Any]] = []
+
+        async def chat() -> None:
+            r = await a.http.post("/agents/guarded/chat", json={"message": approval_script(
+                approval_bash("echo approved"))})
+            replies.append(r.json())
+
+        nursery.start_soon(chat)
+        request = await next_request(rec)
+        approval, sid = request["data"]["approvalId"], request["sessionId"]
+        listed = (await b.http.get("/approvals")).json()["approvals"]
+        assert [x["approvalId"] for x in listed] == [approval]
+        r = await b.http.post(f"/sessions/{sid}/approvals/{approval}",
+                              json={"decision": "allow"})
+        assert r.status_code == 200, r.text
+        again = await b.http.post(f"/sessions/{sid}/approvals/{approval}",
+                                  json={"decision": "deny"})
+        assert again.status_code == 409, again.text  # the owner's answer, as it gave it
+        terminal = await rec.terminal(request["turnId"])
+        assert terminal["eventType"] == "done"
+        tool = next(e["data"] for e in rec.stream(request["turnId"])
+                    if e["eventType"] == "tool.result")
+        assert tool["content"].startswith("approved")
+        assert (await a.http.get("/approvals")).json()["approvals"] == []

@@ -97,12 +97,49 @@ async def _approvals(rt: Runtime, body: dict[str, Any]) -> Result:
     return 200, {"approvals": [a.wire() for a in pending]}
 
 
+async def _schedule(rt: Runtime, body: dict[str, Any]) -> Result:
+    """A schedule operation on the node whose scheduler runs (the cluster's leader)."""
+    from daemon.errors import NotFound
+
+    scheduler, verb, name = rt.schedules, body["verb"], str(body.get("name"))
+    if verb == "list":
+        return 200, {"schedules": scheduler.wire() if scheduler is not None else []}
+    if scheduler is None:  # an app built without the service (none is running)
+        raise NotFound(f"no schedule named {name!r}", {"schedule": name})
+    if verb == "run":
+        started = await scheduler.run_now(name)
+        return 202, {"sessionId": started.session_id, "turnId": started.turn_id}
+    if verb == "pause":
+        await scheduler.pause(name)
+        return 200, {"name": name, "paused": True}
+    if verb == "resume":
+        await scheduler.resume(name)
+        return 200, {"name": name, "paused": False}
+    raise BadRequest(f"unknown schedule operation {verb!r}")
+
+
+async def perform_on_scheduler(rt: Runtime, body: dict[str, Any]) -> Result:
+    """Schedules tick on one node of a cluster (CONTRACT §13.5): their operations run
+    there, wherever they were asked."""
+    from daemon.cluster.node import SCHEDULER_LOCK
+
+    cluster, router = rt.cluster, rt.sessions.router
+    if cluster is None or router is None or cluster.leads(SCHEDULER_LOCK):
+        return await _schedule(rt, body)
+    leader = await cluster.leader(SCHEDULER_LOCK)
+    if leader is None or leader == cluster.node_id:
+        raise ServiceUnavailable("no node of the cluster runs the schedules yet (one takes "
+                                 "over within lease_s)")
+    return await router.call(leader, "schedule", body)
+
+
 ACTIONS: dict[str, Action] = {
     "cancel": _cancel, "message": _message, "deliver": _deliver, "offer": _offer,
     "decide": _decide, "delete": _delete, "chat": _chat, "approvals": _approvals,
+    "schedule": _schedule,
 }
 # Operations on one session (they run on its owner); the others are asked of a node.
-SESSION_OPS = frozenset(ACTIONS) - {"approvals"}
+SESSION_OPS = frozenset(ACTIONS) - {"approvals", "schedule"}
 
 
 async def perform(rt: Runtime, op: str, body: dict[str, Any], *,

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from quart import Blueprint, Response, jsonify
 
+from daemon.api.actions import perform_on_scheduler
 from daemon.api.spec import BOOL, INT, STR, Op, Resp, array, documented, error, nullable, obj
-from daemon.errors import NotFound
 from daemon.runtime.core import Runtime
-from daemon.schedules.scheduler import Scheduler
 
 
-def _json(body: dict[str, object], status: int = 200) -> Response:
+def _answer(result: tuple[int, dict[str, object]]) -> Response:
+    status, body = result
     response = jsonify(body)
     response.status_code = status
     return response
@@ -39,18 +39,12 @@ def _paused(done: str, summary: str) -> Op:
 def schedule_routes(rt: Runtime) -> Blueprint:
     bp = Blueprint("schedules", __name__)
 
-    def scheduler(name: str | None = None) -> Scheduler:
-        if rt.schedules is None:  # an app built without the service (none is running)
-            raise NotFound(f"no schedule named {name!r}" if name else "no scheduler",
-                           {"schedule": name} if name else None)
-        return rt.schedules
-
     @bp.get("/schedules")
     @documented(Op("Schedules and their state (CONTRACT §11)", {
         200: Resp("every schedule", obj(["schedules"], schedules=array(_SCHEDULE))),
     }, tags=("schedules",)))
     async def list_schedules() -> Response:
-        return _json({"schedules": rt.schedules.wire() if rt.schedules is not None else []})
+        return _answer(await perform_on_scheduler(rt, {"verb": "list"}))
 
     @bp.post("/schedules/<name>/run")
     @documented(Op("Run a schedule now (also while paused)", {
@@ -59,19 +53,16 @@ def schedule_routes(rt: Runtime) -> Blueprint:
         409: error("its turn (for `same`: any turn of its session) runs"),
     }, tags=("schedules",)))
     async def run(name: str) -> Response:
-        started = await scheduler(name).run_now(name)
-        return _json({"sessionId": started.session_id, "turnId": started.turn_id}, 202)
+        return _answer(await perform_on_scheduler(rt, {"verb": "run", "name": name}))
 
     @bp.post("/schedules/<name>/pause")
     @documented(_paused("paused", "Pause a schedule"))
     async def pause(name: str) -> Response:
-        await scheduler(name).pause(name)
-        return _json({"name": name, "paused": True})
+        return _answer(await perform_on_scheduler(rt, {"verb": "pause", "name": name}))
 
     @bp.post("/schedules/<name>/resume")
     @documented(_paused("resumed", "Resume a schedule"))
     async def resume(name: str) -> Response:
-        await scheduler(name).resume(name)
-        return _json({"name": name, "paused": False})
+        return _answer(await perform_on_scheduler(rt, {"verb": "resume", "name": name}))
 
     return bp

@@ -37,6 +37,7 @@ from daemon.clock import now_ms
 from daemon.errors import StoreError
 
 if TYPE_CHECKING:
+    from daemon.cluster.redis import Client
     from daemon.config import ClusterConfig
     from daemon.runtime.ports import ClusterStore
     from daemon.runtime.sessions import SessionManager
@@ -54,8 +55,10 @@ class Degradable(Protocol):
 
 class ClusterNode:
     def __init__(self, config: ClusterConfig, node_id: str, store: ClusterStore,
-                 bus_log: Degradable, on_swept: Callable[[], None]) -> None:
+                 bus_log: Degradable, redis: Client, on_swept: Callable[[], None]) -> None:
         self.config = config
+        self._redis = redis
+        self._leading: set[str] = set()  # the services this node leads now
         self.node_id = node_id
         self._store = store
         self._log = bus_log
@@ -175,11 +178,46 @@ class ClusterNode:
                 async with self._store.try_advisory_lock(name) as held:
                     if held:
                         log.info("node %s leads %s", self.node_id, name)
-                        async with trio.open_nursery() as nursery:
-                            await nursery.start(service)
-                            # Held until the daemon stops (or the store connection is
-                            # lost, which frees the lock: then another node leads).
-                            await trio.sleep_forever()
+                        try:
+                            async with trio.open_nursery() as nursery:
+                                await nursery.start(service)
+                                # Held until the daemon stops (or the store connection
+                                # is lost, which frees the lock: then another node
+                                # leads). Other nodes find the leader under its key.
+                                self._leading.add(name)
+                                while True:
+                                    await self._announce(name)
+                                    await trio.sleep(self.period_s)
+                        finally:
+                            self._leading.discard(name)
             except StoreError as exc:
                 log.warning("%s: leadership lost: %s", name, exc)
             await trio.sleep(self.period_s)
+
+    def leads(self, name: str) -> bool:
+        return name in self._leading
+
+    async def leader(self, name: str) -> str | None:
+        """The node that leads `name` now (None: none has said so within a lease)."""
+        from daemon.cluster.redis import TRANSIENT
+
+        try:
+            with trio.fail_after(self.config.connect_timeout_s):
+                raw = await self._redis.get(_leader_key(name))
+        except TRANSIENT:
+            return None
+        return raw.decode() if raw is not None else None
+
+    async def _announce(self, name: str) -> None:
+        from daemon.cluster.redis import TRANSIENT
+
+        try:
+            with trio.fail_after(self.period_s):
+                await self._redis.set(_leader_key(name), self.node_id.encode(),
+                                      px=self.lease_ms)
+        except TRANSIENT as exc:  # trio.TooSlowError among them
+            log.warning("cannot say this node leads %s: %s", name, exc)
+
+
+def _leader_key(name: str) -> str:
+    return f"veild:leader:{name}"
