@@ -231,7 +231,8 @@ async def test_a_schedule_ticks_on_one_node(tmp_path: Path, provider: Provider,
         gaps = [y["ts"] - x["ts"] for x, y in itertools.pairwise(starts)]
         assert min(gaps) >= 30, gaps
         # Either node answers for the schedule, with the leader's state.
-        on_a, on_b = (await a.http.get("/schedules")).json(), (await b.http.get("/schedules")).json()
+        on_a = (await a.http.get("/schedules")).json()
+        on_b = (await b.http.get("/schedules")).json()
         [job_a], [job_b] = on_a["schedules"], on_b["schedules"]
         assert job_a["lastRunAt"] is not None and job_b["lastRunAt"] is not None
         assert job_a["name"] == job_b["name"] == "job"
