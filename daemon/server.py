@@ -187,7 +187,7 @@ def _listen_url(host: str, listener: socket.socket) -> str:
 async def _join_cluster(
     config: ClusterConfig, store: ClusterStore, event_log: EventLog, redis: RedisClient,
     sessions: SessionManager, services: trio.Nursery, url: str, stop: trio.Event,
-    runtime: Callable[[], Runtime],
+    runtime: Callable[[], Runtime], max_running_turns: int,
 ) -> ClusterNode:
     """This node in the cluster (CONTRACT §13): registered under its id (a live node
     with the same id: NodeIdInUse, exit 1), its control stream served (operations other
@@ -199,7 +199,11 @@ async def _join_cluster(
     node = ClusterNode(config, config.node_id, store, cast("Degradable", event_log), redis,
                        stop.set)
     await node.register(url)
-    channel = ControlChannel(redis, config.node_id)
+    # A routed JSON chat holds its call (and the owner's handler) for its whole turn: the
+    # bounds leave room for as many as turns may run, plus the short operations (a
+    # cancel must never wait behind chats).
+    room = max_running_turns + 256
+    channel = ControlChannel(redis, config.node_id, max_in_flight=room, max_handlers=room)
     await services.start(channel.serve, lambda op, body: answer_routed(runtime(), op, body))
     sessions.router = Router(config.node_id, store, channel)
     await services.start(node.serve)
@@ -297,7 +301,7 @@ async def _serve(
                 cluster = await _join_cluster(
                     config.cluster, cast("ClusterStore", store), event_log, redis,
                     sessions, services, _listen_url(server.host, listener), stop,
-                    lambda: runtime,
+                    lambda: runtime, server.max_running_turns,
                 )
             await core.start(sessions.serve)
             await services.start(serve_pruner, sessions, server.keep_days, clock)
