@@ -145,6 +145,8 @@ SESSION_OPS = frozenset(ACTIONS) - {"approvals", "schedule"}
 async def perform(rt: Runtime, op: str, body: dict[str, Any], *,
                   timeout_s: float | None = None) -> Result:
     """Run a session operation here, or on the node that owns the session."""
+    if rt.cluster is not None:
+        rt.cluster.check_bus()
     router = rt.sessions.router
     if router is not None:
         node = await router.owner(body["sessionId"])

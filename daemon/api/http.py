@@ -184,6 +184,8 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     async def chat(name: str) -> Response:
         agent = sessions.agent(name)
         req = parse.ChatRequest.parse(await body_object())
+        if rt.cluster is not None:
+            rt.cluster.check_bus()
         if sessions.router is not None and req.session_id is not None:
             node = await sessions.router.owner(req.session_id)
             if node is not None:

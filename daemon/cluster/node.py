@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from daemon.clock import now_ms
-from daemon.errors import StoreError
+from daemon.errors import ServiceUnavailable, StoreError
 
 if TYPE_CHECKING:
     from daemon.cluster.redis import Client
@@ -74,6 +74,12 @@ class ClusterNode:
     @property
     def period_s(self) -> float:
         return self.config.lease_s / 3
+
+    def check_bus(self) -> None:
+        """503 UNAVAILABLE while the bus is out of reach: what a turn would publish could
+        not reach any client (CONTRACT §13.7)."""
+        if self._log.degraded:
+            raise ServiceUnavailable("the cluster's bus (Redis) is out of reach; try again")
 
     @property
     def degraded(self) -> bool:
