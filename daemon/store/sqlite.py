@@ -269,7 +269,12 @@ class Store:
                         o.taken = True
                     busy_ms = max(_MIN_BUSY_MS, int((deadline - trio.current_time()) * 1000))
                     try:
-                        await trio.to_thread.run_sync(self._run_batch, lane, busy_ms, batch)
+                        # Shielded: taken writes run (their callers wait for them), also
+                        # when this leader is cancelled while every thread token is busy
+                        # — else the batch would be "done" without having run.
+                        with trio.CancelScope(shield=True):
+                            await trio.to_thread.run_sync(self._run_batch, lane, busy_ms,
+                                                          batch)
                     finally:
                         for o in batch:
                             o.done.set()
