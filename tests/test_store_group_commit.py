@@ -55,7 +55,7 @@ async def test_a_cancelled_leader_hands_its_batch_back(tmp_path: Path) -> None:
                         # A condition, not a timing: the batch is taken (nothing
                         # pending) and its leader waits for the token.
                         while store._pending or limiter.statistics().tasks_waiting != 1:
-                            await trio.sleep(0.001)
+                            await trio.testing.wait_all_tasks_blocked(0.001)
                     leader_scope.cancel()  # while its batch waits for a thread
                     blocker_done.set()  # (no checkpoint here: this scope is cancelled)
         # The batch ran although its leader was cancelled: both writes are stored, and
