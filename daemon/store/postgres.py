@@ -74,6 +74,8 @@ _ATTEMPTS = 3
 _CONNECT_ATTEMPT_S = 2
 # The least time a call waits for a pooled connection, whatever its queueing left it.
 _MIN_WAIT_S = 0.01
+# How long leaving an advisory lock's block may wait for the unlock and the close.
+_RELEASE_S = 5.0
 # Between attempts to reach a database that refused or did not answer.
 _RETRY_EVERY_S = 0.25
 # SQLSTATE classes that mean "not now" or "not reachable", not "wrong": connection
@@ -692,17 +694,31 @@ class PostgresStore:
                          "SET tcp_keepalives_count = 3")
             return conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_key(name),)).fetchone()
 
+        def _release() -> None:
+            # Unlocked before the close: a close returns before the server has ended
+            # the backend, and the next holder must find the lock free once this block
+            # has ended. A dead connection has freed it already.
+            try:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(name),))
+            except psycopg.Error:
+                pass
+            finally:
+                conn.close()
+
+        got = False
         try:
             try:
                 row = await trio.to_thread.run_sync(_try)
             except psycopg.Error as exc:
                 raise translate(exc, self._database, self._busy_timeout_s) from exc
-            yield bool(row and row[0])
+            got = bool(row and row[0])
+            yield got
         finally:
-            # Closing the connection frees the lock; bounded (a close does not wait on
-            # the server).
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(conn.close)
+            # Bounded: on a connection that hangs (a partition) the thread is left to
+            # end on its own; the server frees the lock when it drops the connection.
+            with trio.move_on_after(_RELEASE_S, shield=True):
+                await trio.to_thread.run_sync(_release if got else conn.close,
+                                              abandon_on_cancel=True)
 
 
 if TYPE_CHECKING:
