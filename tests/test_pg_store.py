@@ -352,23 +352,33 @@ async def test_a_lock_held_past_the_busy_timeout_is_503(pg_url: str) -> None:  #
         await store.aclose()
 
 
-async def test_lost_connections_are_replaced(pg_url: str) -> None:  # noqa: F811
+def _end_backends(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as admin:  # returns once they exited
+        admin.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+                      "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
+async def test_a_read_on_a_lost_connection_is_tried_again(pg_url: str) -> None:  # noqa: F811
     """The server ends every backend (a restart, an operator): a read is answered from a
-    fresh connection; a write that finds its connection dead answers 503 (it is not
-    retried: it might have committed) and the next one works."""
+    fresh connection."""
     store = await PostgresStore.open(pg_url, node_id="a", connect_timeout_s=5)
-
-    def end_backends() -> None:
-        with psycopg.connect(pg_url, autocommit=True) as admin:  # returns once they exited
-            admin.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
-                          "WHERE datname = current_database() AND pid <> pg_backend_pid()")
-
     try:
         await store.create_session(session("s"))
-        end_backends()
+        _end_backends(pg_url)
         got = await store.get_session("s")
         assert got is not None and got.id == "s"
-        end_backends()
+    finally:
+        await store.aclose()
+
+
+async def test_a_write_on_a_lost_connection_is_503_then_the_next_works(
+        pg_url: str) -> None:  # noqa: F811
+    """A write that finds its connection dead answers 503 (it is not retried: it might
+    have committed before the loss), and the next one gets a fresh connection."""
+    store = await PostgresStore.open(pg_url, node_id="a", connect_timeout_s=5)
+    try:
+        await store.create_session(session("s"))
+        _end_backends(pg_url)
         with pytest.raises(StoreUnavailable, match="unavailable"):
             await store.set_engine_session("s", "e1")
         await store.set_engine_session("s", "e2")
