@@ -6,7 +6,7 @@ the advisory lock, migrations, an unreachable or busy database. A real PostgreSQ
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import psycopg
@@ -24,7 +24,13 @@ from daemon.errors import (
 from daemon.store import open_store
 from daemon.store.models import InboxRecord, MessageRecord, NodeRecord, TurnRecord
 from daemon.store.postgres import PostgresStore, _migrations, lock_key
-from tests.pgserver import pg_server, pg_url  # noqa: F401  (fixtures)
+from tests.pgserver import (  # noqa: F401  (fixtures)
+    PgServer,
+    create_database,
+    drop_database,
+    pg_server,
+    pg_url,
+)
 from tests.test_store_port import delivery, running, session
 
 
@@ -39,16 +45,24 @@ async def two(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]
         await b.aclose()
 
 
+async def wait_until(condition: Callable[[], bool]) -> None:
+    """Until the server reports `condition` (polled: the server has no way to tell us)."""
+    while True:
+        if condition():
+            return
+        await trio.sleep(0.01)
+
+
 async def wait_for_lock_waiters(url: str, count: int) -> None:
     """Until `count` backends wait on a lock (the racers are both inside the race)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        while True:
+        def waiting() -> bool:
             row = conn.execute("SELECT count(*) FROM pg_stat_activity "
                                "WHERE wait_event_type = 'Lock' AND datname = current_database()"
                                ).fetchone()
-            if row is not None and row[0] >= count:
-                return
-            await trio.sleep(0.01)  # polling a condition the server reports
+            return row is not None and row[0] >= count
+
+        await wait_until(waiting)
 
 
 async def test_node_ids_leases_and_sweeping(two: tuple[PostgresStore, PostgresStore]) -> None:
@@ -219,7 +233,8 @@ async def test_advisory_lock_excludes_and_frees_with_its_connection(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
                 "AND objsubid = 1 AND classid::bigint = %s AND objid::bigint = %s",
                 ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF)).fetchall()]
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            # With a timeout it returns once the backend has exited, not on signalling it.
+            admin.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
         async with b.try_advisory_lock("sweeper") as got_b:
             assert got_b is True
 
@@ -280,6 +295,36 @@ async def test_unreachable_database_is_unavailable_within_connect_timeout(
     assert 0.7 <= elapsed < 1.0 + 3.0
 
 
+async def test_a_database_that_appears_late_is_waited_for(
+        pg_server: PgServer) -> None:  # noqa: F811
+    """The database does not exist at first (as while PostgreSQL starts up): open_store
+    retries until it does, within connect_timeout_s."""
+    url = create_database(pg_server)
+    late = url + "_late"
+    name = late.rsplit("/", 1)[1]
+    log = pg_server.directory / "server.log"
+    refused = f'database "{name}" does not exist'
+    opened: list[PostgresStore] = []
+
+    async def open_it() -> None:
+        opened.append(await open_store(ServerConfig(), ClusterConfig(
+            store=late, bus="redis://127.0.0.1:1", node_id="n", connect_timeout_s=30)))
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(open_it)
+            await wait_until(lambda: refused in log.read_text(errors="replace"))
+            with psycopg.connect(pg_server.url(), autocommit=True) as admin:
+                admin.execute(f'CREATE DATABASE "{name}"')
+        [store] = opened
+        await store.create_session(session("s"))
+        assert await store.session_owner("s") == "n"
+        await store.aclose()
+    finally:
+        drop_database(pg_server, late)
+        drop_database(pg_server, url)
+
+
 async def test_open_store_picks_postgres_for_a_cluster(pg_url: str) -> None:  # noqa: F811
     store = await open_store(ServerConfig(), ClusterConfig(
         store=pg_url, bus="redis://127.0.0.1:1", node_id="n", connect_timeout_s=5))
@@ -307,23 +352,33 @@ async def test_a_lock_held_past_the_busy_timeout_is_503(pg_url: str) -> None:  #
         await store.aclose()
 
 
-async def test_lost_connections_are_replaced(pg_url: str) -> None:  # noqa: F811
+def _end_backends(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as admin:  # returns once they exited
+        admin.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+                      "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
+async def test_a_read_on_a_lost_connection_is_tried_again(pg_url: str) -> None:  # noqa: F811
     """The server ends every backend (a restart, an operator): a read is answered from a
-    fresh connection; a write that finds its connection dead answers 503 (it is not
-    retried: it might have committed) and the next one works."""
+    fresh connection."""
     store = await PostgresStore.open(pg_url, node_id="a", connect_timeout_s=5)
-
-    def end_backends() -> None:
-        with psycopg.connect(pg_url, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                          "WHERE datname = current_database() AND pid <> pg_backend_pid()")
-
     try:
         await store.create_session(session("s"))
-        end_backends()
+        _end_backends(pg_url)
         got = await store.get_session("s")
         assert got is not None and got.id == "s"
-        end_backends()
+    finally:
+        await store.aclose()
+
+
+async def test_a_write_on_a_lost_connection_is_503_then_the_next_works(
+        pg_url: str) -> None:  # noqa: F811
+    """A write that finds its connection dead answers 503 (it is not retried: it might
+    have committed before the loss), and the next one gets a fresh connection."""
+    store = await PostgresStore.open(pg_url, node_id="a", connect_timeout_s=5)
+    try:
+        await store.create_session(session("s"))
+        _end_backends(pg_url)
         with pytest.raises(StoreUnavailable, match="unavailable"):
             await store.set_engine_session("s", "e1")
         await store.set_engine_session("s", "e2")

@@ -74,6 +74,8 @@ _ATTEMPTS = 3
 _CONNECT_ATTEMPT_S = 2
 # The least time a call waits for a pooled connection, whatever its queueing left it.
 _MIN_WAIT_S = 0.01
+# How long leaving an advisory lock's block may wait for the unlock and the close.
+_RELEASE_S = 5.0
 # Between attempts to reach a database that refused or did not answer.
 _RETRY_EVERY_S = 0.25
 # SQLSTATE classes that mean "not now" or "not reachable", not "wrong": connection
@@ -301,10 +303,12 @@ class PostgresStore:
     async def aclose(self) -> None:
         await trio.to_thread.run_sync(self._pool.close)
 
-    def _work(self, fn: Callable[[Conn], T], tx: bool, wait_s: float) -> T:
+    def _work(self, fn: Callable[[Conn], T], write: bool, tx: bool, wait_s: float) -> T:
         # In the worker thread: one pooled connection (waited for at most `wait_s`, what
-        # is left of the call's busy timeout); a write is one transaction, tried again
-        # from the start when it lost a deadlock or a serialization check.
+        # is left of the call's busy timeout); `tx`: fn's statements in one transaction
+        # (a single statement is one already: autocommit, one round trip instead of
+        # three), tried again from the start when it lost a deadlock or a serialization
+        # check.
         for attempt in range(_ATTEMPTS):
             try:
                 with self._pool.connection(timeout=wait_s) as conn:
@@ -323,11 +327,11 @@ class PostgresStore:
                 # A read is tried again on a fresh connection; a write that lost its
                 # connection is not — it may have committed before the loss (its
                 # caller gets 503 and nothing is acknowledged twice).
-                if last or not (_retryable(exc) or (lost and not tx)):
+                if last or not (_retryable(exc) or (lost and not write)):
                     raise
         raise AssertionError("unreachable")
 
-    async def _run(self, fn: Callable[[Conn], T], *, tx: bool) -> T:
+    async def _run(self, fn: Callable[[Conn], T], *, write: bool, tx: bool) -> T:
         deadline = trio.current_time() + self._busy_timeout_s
         with trio.move_on_at(deadline) as waiting:
             await self._limiter.acquire()
@@ -340,22 +344,27 @@ class PostgresStore:
             # needed); a write is waited for, so that its caller never leaves while a
             # transaction it started may still commit.
             wait_s = max(_MIN_WAIT_S, deadline - trio.current_time())
-            return await trio.to_thread.run_sync(self._work, fn, tx, wait_s,
-                                                 abandon_on_cancel=not tx)
+            return await trio.to_thread.run_sync(self._work, fn, write, tx, wait_s,
+                                                 abandon_on_cancel=not write)
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self._database, self._busy_timeout_s) from exc
         finally:
             self._limiter.release()
 
     async def _read(self, fn: Callable[[Conn], T]) -> T:
-        return await self._run(fn, tx=False)
+        return await self._run(fn, write=False, tx=False)
 
     async def _write(self, fn: Callable[[Conn], T]) -> T:
-        return await self._run(fn, tx=True)
+        """`fn`'s statements in one transaction."""
+        return await self._run(fn, write=True, tx=True)
+
+    async def _statement(self, fn: Callable[[Conn], T]) -> T:
+        """`fn` makes one write statement: a transaction of its own."""
+        return await self._run(fn, write=True, tx=False)
 
     async def _execute(self, sql: str, args: Sequence[Any] = ()) -> int:
-        """One write statement (its own transaction); returns the rows it changed."""
-        return await self._write(lambda conn: conn.execute(sql, args).rowcount)
+        """One write statement; returns the rows it changed."""
+        return await self._statement(lambda conn: conn.execute(sql, args).rowcount)
 
     async def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return await self._read(lambda conn: conn.execute(sql, args).fetchall())
@@ -442,7 +451,8 @@ class PostgresStore:
                  json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id,
                  m.created_at, turn_id))
 
-        await self._write(_append)
+        # Most messages consume nothing: one statement, no transaction around it.
+        await (self._write if m.inbox_ids else self._statement)(_append)
 
     async def messages(self, session_id: str) -> list[MessageRecord]:
         rows = await self._rows(
@@ -525,7 +535,7 @@ class PostgresStore:
     # -- inbox ----------------------------------------------------------------------------
 
     async def deliver(self, d: InboxRecord) -> InboxRecord:
-        return await self._write(lambda conn: _insert_inbox(conn, d))
+        return await self._statement(lambda conn: _insert_inbox(conn, d))
 
     async def pending_inbox(self, session_id: str) -> list[InboxRecord]:
         rows = await self._rows(
@@ -606,7 +616,7 @@ class PostgresStore:
                             now_ms: int) -> None:
         """Insert this node's row, or take over one whose lease is past (a node that
         died with this id); NodeIdInUse while a live node has it."""
-        rows = await self._write(lambda conn: conn.execute(
+        rows = await self._statement(lambda conn: conn.execute(
             "INSERT INTO nodes(node_id, url, started_at, lease_until) VALUES (%s,%s,%s,%s) "
             "ON CONFLICT (node_id) DO UPDATE SET url=excluded.url, "
             "started_at=excluded.started_at, lease_until=excluded.lease_until "
@@ -657,7 +667,7 @@ class PostgresStore:
         return await self._write(_claim)
 
     async def release_sessions(self, node_id: str) -> list[str]:
-        rows = await self._write(lambda conn: conn.execute(
+        rows = await self._statement(lambda conn: conn.execute(
             "UPDATE sessions SET owner=NULL WHERE owner=%s RETURNING id",
             (node_id,)).fetchall())
         return sorted(r[0] for r in rows)
@@ -692,17 +702,31 @@ class PostgresStore:
                          "SET tcp_keepalives_count = 3")
             return conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_key(name),)).fetchone()
 
+        def _release() -> None:
+            # Unlocked before the close: a close returns before the server has ended
+            # the backend, and the next holder must find the lock free once this block
+            # has ended. A dead connection has freed it already.
+            try:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(name),))
+            except psycopg.Error:
+                pass
+            finally:
+                conn.close()
+
+        got = False
         try:
             try:
                 row = await trio.to_thread.run_sync(_try)
             except psycopg.Error as exc:
                 raise translate(exc, self._database, self._busy_timeout_s) from exc
-            yield bool(row and row[0])
+            got = bool(row and row[0])
+            yield got
         finally:
-            # Closing the connection frees the lock; bounded (a close does not wait on
-            # the server).
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(conn.close)
+            # Bounded: on a connection that hangs (a partition) the thread is left to
+            # end on its own; the server frees the lock when it drops the connection.
+            with trio.move_on_after(_RELEASE_S, shield=True):
+                await trio.to_thread.run_sync(_release if got else conn.close,
+                                              abandon_on_cancel=True)
 
 
 if TYPE_CHECKING:
