@@ -133,8 +133,8 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     @bp.get("/health")
     @documented(Op(
         "Liveness and how many turns run", {200: Resp("the daemon is up", obj(
-            ["status", "version", "sessionsRunning"], status=STR, version=STR,
-            sessionsRunning=INT))}, public=True, tags=("operations",),
+            ["status", "version", "sessionsRunning"], status={"enum": ["ok", "degraded"]},
+            version=STR, sessionsRunning=INT, node=STR))}, public=True, tags=("operations",),
     ))
     async def health() -> Response:
         body: dict[str, Any] = {"status": "ok", "version": __version__,
