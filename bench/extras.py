@@ -80,6 +80,7 @@ async def tree_cancel(url: str, runs: int, ledger: Ledger) -> list[float]:
         {"tools": _spawns(10, 100_000, 1) + _spawns(1, 100_000, 1, wait=True)},
         {"say": "never"}]})
     out = []
+    stopped: list[str] = []  # the turns of the trees cancelled here (what is checked)
     async with open_collector(url) as col, httpx.AsyncClient(base_url=url, timeout=60) as http:
         for _ in range(runs):
             async with trio.open_nursery() as n:
@@ -95,6 +96,7 @@ async def tree_cancel(url: str, runs: int, ledger: Ledger) -> list[float]:
                 r = await http.post(f"/sessions/{root}/cancel")
                 answered = time.perf_counter()
                 pending = {c["turnId"] for c in r.json()["cancelled"]}
+                stopped.extend(pending)
                 if len(pending) != 12:
                     raise RuntimeError(f"the tree cancel stopped {len(pending)} turns, not 12")
                 await col.wait(lambda pending=pending: all(  # type: ignore[misc]
@@ -102,9 +104,14 @@ async def tree_cancel(url: str, runs: int, ledger: Ledger) -> list[float]:
                 out.append((max(col.turns[k].ended_at for k in pending) - answered) * 1000)
     # What the collector went through, in each loss line: a 1013 and a resume, or a
     # stream.gap, tells a reader's loss from the daemon's.
+    # Only the cancelled trees' turns: the collector also sees whatever else still runs
+    # on this daemon (the earlier rows' parents, woken by their children's replies), from
+    # wherever it joined them — not a prefix, and not this row's to judge.
     seen = f"the collector resumed {col.resumes}x, saw {col.gaps} gap(s)"
-    for i, t in enumerate(col.turns.values()):
-        ledger.prefix(f"tree cancel: turn {i} ({seen})", len(t.terminals), t.content)
+    for i, turn_id in enumerate(stopped):
+        t = col.turns[turn_id]
+        ledger.prefix(f"tree cancel: turn {i} {t.describe(turn_id)} ({seen})",
+                      len(t.terminals), t.content)
     return out
 
 
