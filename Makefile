@@ -1,11 +1,12 @@
 # veild — make run (demo daemon + Studio) · make test (every test) · make lint · make bench
 #         make screenshots (docs/studio/*.png, taken by the browser tests)
+#         make cluster-demo (PostgreSQL + Redis + two nodes on 7441/7442, docs/cluster.md)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: install run test lint bench screenshots clean
+.PHONY: install run test lint bench screenshots cluster-demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +34,10 @@ $(VENV)/.bench-installed: $(STAMP)
 
 bench: $(VENV)/.bench-installed
 	$(PY) -m bench.run
+
+# Debian's postgresql and redis-server; state in var/cluster-demo/ (removed by make clean).
+cluster-demo: $(STAMP)
+	$(PY) scripts/cluster_demo.py
 
 screenshots: $(STAMP)
 	VEILD_SCREENSHOTS=docs/studio $(PY) -m pytest -q tests/browser

@@ -70,8 +70,16 @@ def config_text(data_dir: Path, provider_url: str, extra: str = "") -> str:
     )
 
 
+def cluster_table(store: str, bus: str, node_id: str, lease_s: float) -> str:
+    """A node's [cluster] table (CONTRACT §13): the shared store and bus, its id."""
+    return (f'[cluster]\nstore = "{store}"\nbus = "{bus}"\nnode_id = "{node_id}"\n'
+            f"lease_s = {lease_s}\nconnect_timeout_s = 10\n")
+
+
 @asynccontextmanager
 async def open_daemon(provider_url: str, extra: str = "") -> AsyncIterator[Proc]:
+    """One `veild serve`; `extra` is appended to its config (a [cluster] table makes it
+    a cluster node, with its own data_dir as every node has)."""
     with tempfile.TemporaryDirectory(prefix="veild-bench-") as tmp:
         config = Path(tmp) / "daemon.toml"
         config.write_text(config_text(Path(tmp) / "data", provider_url, extra))

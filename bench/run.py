@@ -1,4 +1,5 @@
-"""`make bench`: issue 10's targets P1-P5 as one table, with the bare client and peers.
+"""`make bench`: issue 10's targets P1-P5 and issue 15's cluster rows C1-C3 as one table,
+with the bare client and peers.
 
 The mock provider and the daemon run as child processes (as in production); this
 process is the client. Each row: the figure (the daemon's, or a peer's), the bare
@@ -10,6 +11,7 @@ a target that does not hold is a `NO` in the table, not an exit status.
 
   P1, P2  bench/throughput.py     P3  bench/children.py (on a fresh daemon: its peak RSS)
   P4      bench/cancel.py         P5  bench/slow.py and bench/publish.py (in-process Bus)
+  C1-C3   bench/cluster.py (a two-node cluster against the embedded default)
   peers   bench/peers.py          extras  bench/extras.py, bench/publish.py (durable log)
 """
 
@@ -27,7 +29,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import cancel, children, extras, peers, publish, slow, throughput
+from bench import cancel, children, cluster, extras, peers, publish, slow, throughput
 from bench.procs import open_daemon, open_mock
 from bench.table import Ledger, Row, render
 
@@ -90,6 +92,7 @@ async def main() -> int:
             await _phase("extras", lambda: extras.extra_rows(daemon, ledger), ledger, extra)
         await _phase("P5 publish", lambda: publish.filtered(ledger), ledger, rows)
         await _phase("durable log", lambda: publish.durable_log(ledger), ledger, extra)
+        await _phase("cluster", lambda: cluster.cluster_rows(mock.url, ledger), ledger, rows)
         await _phase("peers", lambda: peers.peer_rows(mock.url, ledger, rows), ledger, rows)
     print(render([*rows, Row("-- extras (no target) --", ""), *extra], header))
     if ledger.losses:
