@@ -4,7 +4,8 @@ The server is Debian's (apt-get install postgresql; `.ci/run` installs it): init
 temporary directory — as the `postgres` user when the tests run as root, since initdb
 refuses root — listening on 127.0.0.1 on a free port, its unix socket inside that
 directory, durability off (fsync, synchronous_commit, full_page_writes: a test database
-need not survive a power cut). Stopped and removed when the session ends.
+need not survive a power cut). Stopped and removed when the session ends; one left by a
+test process killed before its teardown is removed by the next session that starts.
 
 Use: `from tests.pgserver import pg_server, pg_url` in a test module, then take `pg_url`
 (a postgresql:// URL of a new, empty database, ~50 ms to make, dropped after the test)
@@ -63,10 +64,43 @@ def _as_postgres(argv: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
 
 
+_PREFIX = "veild-pg-"
+_OWNER = "owner.pid"  # the pid of the test process that started the server in this dir
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_orphans(bin_dir: Path) -> None:
+    """Stop and remove servers left by test processes that died without their session's
+    teardown (killed by a timeout): a server started by pg_ctl outlives its parent."""
+    for directory in Path(tempfile.gettempdir()).glob(_PREFIX + "*"):
+        try:
+            owner = int((directory / _OWNER).read_text())
+        except (OSError, ValueError):
+            continue  # not ours, or still being set up
+        if owner == os.getpid() or _alive(owner):
+            continue
+        subprocess.run(
+            _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(directory / "data"),
+                          "-m", "immediate", "-w", "stop"]),
+            capture_output=True)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def start_server() -> tuple[PgServer, Path]:
     """initdb + pg_ctl start; returns the server and its bin directory."""
     bin_dir = _bin_dir()
-    directory = Path(tempfile.mkdtemp(prefix="veild-pg-"))
+    reap_orphans(bin_dir)
+    directory = Path(tempfile.mkdtemp(prefix=_PREFIX))
+    (directory / _OWNER).write_text(str(os.getpid()))
     if os.geteuid() == 0:
         shutil.chown(directory, "postgres", "postgres")
     data = directory / "data"
