@@ -423,3 +423,25 @@ async def test_a_stopped_node_leaves_at_once_and_its_sessions_move_without_a_lea
         assert owners == [("node-b",)], owners
         await fence(rec, b)
         assert_one_terminal_last(rec.stream(start["turnId"]))
+
+
+# -- 8. a session its owner created while it left ----------------------------------------
+
+async def test_a_session_owned_by_a_node_that_left_is_taken_by_the_next_node(
+    tmp_path: Path, provider: Provider, backends: Backends,
+) -> None:
+    async with open_cluster(tmp_path, provider, backends) as (a, b):
+        r = await a.http.post("/agents/plain/chat", json={"message": mock(say="on a")})
+        sid = r.json()["sessionId"]
+        # A node that is stopping releases its sessions and removes its row; a request
+        # it was still answering may create a session after that. Such a session looks
+        # like this: owned by a node that is no longer in the cluster. No sweep releases
+        # it (only expired rows are swept); the next node that needs it takes it.
+        with psycopg.connect(backends.databases[tmp_path], autocommit=True) as conn:
+            conn.execute("UPDATE sessions SET owner='node-gone' WHERE id=%s", (sid,))
+        with trio.fail_after(10):  # routed to node-gone, it would wait for its turn
+            r = await b.http.post("/agents/plain/chat",
+                                  json={"message": mock(say="on b"), "sessionId": sid})
+        assert r.status_code == 200 and r.json()["content"] == "on b", r.text
+        assert db(backends, tmp_path, "SELECT owner FROM sessions WHERE id=%s", sid) == [
+            ("node-b",)]
