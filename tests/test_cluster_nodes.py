@@ -2,7 +2,8 @@
 processes (tests/process.py) on one real PostgreSQL and one real redis-server, so a node
 can be SIGKILLed or stopped with SIGTERM like in production; what the others do about it
 is watched from a WebSocket on a surviving node, through the HTTP API and in the
-database.
+database. Where no node is killed (a lost Redis or PostgreSQL of the test's own, a
+session whose owner left), the nodes run in this Trio run (tests/clusterkit.py).
 
 A node's lease is LEASE_S (1.5 s): a dead node is swept within 2 x LEASE_S."""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -33,7 +35,7 @@ from tests.harness import (
     spawn,
     write_config,
 )
-from tests.pgserver import PgServer, drop_database
+from tests.pgserver import PgServer, _as_postgres, drop_database, start_server, stop_server
 from tests.process import DaemonProcess, spawn_daemon
 from tests.redisserver import RedisServer, free_port
 
@@ -445,3 +447,48 @@ async def test_a_session_owned_by_a_node_that_left_is_taken_by_the_next_node(
         assert r.status_code == 200 and r.json()["content"] == "on b", r.text
         assert db(backends, tmp_path, "SELECT owner FROM sessions WHERE id=%s", sid) == [
             ("node-b",)]
+
+
+# -- 6b. PostgreSQL lost while a node runs -------------------------------------------------
+
+def _pg_ctl(server: PgServer, bin_dir: Path, *args: str) -> None:
+    """pg_ctl on the test's own server. synchronous_commit on (tests/pgserver.py has it
+    off): an acknowledged commit is then in the WAL that survives a crash of the server
+    (an immediate stop), which is what "no acknowledged write is lost" is about; fsync
+    stays off, the machine does not crash."""
+    options = (f"-c listen_addresses=127.0.0.1 -c port={server.port} "
+               f"-c unix_socket_directories={server.directory} "
+               "-c fsync=off -c synchronous_commit=on -c full_page_writes=off")
+    subprocess.run(_as_postgres([
+        str(bin_dir / "pg_ctl"), "-D", str(server.directory / "data"), "-l",
+        str(server.directory / "server.log"), "-o", options, "-w", "-t", "30", *args,
+    ]), check=True, capture_output=True)
+
+
+async def test_postgres_lost_degrades_health_and_its_return_recovers(
+    tmp_path: Path, provider: Provider, redis_server: RedisServer,
+) -> None:
+    pg, bin_dir = start_server()  # a server of this test's own: it is stopped mid-test
+    _pg_ctl(pg, bin_dir, "-m", "fast", "stop")
+    _pg_ctl(pg, bin_dir, "start")  # with durable commits
+    own = Backends(pg, redis_server.url, {})
+    try:
+        async with open_cluster(tmp_path, provider, own, nodes=("node-a",)) as [a]:
+            r = await a.http.post("/agents/plain/chat", json={"message": mock(say="kept")})
+            assert r.status_code == 200, r.text
+            sid = r.json()["sessionId"]
+            _pg_ctl(pg, bin_dir, "-m", "immediate", "stop")
+            await health_becomes(a.http, "degraded")  # the next heartbeat fails
+            r = await a.http.post("/agents/plain/chat", json={"message": mock(say="no")})
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "UNAVAILABLE", r.text
+            _pg_ctl(pg, bin_dir, "start")  # the same port, its data kept
+            await health_becomes(a.http, "ok")
+            r = await a.http.post("/agents/plain/chat",
+                                  json={"message": mock(say="back"), "sessionId": sid})
+            assert r.status_code == 200 and r.json()["content"] == "back", r.text
+            messages = (await a.http.get(f"/sessions/{sid}/messages")).json()["messages"]
+            assert [m["content"] for m in messages if m["role"] == "assistant"] == [
+                "kept", "back"]
+    finally:
+        stop_server(pg, bin_dir)
