@@ -18,7 +18,7 @@ import trio
 from daemon import __version__, cli_sessions
 from daemon.cli_http import CliError, HttpFailure, call, resolve_url, unreachable
 from daemon.config import Config, check_exposure, load_config, resolve_config_path
-from daemon.errors import ConfigError, StoreError
+from daemon.errors import BusUnavailable, ConfigError, StoreError
 from daemon.observe.logs import configure_logging, one_line
 
 EXIT_CONFIG = 2
@@ -73,10 +73,14 @@ def _startup_failure(exc: BaseException, config: Config) -> str | None:
     """One line for a failure a user can act on (CONTRACT §12), else None (also when
     anything else failed with it: that keeps its traceback)."""
     leaves = _leaves(exc)
-    if not all(isinstance(leaf, (StoreError, OSError)) for leaf in leaves):
+    if not all(isinstance(leaf, (StoreError, BusUnavailable, OSError)) for leaf in leaves):
         return None
     for leaf in leaves:
+        if isinstance(leaf, BusUnavailable):  # the cluster's Redis (§13): it names it
+            return f"bus error: {leaf}"
         if isinstance(leaf, StoreError):
+            if config.cluster is not None:  # PostgreSQL: the data dir holds none of it
+                return f"store error: {leaf}"
             return f"store error: {leaf} (data dir {config.server.data_dir})"
         if isinstance(leaf, OSError):
             server = config.server

@@ -60,6 +60,12 @@ class Router:
             owner = await self._store.claim_session(session_id, self.node_id)
             if owner is None:
                 raise NotFound(f"no session {session_id!r}", {"sessionId": session_id})
+        if owner != self.node_id and await self._store.claim_orphan(
+                session_id, self.node_id, owner):
+            # Its owner is no node of the cluster (a session it created while it was
+            # leaving, after it released its sessions): no sweep will ever release it,
+            # and a request routed there would wait for an answer that never comes.
+            owner = self.node_id
         return None if owner == self.node_id else owner
 
     async def call(self, node_id: str, op: str, body: dict[str, Any], *,

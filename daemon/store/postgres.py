@@ -666,6 +666,15 @@ class PostgresStore:
 
         return await self._write(_claim)
 
+    async def claim_orphan(self, session_id: str, node_id: str, owner: str) -> bool:
+        """owner := node_id if the session's owner is still `owner` and that node has no
+        row (it left or was swept before this session was released: a session it created
+        while it stopped). True if this node took it."""
+        return await self._execute(
+            "UPDATE sessions SET owner=%s WHERE id=%s AND owner=%s "
+            "AND NOT EXISTS (SELECT 1 FROM nodes WHERE node_id=%s)",
+            (node_id, session_id, owner, owner)) == 1
+
     async def release_sessions(self, node_id: str) -> list[str]:
         rows = await self._statement(lambda conn: conn.execute(
             "UPDATE sessions SET owner=NULL WHERE owner=%s RETURNING id",
