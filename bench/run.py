@@ -13,10 +13,15 @@ a target that does not hold is a `NO` in the table, not an exit status.
   P4      bench/cancel.py         P5  bench/slow.py and bench/publish.py (in-process Bus)
   C1-C3   bench/cluster.py (a two-node cluster against the embedded default)
   peers   bench/peers.py          extras  bench/extras.py, bench/publish.py (durable log)
+
+`python -m bench.run --only p1,p3` runs only those phases (p1 p2 p3 p4 p5 extras
+publish durable cluster peers), `--repeat N` runs them N times and prints each table: a
+quicker loop while working on one row. `make bench` runs everything once.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -35,6 +40,7 @@ from bench.table import Ledger, Row, render
 
 Phase = Callable[[], Awaitable[list[Row]]]
 PHASE_LIMIT_S = 600
+PHASES = ("p1", "p2", "p3", "p4", "p5", "extras", "publish", "durable", "cluster", "peers")
 
 
 async def _phase(name: str, run: Phase, ledger: Ledger, rows: list[Row]) -> None:
@@ -73,27 +79,65 @@ def _header() -> str:
             f"{commit or '?'}, {os.cpu_count()} cores, load average {load} at the start")
 
 
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.run")
+    parser.add_argument("--only", default=",".join(PHASES),
+                        help=f"comma-separated phases: {' '.join(PHASES)}")
+    parser.add_argument("--repeat", type=int, default=1, help="run them this many times")
+    args = parser.parse_args()
+    args.only = {name.strip().lower() for name in args.only.split(",") if name.strip()}
+    unknown = args.only - set(PHASES)
+    if unknown:
+        parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
+    return args
+
+
 async def main() -> int:
+    args = _arguments()
+    status = 0
+    for _ in range(max(1, args.repeat)):
+        status = max(status, await _run(args.only))
+    return status
+
+
+async def _run(only: set[str]) -> int:
     header = _header()
     ledger = Ledger()
     rows: list[Row] = []
     extra: list[Row] = []
+    claude = extras.claude_agent
     async with open_mock() as mock:
-        async with open_daemon(mock.url, extras.claude_agent(mock.url.removesuffix("/v1"))
-                               ) as daemon:
-            await _phase("P1", lambda: throughput.p1(daemon, mock, ledger), ledger, rows)
-            await _phase("P2", lambda: throughput.p2(daemon, mock, ledger), ledger, rows)
-        async with open_daemon(mock.url) as fresh:
-            await _phase("P3", lambda: children.p3(fresh, ledger), ledger, rows)
-        async with open_daemon(mock.url, extras.claude_agent(mock.url.removesuffix("/v1"))
-                               ) as daemon:
-            await _phase("P4", lambda: cancel.p4(daemon, ledger), ledger, rows)
-            await _phase("P5 slow clients", lambda: slow.p5(daemon, ledger), ledger, rows)
-            await _phase("extras", lambda: extras.extra_rows(daemon, ledger), ledger, extra)
-        await _phase("P5 publish", lambda: publish.filtered(ledger), ledger, rows)
-        await _phase("durable log", lambda: publish.durable_log(ledger), ledger, extra)
-        await _phase("cluster", lambda: cluster.cluster_rows(mock.url, ledger), ledger, rows)
-        await _phase("peers", lambda: peers.peer_rows(mock.url, ledger, rows), ledger, rows)
+        if only & {"p1", "p2"}:
+            async with open_daemon(mock.url, claude(mock.url.removesuffix("/v1"))) as daemon:
+                if "p1" in only:
+                    await _phase("P1", lambda: throughput.p1(daemon, mock, ledger), ledger,
+                                 rows)
+                if "p2" in only:
+                    await _phase("P2", lambda: throughput.p2(daemon, mock, ledger), ledger,
+                                 rows)
+        if "p3" in only:
+            async with open_daemon(mock.url) as fresh:
+                await _phase("P3", lambda: children.p3(fresh, ledger), ledger, rows)
+        if only & {"p4", "p5", "extras"}:
+            async with open_daemon(mock.url, claude(mock.url.removesuffix("/v1"))) as daemon:
+                if "p4" in only:
+                    await _phase("P4", lambda: cancel.p4(daemon, ledger), ledger, rows)
+                if "p5" in only:
+                    await _phase("P5 slow clients", lambda: slow.p5(daemon, ledger), ledger,
+                                 rows)
+                if "extras" in only:
+                    await _phase("extras", lambda: extras.extra_rows(daemon, ledger), ledger,
+                                 extra)
+        if "publish" in only:
+            await _phase("P5 publish", lambda: publish.filtered(ledger), ledger, rows)
+        if "durable" in only:
+            await _phase("durable log", lambda: publish.durable_log(ledger), ledger, extra)
+        if "cluster" in only:
+            await _phase("cluster", lambda: cluster.cluster_rows(mock.url, ledger), ledger,
+                         rows)
+        if "peers" in only:
+            await _phase("peers", lambda: peers.peer_rows(mock.url, ledger, rows), ledger,
+                         rows)
     print(render([*rows, Row("-- extras (no target) --", ""), *extra], header))
     if ledger.losses:
         print(f"LOST: {len(ledger.losses)} problems in {ledger.turns} turns checked:")

@@ -307,3 +307,29 @@ async def test_lean_drops_a_pooled_connection_the_server_closed_while_idle(
         await _fine(daemon, "second")
         await _fine(daemon, "second")
         assert rawp.connections == 2 and len(rawp.targets) == 3
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+async def test_refused_connect(tmp_path: Path, provider: Provider, host: str,
+                               transport: str) -> None:
+    # An address is one connect (daemon.llm.transport.open_tcp); a name is resolved and
+    # each of its addresses tried. Nothing listens on the port: refused either way.
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    async with open_daemon(tmp_path, provider,
+                           extra=_extra(f"http://{host}:{port}/v1", transport)) as daemon:
+        message = await _provider_error(daemon)
+        assert "connect" in message, message
+
+
+async def test_a_named_host_is_reached(tmp_path: Path, provider: Provider,
+                                       rawp: RawProvider, transport: str) -> None:
+    """A provider named by a host name (resolved; its addresses tried in turn) is reached
+    as one named by its address is."""
+    url = rawp.url.replace("127.0.0.1", "localhost")
+    assert "localhost" in url
+    async with open_daemon(tmp_path, provider, extra=_extra(url, transport)) as daemon:
+        await _fine(daemon)
+        await _fine(daemon, "first")

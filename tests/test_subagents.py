@@ -214,3 +214,33 @@ async def test_a_session_cannot_message_itself(daemon: Running) -> None:
     messages = (await daemon.http.get(f"/sessions/{sid}/messages")).json()["messages"]
     tool = [m for m in messages if m["role"] == "tool"][-1]
     assert "cannot address the calling session itself" in tool["content"]
+
+
+async def test_a_spawned_child_sends_its_model_exactly_its_stored_history(
+        daemon: Running, provider: Provider) -> None:
+    """A new child's turn is not read back from the store (it knows the one message it
+    stored): what its model is sent must still be exactly that stored history, for a
+    waiting and a no-wait spawn alike — the task, once, as the session's only message."""
+    tasks = {wait: mock(say=f"child {'waits' if wait else 'runs free'}") for wait in (True, False)}
+    async with open_recorder(daemon.ws_url) as rec:
+        body = (await daemon.chat(mock(calls=[
+            {"tools": [spawn("plain", tasks[True]), spawn("plain", tasks[False], wait=False)]},
+            {"say": "parent done"},
+        ]))).json()
+        await rec.terminal(body["turnId"])
+        starts = [e for e in rec.stream() if e["eventType"] == "turn.start"
+                  and e["sessionId"] != body["sessionId"] and e["data"]["trigger"] == "agent_spawn"]
+        assert len(starts) == 2
+        for start in starts:
+            await rec.terminal(start["turnId"])
+    for start in starts:
+        stored = (await daemon.http.get(f"/sessions/{start['sessionId']}/messages")).json()
+        first, *rest = stored["messages"]
+        assert first["role"] == "user" and first["turnId"] == start["turnId"]
+        assert first["content"] in tasks.values()
+        assert [m["role"] for m in rest] == ["assistant"]
+        sent = [s.messages for s in provider.served if s.messages and any(
+            m.get("content") == first["content"] for m in s.messages)]
+        assert len(sent) == 1  # one LLM call: it answered without tools
+        assert [m for m in sent[0] if m["role"] != "system"] == [
+            {"role": "user", "content": first["content"]}]

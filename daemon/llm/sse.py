@@ -151,20 +151,26 @@ def split_payloads(buffer: bytearray, piece: bytes) -> list[bytes]:
     Lines end in LF, CRLF or a lone CR (the event-stream grammar). A CR that ends `piece`
     may be the first half of a CRLF: the empty line that would make is ignored like every
     blank line. Comments, blank lines and other fields (event:, id:) carry nothing the
-    payload does not.
+    payload does not. `buffer` holds only the unfinished last line (never a CR): a read
+    is split where it lies, and only a line begun in an earlier read is copied.
     """
-    buffer += piece
     if b"\r" in piece:
-        buffer[:] = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-    end = buffer.rfind(b"\n")
-    if end < 0:
+        piece = piece.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    if b"\n" not in piece:
+        buffer += piece
         if len(buffer) > LINE_MAX:
             raise ProviderError("provider sent an oversized line")
         return []
-    lines = bytes(buffer[:end]).split(b"\n")
-    del buffer[:end + 1]
-    if len(buffer) > LINE_MAX:
-        raise ProviderError("provider sent an oversized line")
+    lines = piece.split(b"\n")
+    if buffer:
+        buffer += lines[0]
+        lines[0] = bytes(buffer)
+        buffer.clear()
+    rest = lines.pop()
+    if rest:
+        if len(rest) > LINE_MAX:
+            raise ProviderError("provider sent an oversized line")
+        buffer += rest
     out: list[bytes] = []
     for line in lines:
         if line.startswith(b"data:"):

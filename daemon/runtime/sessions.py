@@ -292,17 +292,19 @@ class SessionManager:
         self, state: SessionState, message: str, trigger: str, *, turn_id: str | None = None,
         budget_tokens: int | None = None, from_session_id: str | None = None,
         inside: Turn | None = None, reply_to: str | None = None, schedule: str | None = None,
+        fresh: bool = False,
     ) -> Turn:
         """Claim the session for a new turn, or raise (Conflict: a turn runs; Unavailable:
         shutting down). Synchronous, so nothing can start a turn on the session between
         the check and the claim. Everything waiting in its inbox is handed to the turn
-        (it goes in before the first LLM call). The caller starts it (`_launch`)."""
+        (it goes in before the first LLM call). The caller starts it (`_launch`).
+        `fresh`: the session was just created and has nothing stored yet."""
         agent = self._claimable(state)
         turn_id = turn_id or new_id("turn")
         return self._new_turn(
             state, agent, state.inbox.start_turn(turn_id), message, trigger, turn_id=turn_id,
             budget_tokens=budget_tokens, from_session_id=from_session_id, parent=inside,
-            reply_to=reply_to, schedule=schedule,
+            reply_to=reply_to, schedule=schedule, fresh=fresh,
         )
 
     def _claim_drain(self, state: SessionState) -> Turn:
@@ -331,12 +333,13 @@ class SessionManager:
     def _new_turn(self, state: SessionState, agent: AgentConfig, hold: TurnHold, message: str,
                   trigger: str, *, turn_id: str, budget_tokens: int | None = None,
                   from_session_id: str | None = None, parent: Turn | None = None,
-                  reply_to: str | None = None, schedule: str | None = None) -> Turn:
+                  reply_to: str | None = None, schedule: str | None = None,
+                  fresh: bool = False) -> Turn:
         turn = Turn(
             id=turn_id, session=state, agent=agent, message=message, trigger=trigger,
             services=self.services, inbox_hold=hold, from_session_id=from_session_id,
             budget_tokens=agent.budget_tokens if budget_tokens is None else budget_tokens,
-            parent=parent, reply_to=reply_to, schedule=schedule,
+            parent=parent, reply_to=reply_to, schedule=schedule, fresh=fresh,
         )
         state.running = turn
         return turn
@@ -374,7 +377,7 @@ class SessionManager:
     async def start_turn(
         self, state: SessionState, message: str, trigger: str, *,
         from_session_id: str | None = None, inside: Turn | None = None,
-        reply_to: str | None = None, schedule: str | None = None,
+        reply_to: str | None = None, schedule: str | None = None, fresh: bool = False,
     ) -> Turn:
         """Claim the session and start a turn on it; returns once it can be cancelled.
 
@@ -382,7 +385,8 @@ class SessionManager:
         reaches this one through Trio), else in the manager's.
         """
         turn = self.claim_turn(state, message, trigger, from_session_id=from_session_id,
-                               inside=inside, reply_to=reply_to, schedule=schedule)
+                               inside=inside, reply_to=reply_to, schedule=schedule,
+                               fresh=fresh)
         nursery = inside.nursery if inside is not None else self._nursery
         assert nursery is not None
         return await self._launch(turn, nursery)

@@ -45,10 +45,10 @@ class TurnAgents:
         try:
             child = await manager.create_session(config, caller, self._call_id)
             if not wait:
-                await manager.start_turn(child, message, "agent_spawn",
+                await manager.start_turn(child, message, "agent_spawn", fresh=True,
                                          from_session_id=caller.id, reply_to=caller.id)
                 return {"sessionId": child.id, "status": "started"}
-            turn = await manager.start_turn(child, message, "agent_spawn",
+            turn = await manager.start_turn(child, message, "agent_spawn", fresh=True,
                                             from_session_id=caller.id, inside=self._turn)
         except ApiError as exc:
             raise ToolError(f"cannot spawn {agent!r}: {exc.message}") from exc

@@ -132,6 +132,9 @@ class Turn:
     parent: Turn | None = None  # the turn this one runs inside (a waiting spawn)
     reply_to: str | None = None  # the session that gets this turn's result (no-wait spawn)
     schedule: str | None = None  # the schedule that started it (trigger `schedule`, §11)
+    # The session has no stored messages before this turn's (a spawn's new child): its
+    # history is then the one message this turn stores, so it is not read back.
+    fresh: bool = False
 
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     cancel_reason: str | None = None
@@ -158,6 +161,9 @@ class Turn:
     _tool_encoders: dict[tuple[str, str, str], ev.ChunkEncoder] = field(default_factory=dict)
     # Whether the store holds this turn's row (its start was stored).
     start_stored: bool = False
+    # The session's history as this turn stored it, when it is known without reading
+    # it back (`fresh`): 1,000 spawns would otherwise queue 1,000 reads.
+    _history: list[MessageRecord] | None = None
 
     # -- the gate -------------------------------------------------------------------------
 
@@ -290,10 +296,11 @@ class Turn:
                 self.from_session_id, start_seq, self.schedule,
             ), record)
             self.start_stored = True
-            await self._append(MessageRecord(
-                "user", self.message, None, None, now_ms(),
-                tuple(i.id for i in self.inbox_hold.drained),
-            ), 0)
+            message = MessageRecord("user", self.message, None, None, now_ms(),
+                                    tuple(i.id for i in self.inbox_hold.drained))
+            await self._append(message, 0)
+            if self.fresh:  # as the store would read it back
+                self._history = [replace(message, inbox_ids=(), turn_id=self.id)]
         if persisting.cancelled_caught:
             raise StoreError(f"could not store the start of turn {self.id} in time")
 
@@ -312,7 +319,9 @@ class Turn:
 
     async def _drive(self) -> None:
         engine = self.services.engine_for(self.agent)
-        history = await self.services.store.messages(self.session.record.id)
+        history = self._history
+        if history is None:
+            history = await self.services.store.messages(self.session.record.id)
         if self.services.mcp is not None:
             # An MCP server this agent uses that has not listed its tools yet (the
             # daemon just started it) is waited for, within its startup_timeout_s:
