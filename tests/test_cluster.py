@@ -11,7 +11,9 @@ from typing import Any
 
 import trio
 
+from daemon.cluster.node import SCHEDULER_LOCK
 from daemon.config import load_config
+from daemon.store.postgres import lock_key
 from tests.clusterkit import Backends, Node, open_cluster
 from tests.harness import (
     Provider,
@@ -277,3 +279,44 @@ async def test_an_approval_asked_on_one_node_is_decided_on_another(
                     if e["eventType"] == "tool.result")
         assert tool["content"].startswith("approved")
         assert (await a.http.get("/approvals")).json()["approvals"] == []
+
+
+async def test_the_schedules_move_when_the_leaders_lock_is_lost(
+        tmp_path: Path, provider: Provider, pg_server: PgServer,
+        redis_server: RedisServer) -> None:
+    """The scheduler's lock is its leader's database connection: when that connection
+    dies with the node still up, the leader stops ticking and the other node takes
+    over — never both at once."""
+    extra = schedule("job", mock(say=2), every="200ms")
+    async with open_cluster(tmp_path, provider, backends(pg_server, redis_server),
+                            extra=extra) as (a, b), open_recorder(b.ws_url) as rec:
+        [first] = await scheduled_starts(rec, 1)
+        leader = owner_of(a, first["sessionId"])
+        key = lock_key(SCHEDULER_LOCK)
+        [pid] = [r["pid"] for r in pg_rows(a, (
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND "
+            f"classid::bigint = {(key >> 32) & 0xFFFFFFFF} AND "
+            f"objid::bigint = {key & 0xFFFFFFFF}"))]
+        pg_rows(a, f"SELECT pg_terminate_backend({pid}, 10000)")
+        # Ticks go on, now from the other node (its sessions), and none doubled.
+        with trio.fail_after(30):
+            while True:
+                starts = await scheduled_starts(rec, len(rec.turn_ids()) + 1)
+                owners = [owner_of(a, s["sessionId"]) for s in starts]
+                if owners[-1] != leader:
+                    break
+        switched = owners.index(owners[-1])
+        assert all(o == leader for o in owners[:switched])
+        # A few more ticks: all from the new leader (the old one stopped ticking).
+        starts = await scheduled_starts(rec, len(starts) + 3)
+        owners = [owner_of(a, s["sessionId"]) for s in starts]
+        assert owners[switched:] == [owners[-1]] * (len(owners) - switched)
+        for s in starts:
+            await rec.terminal(s["turnId"])
+        gaps = [y["ts"] - x["ts"] for x, y in itertools.pairwise(starts)]
+        assert min(gaps) >= 30, gaps
+
+
+def owner_of(node: Node, session_id: str) -> str:
+    [row] = pg_rows(node, f"SELECT owner FROM sessions WHERE id = '{session_id}'")
+    return str(row["owner"])

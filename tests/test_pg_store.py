@@ -215,17 +215,17 @@ async def test_advisory_lock_excludes_and_frees_with_its_connection(
         pg_url: str, two: tuple[PostgresStore, PostgresStore]) -> None:  # noqa: F811
     a, b = two
     async with a.try_advisory_lock("sweeper") as got_a:
-        assert got_a is True
+        assert got_a and await got_a.still_held()
         async with b.try_advisory_lock("sweeper") as got_b:
-            assert got_b is False
+            assert not got_b and not await got_b.still_held()
         async with b.try_advisory_lock("scheduler") as other:
-            assert other is True  # another name, another lock
+            assert other  # another name, another lock
     async with b.try_advisory_lock("sweeper") as got_b:
-        assert got_b is True
+        assert got_b
 
     # The holder's connection dies (as with its process): the server frees the lock.
     async with a.try_advisory_lock("sweeper") as got_a:
-        assert got_a is True
+        assert got_a
         with psycopg.connect(pg_url, autocommit=True) as admin:
             # A bigint key is (classid, objid) = its high and low 32 bits, objsubid 1.
             key = lock_key("sweeper")
@@ -235,8 +235,10 @@ async def test_advisory_lock_excludes_and_frees_with_its_connection(
                 ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF)).fetchall()]
             # With a timeout it returns once the backend has exited, not on signalling it.
             admin.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+        # The holder learns it (the schedule leader stops leading on this).
+        assert not await got_a.still_held()
         async with b.try_advisory_lock("sweeper") as got_b:
-            assert got_b is True
+            assert got_b
 
 
 async def test_migrations_from_two_nodes_at_once_run_once(pg_url: str) -> None:  # noqa: F811

@@ -191,9 +191,12 @@ class ClusterNode:
                                 # is lost, which frees the lock: then another node
                                 # leads). Other nodes find the leader under its key.
                                 self._leading.add(name)
-                                while True:
+                                while await held.still_held():
                                     await self._announce(name)
                                     await trio.sleep(self.period_s)
+                                log.warning("%s: the lock's connection was lost: this "
+                                            "node no longer leads it", name)
+                                nursery.cancel_scope.cancel()
                         finally:
                             self._leading.discard(name)
             except StoreError as exc:

@@ -113,7 +113,15 @@ class ClusterStore(Store, Protocol):
     async def node_running_sessions(self, node_id: str) -> list[str]: ...
 
     # one holder at a time, cluster-wide, freed when the holder's process dies
-    def try_advisory_lock(self, name: str) -> AbstractAsyncContextManager[bool]: ...
+    def try_advisory_lock(self, name: str) -> AbstractAsyncContextManager[AdvisoryLock]: ...
+
+
+class AdvisoryLock(Protocol):
+    """A held (truthy) or refused advisory lock of ClusterStore.try_advisory_lock."""
+
+    def __bool__(self) -> bool: ...
+    async def still_held(self) -> bool:
+        """False once the lock was lost with its connection."""
 
 
 class Replay(Protocol):

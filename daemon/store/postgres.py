@@ -696,11 +696,12 @@ class PostgresStore:
         return [r[0] for r in rows]
 
     @asynccontextmanager
-    async def try_advisory_lock(self, name: str) -> AsyncIterator[bool]:
+    async def try_advisory_lock(self, name: str) -> AsyncIterator[LockHold]:
         """A session-level `pg_try_advisory_lock` on a connection of its own (not the
-        pool's), held for the block: yields whether this holder got it. The lock is
-        freed when the block ends, or by the server when the connection dies (the
-        process with it)."""
+        pool's), held for the block: yields whether this holder got it (a LockHold,
+        true when held). The lock is freed when the block ends, or by the server when
+        the connection dies (the process with it) — `still_held()` tells a long
+        holder (the schedule leader) that it lost it that way."""
         conn = await connect(self._url, timeout_s=self._connect_timeout_s)
 
         def _try() -> tuple[Any, ...] | None:
@@ -729,13 +730,41 @@ class PostgresStore:
             except psycopg.Error as exc:
                 raise translate(exc, self._database, self._busy_timeout_s) from exc
             got = bool(row and row[0])
-            yield got
+            yield LockHold(got, conn, self._connect_timeout_s)
         finally:
             # Bounded: on a connection that hangs (a partition) the thread is left to
             # end on its own; the server frees the lock when it drops the connection.
             with trio.move_on_after(_RELEASE_S, shield=True):
                 await trio.to_thread.run_sync(_release if got else conn.close,
                                               abandon_on_cancel=True)
+
+
+class LockHold:
+    """An advisory lock's state as its holder sees it (truthy when held)."""
+
+    def __init__(self, held: bool, conn: psycopg.Connection[Any], timeout_s: float) -> None:
+        self._held = held
+        self._conn = conn
+        self._timeout_s = timeout_s
+
+    def __bool__(self) -> bool:
+        return self._held
+
+    async def still_held(self) -> bool:
+        """False once the lock's connection is gone (the server has freed the lock: a
+        second holder may have it now)."""
+        if not self._held:
+            return False
+
+        def _ping() -> None:
+            self._conn.execute("SELECT 1")
+
+        try:
+            with trio.fail_after(self._timeout_s):
+                await trio.to_thread.run_sync(_ping, abandon_on_cancel=True)
+        except (psycopg.Error, trio.TooSlowError):
+            self._held = False
+        return self._held
 
 
 if TYPE_CHECKING:
