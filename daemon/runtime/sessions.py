@@ -196,6 +196,10 @@ class SessionManager:
 
     async def create_session(self, agent: AgentConfig, parent: SessionState | None = None,
                              spawn_tool_call_id: str | None = None) -> SessionState:
+        if self.closing:
+            # No new session once the stop began: it could not run a turn here, and in
+            # a cluster it would be owned by a node that has already left.
+            raise Unavailable("the daemon is shutting down")
         now = now_ms()
         sid = new_id("ses")
         record = SessionRecord(
