@@ -15,7 +15,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
@@ -27,6 +27,7 @@ from daemon.engines.anthropic import AnthropicEngine
 from daemon.engines.base import Engine
 from daemon.engines.claude_cli import ClaudeCliEngine
 from daemon.engines.openai import OpenAIEngine
+from daemon.errors import ServiceUnavailable
 from daemon.eventlog.sqlite import SqliteEventLog
 from daemon.httpserver import Connections, HttpServer, bind_socket
 from daemon.llm.anthropic_client import AnthropicClient
@@ -184,10 +185,17 @@ def _listen_url(host: str, listener: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class _Late:
+    """The runtime, once it is built. The node serves its control stream before that
+    (while it recovers its own turns): what other nodes route to it meanwhile is 503."""
+
+    value: Runtime | None = None
+
+
 async def _join_cluster(
     config: ClusterConfig, store: ClusterStore, event_log: EventLog, redis: RedisClient,
     sessions: SessionManager, services: trio.Nursery, url: str, stop: trio.Event,
-    runtime: Callable[[], Runtime], max_running_turns: int,
+    runtime: _Late, max_running_turns: int,
 ) -> ClusterNode:
     """This node in the cluster (CONTRACT §13): registered under its id (a live node
     with the same id: NodeIdInUse, exit 1), its control stream served (operations other
@@ -204,7 +212,14 @@ async def _join_cluster(
     # cancel must never wait behind chats).
     room = max_running_turns + 256
     channel = ControlChannel(redis, config.node_id, max_in_flight=room, max_handlers=room)
-    await services.start(channel.serve, lambda op, body: answer_routed(runtime(), op, body))
+
+    async def answer(op: str, body: dict[str, Any]) -> dict[str, Any]:
+        rt = runtime.value
+        if rt is None:  # still recovering its own turns: the caller retries (503)
+            raise ServiceUnavailable(f"node {config.node_id} is starting")
+        return await answer_routed(rt, op, body)
+
+    await services.start(channel.serve, answer)
     sessions.router = Router(config.node_id, store, channel)
     await services.start(node.serve)
     return node
@@ -296,12 +311,13 @@ async def _serve(
             )
             sessions = SessionManager(config, store, bus, turn_services)
             listener = bind_socket(server.host, server.port)
+            late = _Late()
             if config.cluster is not None:
                 assert redis is not None
                 cluster = await _join_cluster(
                     config.cluster, cast("ClusterStore", store), event_log, redis,
                     sessions, services, _listen_url(server.host, listener), stop,
-                    lambda: runtime, server.max_running_turns,
+                    late, server.max_running_turns,
                 )
             await core.start(sessions.serve)
             await services.start(serve_pruner, sessions, server.keep_days, clock)
@@ -314,7 +330,8 @@ async def _serve(
             else:  # a schedule ticks on one node of the cluster (CONTRACT §13.5)
                 await services.start(cluster.serve_leader, SCHEDULER_LOCK, scheduler.serve)
                 await services.start(cluster.serve_sweeper, sessions)
-            runtime = Runtime(config, store, bus, sessions, mcp, scheduler, clock, cluster)
+            runtime = late.value = Runtime(config, store, bus, sessions, mcp, scheduler,
+                                           clock, cluster)
             connections = Connections()
             http_server = HttpServer(
                 build_app(runtime, connections, metrics),

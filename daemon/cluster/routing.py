@@ -7,13 +7,14 @@ manager is the one authority on "one turn per session". Another node routes the
 operation over the owner's control stream (cluster/control.py) and answers with the
 owner's result, its status and body unchanged.
 
-A session whose owner was swept (a dead node, cluster/sweeper.py) has no owner: the
+A session whose owner was swept (a dead node: cluster/node.py's sweeper) has no owner: the
 next node that gets a request for it claims it with a compare-and-set in the store.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from daemon.errors import ApiError, NotFound, ServiceUnavailable
@@ -84,8 +85,11 @@ class Router:
             raise RoutedError(exc.status, exc.code, exc.message, exc.details) from exc
         return int(reply.get("status", 200)), dict(reply.get("body") or {})
 
-    async def gather(self, op: str, body: dict[str, Any], *, local: Any,
-                     rt: Any) -> list[dict[str, Any]]:
+    async def gather(
+        self, op: str, body: dict[str, Any], *,
+        local: Callable[[Any, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]],
+        rt: Any,
+    ) -> list[dict[str, Any]]:
         """Ask every live node for its part (e.g. its pending approvals) and put the
         answers together, oldest first. A node that does not answer in time is left
         out (logged): its turns' requests reappear once it answers again."""

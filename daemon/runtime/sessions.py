@@ -145,6 +145,7 @@ class SessionManager:
         for session_id in session_ids:
             pending = await self.store.pending_inbox(session_id)
             if pending:
+                self._offer(pending)
                 await self.hand_over(pending)
 
     async def interrupt(self, turn: TurnRecord, message: str) -> list[InboxRecord]:
@@ -472,16 +473,16 @@ class SessionManager:
         return item
 
     async def hand_over(self, items: Sequence[InboxRecord]) -> None:
-        """Stored deliveries (replies a turn owed): each waking session is woken here,
-        or, when another node owns it, the entries go to that node, which offers them
-        to its in-memory inbox and wakes the session there."""
+        """Stored deliveries (replies a turn owed), already offered to the inboxes in
+        this node's memory (`_offer`): each waking session is woken here, or, when
+        another node owns it, the entries go to that node, which offers them to its
+        in-memory inbox and wakes the session there."""
         by_session: dict[str, list[InboxRecord]] = {}
         for item in items:
             by_session.setdefault(item.session_id, []).append(item)
         for session_id, entries in by_session.items():
             node = await self.router.owner(session_id) if self.router is not None else None
-            if node is None:
-                self._offer(entries)  # in memory: offered (an entry offered twice is one)
+            if node is None:  # offered already (by whoever stored them): wake it
                 if any(i.wakes for i in entries):
                     await self._wake(session_id)
                 continue
