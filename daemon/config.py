@@ -31,6 +31,9 @@ TOOL_NAMES = ("bash", "agent_spawn", "agent_message")
 # separator of the NAME__TOOL names the model sees).
 MCP_NAME = re.compile(r"[a-z0-9_-]+")
 LOG_FORMATS = ("text", "json")
+SANDBOX_MODES = ("auto", "bwrap", "none")  # CONTRACT §16
+# An environment variable's name, as `env` / `env_pass` take it.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,11 @@ class ServerConfig:
     # CONTRACT §12: idle trees whose last update is older than this many days are
     # deleted at start and daily; 0 keeps everything.
     keep_days: int = 0
+    # CONTRACT §16: how each bash call is confined: "auto" (bubblewrap when it works
+    # here, tried once at start), "bwrap" (must work, else exit 2) or "none"; and more
+    # paths the sandbox hides, beyond the data dir, the config's dir and the home.
+    sandbox: str = "auto"
+    sandbox_hide: tuple[Path, ...] = ()
 
     @property
     def auth_token(self) -> str | None:
@@ -140,6 +148,12 @@ class AgentConfig:
     approve: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
     approval_timeout_s: float = 0.0
+    # CONTRACT §16: what of the daemon's environment its tool processes get besides the
+    # minimal base and `env` (names copied when set); whether its sandboxed bash may use
+    # the network; `sandbox = false` runs its bash unsandboxed (the escape hatch).
+    env_pass: tuple[str, ...] = ()
+    network: bool = False
+    sandbox: bool = True
 
 
 @dataclass(frozen=True)
@@ -157,6 +171,9 @@ class McpServerConfig:
     startup_timeout_s: float = 30.0
     # ... and one tool call within this (progress does not extend it).
     call_timeout_s: float = 300.0
+    # CONTRACT §16: names copied from the daemon's environment (when set) into a stdio
+    # server's, on top of the MCP SDK's default inherited set and `env`.
+    env_pass: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -322,9 +339,44 @@ def _server(file: str, table: Any) -> ServerConfig:
         allow_unauthenticated=r.get("allow_unauthenticated", bool, False),
         log_format=_log_format(r),
         keep_days=r.positive_int("keep_days", 0, minimum=0),
+        sandbox=_sandbox_mode(r),
+        sandbox_hide=_absolute_paths(r, "sandbox_hide"),
     )
     r.check_unknown()
     return cfg
+
+
+def _sandbox_mode(r: _Reader) -> str:
+    value: str = r.get("sandbox", str, "auto")
+    if value not in SANDBOX_MODES:
+        raise r.fail("sandbox", f'must be "auto", "bwrap" or "none", got {value!r}')
+    return value
+
+
+def _absolute_paths(r: _Reader, key: str) -> tuple[Path, ...]:
+    paths = []
+    for value in _strings(r, key):
+        path = Path(value)
+        if not path.is_absolute():
+            raise r.fail(key, f"{value!r} is not an absolute path")
+        paths.append(path)
+    return tuple(paths)
+
+
+def _env_names(r: _Reader, key: str) -> tuple[str, ...]:
+    names = r.get(key, list, [])
+    for name in names:
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+            raise r.fail(key, f"expected environment variable names, got {name!r}")
+    return tuple(names)
+
+
+def _env_table(r: _Reader, key: str) -> dict[str, str]:
+    table = _string_table(r, key)
+    for name in table:
+        if not ENV_NAME.fullmatch(name):
+            raise r.fail(key, f"{name!r} is not an environment variable name")
+    return table
 
 
 def _log_format(r: _Reader) -> str | None:
@@ -435,13 +487,15 @@ def _mcp_server(file: str, name: str, table: Any, base: Path) -> McpServerConfig
     if url is not None and not url.startswith(("http://", "https://")):
         raise r.fail("url", "must be an http(s) URL")
     cfg = McpServerConfig(
-        name=name, command=command, args=tuple(args), env=_string_table(r, "env"),
+        name=name, command=command, args=tuple(args), env=_env_table(r, "env"),
         cwd=cwd, url=url, headers=_string_table(r, "headers"),
         startup_timeout_s=r.positive_seconds("startup_timeout_s", 30.0),
         call_timeout_s=r.positive_seconds("call_timeout_s", 300.0),
+        env_pass=_env_names(r, "env_pass"),
     )
-    if url is not None and (cfg.args or cfg.env):
-        raise r.fail("args" if cfg.args else "env", "only for a stdio server (command)")
+    if url is not None and (cfg.args or cfg.env or cfg.env_pass):
+        key = "args" if cfg.args else "env" if cfg.env else "env_pass"
+        raise r.fail(key, "only for a stdio server (command)")
     if command is not None and cfg.headers:
         raise r.fail("headers", "only for a Streamable HTTP server (url)")
     r.check_unknown()
@@ -532,9 +586,7 @@ def _agent(
     args = r.get("args", list, [])
     if not all(isinstance(a, str) for a in args):
         raise r.fail("args", "must be a list of strings")
-    env = r.get("env", dict, {})
-    if not all(isinstance(v, str) for v in env.values()):
-        raise r.fail("env", "values must be strings")
+    env = _env_table(r, "env")
     home = r.get("home", str, None)
     cfg = AgentConfig(
         name=name,
@@ -558,6 +610,9 @@ def _agent(
         approve=_patterns(r, "approve"),
         deny=_patterns(r, "deny"),
         approval_timeout_s=_non_negative_seconds(r, "approval_timeout_s"),
+        env_pass=_env_names(r, "env_pass"),
+        network=r.get("network", bool, False),
+        sandbox=r.get("sandbox", bool, True),
     )
     if engine == "claude-cli" and (cfg.approve or cfg.deny):
         # The CLI runs its own tools: a rule that looked applied but was not would be

@@ -44,6 +44,7 @@ from daemon.runtime.ports import EventLog, Store
 from daemon.runtime.pruner import serve_pruner
 from daemon.runtime.sessions import SessionManager
 from daemon.runtime.turn import TurnServices
+from daemon.sandbox import Sandbox, open_sandbox
 from daemon.schedules.launch import SessionLauncher
 from daemon.schedules.scheduler import Scheduler
 from daemon.sdnotify import notify, serve_status, serve_watchdog
@@ -108,7 +109,7 @@ def _engine_factory(
 
     def engine_for(agent: AgentConfig) -> Engine:
         if agent.engine == "claude-cli":
-            return ClaudeCliEngine(agent, config.server.data_dir / "claude-home")
+            return ClaudeCliEngine(agent)
         # Config validation gives these engines a provider of a type they speak.
         assert agent.provider is not None
         if agent.engine == "anthropic":
@@ -165,6 +166,7 @@ async def serve_daemon(
     WebSockets get 1001 either way.
     """
     check_exposure(config)  # before anything listens (CONTRACT §3.1)
+    sandbox = await open_sandbox(config)  # CONTRACT §16: tried once, here
     stop = trio.Event()
     async with trio.open_nursery() as outer:
         if handle_signals:
@@ -175,7 +177,7 @@ async def serve_daemon(
             store, event_log, redis = await _open_backends(config, backends)
             async with trio.open_nursery() as core:
                 await _serve(config, store, event_log, redis, core, stop, task_status,
-                             clock)
+                             clock, sandbox)
                 core.cancel_scope.cancel()
         outer.cancel_scope.cancel()
 
@@ -263,7 +265,7 @@ async def _open_backends(
 async def _serve(
     config: Config, store: Store, event_log: EventLog, redis: RedisClient | None,
     core: trio.Nursery, stop: trio.Event, task_status: trio.TaskStatus[Daemon],
-    clock: Clock = SYSTEM_CLOCK,
+    clock: Clock = SYSTEM_CLOCK, sandbox: Sandbox | None = None,
 ) -> None:
     server = config.server
     bus = Bus(event_log, queue_bytes=server.stream_queue_bytes,
@@ -307,7 +309,7 @@ async def _serve(
                             if config.cluster is not None else server.data_dir / "workspaces"),
                 grace_s=server.shutdown_grace_s,
                 slots=trio.CapacityLimiter(server.max_running_turns),
-                mcp=mcp,
+                mcp=mcp, sandbox=sandbox or Sandbox(),
             )
             sessions = SessionManager(config, store, bus, turn_services)
             listener = bind_socket(server.host, server.port)

@@ -133,12 +133,15 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     @bp.get("/health")
     @documented(Op(
         "Liveness and how many turns run", {200: Resp("the daemon is up", obj(
-            ["status", "version", "sessionsRunning"], status={"enum": ["ok", "degraded"]},
-            version=STR, sessionsRunning=INT, node=STR))}, public=True, tags=("operations",),
+            ["status", "version", "sessionsRunning", "sandbox"],
+            status={"enum": ["ok", "degraded"]}, version=STR, sessionsRunning=INT,
+            sandbox={"enum": ["bwrap", "none"]}, node=STR))},
+        public=True, tags=("operations",),
     ))
     async def health() -> Response:
         body: dict[str, Any] = {"status": "ok", "version": __version__,
-                                "sessionsRunning": sessions.running_count}
+                                "sessionsRunning": sessions.running_count,
+                                "sandbox": rt.sandbox.mode}  # CONTRACT §16
         if rt.cluster is not None:  # CONTRACT §13: the node, and whether it lost a backend
             body["node"] = rt.cluster.node_id
             if rt.cluster.degraded:
@@ -148,13 +151,15 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     @bp.get("/agents")
     @documented(Op(
         "The configured agents", {200: Resp("every agent", obj(["agents"], agents=array(obj(
-            ["name", "engine", "model", "tools"], name=STR, engine=STR, model=STR,
-            tools=array(STR)))))}, tags=("agents",),
+            ["name", "engine", "model", "tools", "sandboxed"], name=STR, engine=STR,
+            model=STR, tools=array(STR), sandboxed=BOOL))))}, tags=("agents",),
     ))
     async def agents() -> Response:
+        # `sandboxed`: whether its bash runs in the sandbox (CONTRACT §16): Studio and
+        # the CLI mark the sessions of an agent that does not.
         return _json({"agents": [
             {"name": a.name, "engine": a.engine, "model": a.model,
-             "tools": rt.mcp.agent_tools(a)}
+             "tools": rt.mcp.agent_tools(a), "sandboxed": rt.sandboxed(a)}
             for a in rt.config.agents.values()
         ]})
 

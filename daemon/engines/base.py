@@ -129,6 +129,7 @@ class EngineContext(Protocol):
     history: Sequence[MessageRecord]  # the session so far, this turn's user message last
     tools: Sequence[Tool]
     workspace: Path  # the session's working directory
+    session_id: str  # veild's session (VEILD_SESSION_ID of a tool process)
     engine_session_id: str | None  # what the engine named last turn (EngineSessionNamed)
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:

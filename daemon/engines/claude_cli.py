@@ -3,7 +3,10 @@
     COMMAND -p --output-format stream-json --verbose --include-partial-messages
             [--model M] [--max-turns N] [--resume SESSION] ARGS...   (message on stdin)
 
-runs in the session's workspace, in its own process group, with its own HOME. Its
+runs in the session's workspace, in its own process group, with the tool environment
+of CONTRACT §16 (daemon/toolenv.py: HOME is the workspace unless `home` or `env_pass`
+say otherwise; nothing else of the daemon's environment, its token and keys above all,
+unless `env` / `env_pass` give it). Its
 stdout is one JSON object per line; `StreamJson` maps them to engine events:
 
     system/init                      -> EngineSessionNamed (resumed by the next turn)
@@ -23,7 +26,6 @@ ProviderError; cancel (the turn closes this generator) kills the process group a
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections import deque
 from collections.abc import AsyncGenerator
@@ -54,6 +56,7 @@ from daemon.errors import MaxIterationsError, ProviderError
 from daemon.llm.sse import json_object
 from daemon.procgroup import stop_group
 from daemon.store.models import MessageRecord, TokenUsage
+from daemon.toolenv import tool_environment
 from daemon.tools.base import ToolOutcome
 
 MAX_LINE = 16 * 1024 * 1024  # the init line lists every tool and command: tens of KB
@@ -251,9 +254,8 @@ class _Lines:
 
 
 class ClaudeCliEngine:
-    def __init__(self, agent: AgentConfig, default_home: Path) -> None:
+    def __init__(self, agent: AgentConfig) -> None:
         self.agent = agent
-        self.home = agent.home or default_home
 
     def argv(self, resume: str | None) -> list[str]:
         agent = self.agent
@@ -268,9 +270,10 @@ class ClaudeCliEngine:
     async def run(self, ctx: EngineContext) -> AsyncGenerator[EngineEvent, None]:
         message = ctx.history[-1].content if ctx.history else ""
         ctx.workspace.mkdir(parents=True, exist_ok=True)
-        self.home.mkdir(parents=True, exist_ok=True)
+        home = (self.agent.home or ctx.workspace).resolve()
+        home.mkdir(parents=True, exist_ok=True)
         stderr_path = ctx.workspace / ".claude-cli.stderr"
-        env = {**os.environ, "HOME": str(self.home), **self.agent.env}
+        env = tool_environment(self.agent, ctx.session_id, home)
         try:
             with stderr_path.open("wb") as stderr:
                 process = await trio.lowlevel.open_process(

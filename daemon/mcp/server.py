@@ -21,7 +21,6 @@ Everything that goes wrong becomes an error result naming the server: the turn g
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -37,6 +36,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from daemon.clock import now_ms
 from daemon.config import McpServerConfig
 from daemon.mcp.names import model_name
+from daemon.toolenv import mcp_environment
 from daemon.tools.base import ToolContext, ToolOutcome
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,9 @@ class McpServer:
             return
         assert cfg.command is not None
         params = StdioServerParameters(
-            command=cfg.command, args=list(cfg.args), env={**os.environ, **cfg.env},
+            # CONTRACT §16: the SDK's default inherited set plus env / env_pass, not the
+            # daemon's environment (a server's tool could hand it to the model).
+            command=cfg.command, args=list(cfg.args), env=mcp_environment(cfg),
             cwd=cfg.cwd)
         async with stdio_client(params) as (read, write):
             yield read, write

@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from daemon.clock import SYSTEM_CLOCK, Clock
-from daemon.config import Config
+from daemon.config import AgentConfig, Config
 from daemon.mcp.manager import McpManager
 from daemon.runtime.approvals import Approvals
 from daemon.runtime.bus import Bus
 from daemon.runtime.ports import Store
 from daemon.runtime.sessions import SessionManager
+from daemon.sandbox import Sandbox
 
 if TYPE_CHECKING:
     from daemon.cluster.node import ClusterNode
@@ -29,6 +30,21 @@ class Runtime:
     schedules: Scheduler | None = None
     clock: Clock = SYSTEM_CLOCK  # what "older than" is measured from (DELETE /sessions)
     cluster: ClusterNode | None = None  # this node, with [cluster] (CONTRACT §13)
+
+    @property
+    def sandbox(self) -> Sandbox:
+        """How bash calls run (CONTRACT §16), as tried at start."""
+        return self.sessions.services.sandbox
+
+    def sandboxed(self, agent: AgentConfig) -> bool:
+        """False when the agent can run commands outside the sandbox: its bash with
+        `sandbox = false` or no sandbox in force, or the claude-cli engine (its CLI
+        runs its own tools, unsandboxed)."""
+        if agent.engine == "claude-cli":
+            return False
+        if "bash" not in agent.tools:
+            return True
+        return agent.sandbox and self.sandbox.bwrap is not None
 
     @property
     def approvals(self) -> Approvals:

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -45,6 +46,7 @@ from daemon.runtime.bus import Bus
 from daemon.runtime.inbox import TurnHold
 from daemon.runtime.ports import Store
 from daemon.runtime.state import SessionState
+from daemon.sandbox import Sandbox
 from daemon.store.models import (
     InboxRecord,
     MessageRecord,
@@ -52,6 +54,7 @@ from daemon.store.models import (
     TokenUsage,
     TurnRecord,
 )
+from daemon.toolenv import tool_environment
 from daemon.tools.base import SubAgents, Tool, ToolContext, ToolError, ToolOutcome
 
 log = logging.getLogger(__name__)
@@ -83,6 +86,8 @@ class TurnServices:
     approvals: Approvals = field(default_factory=Approvals)
     # The daemon's metrics: a turn counts itself running, and reports itself at its end.
     metrics: Metrics | None = None
+    # CONTRACT §16: the sandbox each bash call runs in (none by default).
+    sandbox: Sandbox = field(default_factory=Sandbox)
 
 
 @dataclass(frozen=True)
@@ -432,21 +437,31 @@ class Turn:
         elif refused is not None:
             outcome = refused
         else:
-            sub_agents = self.services.sub_agents
-            ctx = ToolContext(
-                session_id=self.session.record.id,
-                tool_call_id=call_id,
-                workspace=self.workspace,
-                emit_chunk=self._emit_tool_chunk,
-                default_timeout_s=self.agent.bash_timeout_s,
-                max_output_bytes=self.agent.bash_max_output_bytes,
-                agents=sub_agents(self, call_id) if sub_agents is not None else None,
-            )
             try:
-                outcome = await tool.run(ctx, args)
+                outcome = await tool.run(self._tool_context(call_id), args)
             except ToolError as exc:
                 outcome = ToolOutcome(str(exc), is_error=True)
         return outcome, int((trio.current_time() - started) * 1000)
+
+    def _tool_context(self, call_id: str) -> ToolContext:
+        sub_agents = self.services.sub_agents
+        agent, session_id = self.agent, self.session.record.id
+        workspace = self.workspace.resolve()  # HOME, and the path bubblewrap binds
+        sandbox = self.services.sandbox
+        confine: Callable[[Sequence[str]], list[str]] = list
+        if agent.sandbox and sandbox.bwrap is not None:
+            confine = partial(sandbox.wrap, workspace=workspace, network=agent.network)
+        return ToolContext(
+            session_id=session_id,
+            tool_call_id=call_id,
+            workspace=self.workspace,
+            emit_chunk=self._emit_tool_chunk,
+            default_timeout_s=agent.bash_timeout_s,
+            max_output_bytes=agent.bash_max_output_bytes,
+            agents=sub_agents(self, call_id) if sub_agents is not None else None,
+            env=tool_environment(agent, session_id, workspace),
+            confine=confine,
+        )
 
     async def _approval(self, call_id: str, name: str, args: Any) -> ToolOutcome | None:
         """Wait for a person's decision on this call (CONTRACT §9): None to run it, else
@@ -594,6 +609,7 @@ class _EngineContext:
         self.history: Sequence[MessageRecord] = history
         self.tools: Sequence[Tool] = list(turn.tools.values())
         self.workspace = turn.workspace
+        self.session_id = turn.session.record.id
         self.engine_session_id = turn.session.record.engine_session_id
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:

@@ -1,16 +1,16 @@
 """What a tool is and what it is given.
 
-A tool gets a ToolContext: the session's workspace, its limits, and `emit_chunk`, the
-turn's gated publisher for live output. It returns a ToolOutcome. Failures the model
-should see (bad arguments, a non-zero exit, a timeout) are outcomes with
-`is_error=True`; a ToolError raised inside `run` becomes one too. Anything else is a
-bug and ends the turn in INTERNAL_ERROR.
+A tool gets a ToolContext: the session's workspace, its limits, the environment and
+sandbox its processes get, and `emit_chunk`, the turn's gated publisher for live
+output. It returns a ToolOutcome. Failures the model should see (bad arguments, a
+non-zero exit, a timeout) are outcomes with `is_error=True`; a ToolError raised inside
+`run` becomes one too. Anything else is a bug and ends the turn in INTERNAL_ERROR.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,6 +51,10 @@ class ToolContext:
     default_timeout_s: float
     max_output_bytes: int
     agents: SubAgents | None = None  # None where sub-agents are not available
+    # CONTRACT §16: the whole environment a tool process starts with (daemon/toolenv.py)
+    # and its argv as it runs confined (daemon/sandbox.py; as it is when unsandboxed).
+    env: Mapping[str, str] = field(default_factory=dict)
+    confine: Callable[[Sequence[str]], list[str]] = list
 
 
 class Tool(Protocol):

@@ -1,11 +1,12 @@
 """`bash {command, timeoutS?}`: runs in the session's workspace and streams its output.
 
-The command runs under a per-call supervisor (`supervise.py`, a child subreaper in a
-session of its own, see docs/tools.md): the tool ends when bash exits — not when its
-pipes close, which a background job may hold for ever — and then, or on cancel
-(SIGTERM to the supervisor) or timeout, every process the command started is killed:
-background jobs, `setsid` and daemonised children too. stdout and stderr are read
-concurrently and each read is published at once as a `tool.chunk` with its byte
+The command runs with the tool environment (daemon/toolenv.py), in its sandbox when
+there is one (daemon/sandbox.py), under a per-call supervisor (`supervise.py`, a child
+subreaper in a session of its own, see docs/tools.md): the tool ends when bash exits —
+not when its pipes close, which a background job may hold for ever — and then, or on
+cancel (SIGTERM to the supervisor) or timeout, every process the command started is
+killed: background jobs, `setsid` and daemonised children too. stdout and stderr are
+read concurrently and each read is published at once as a `tool.chunk` with its byte
 offset. The result keeps at most `max_output_bytes` of output and says how much it
 dropped.
 """
@@ -93,8 +94,11 @@ class BashTool:
         ctx.workspace.mkdir(parents=True, exist_ok=True)
         capture = _Capture(ctx.max_output_bytes)
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-I", "-S", str(SUPERVISOR), command],
-            cwd=ctx.workspace,
+            # The supervisor gets the tool's environment too: bash can read its
+            # parent's /proc/PID/environ when it runs unsandboxed.
+            [sys.executable, "-I", "-S", str(SUPERVISOR),
+             *ctx.confine(["bash", "-c", command])],
+            cwd=ctx.workspace, env=dict(ctx.env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

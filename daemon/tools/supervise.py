@@ -1,4 +1,5 @@
-"""The supervisor of one bash tool call: `python -I -S supervise.py COMMAND` (Linux).
+"""The supervisor of one bash tool call: `python -I -S supervise.py ARGV...` (Linux),
+where ARGV is `bash -c COMMAND`, or bubblewrap running it (daemon/sandbox.py).
 
 It is a separate, tiny process (standard library only, run without site) so that the
 daemon never adopts anybody's orphans:
@@ -7,8 +8,8 @@ daemon never adopts anybody's orphans:
    command started that outlives its parent — a background job once bash is gone, a
    `setsid` child, a daemon that double-forked — is reparented to this process instead
    of to init, so it is still within reach.
-2. It runs `bash -c COMMAND` in a process group of its own (bash's `$$` is its pgid)
-   with the inherited stdin/stdout/stderr; bash gets SIGKILL should this process die
+2. It runs ARGV in a process group of its own (bash's `$$` is its pgid) with the
+   inherited stdin/stdout/stderr and environment; it gets SIGKILL should this process die
    (`PR_SET_PDEATHSIG`, which is safe here: this process forks from its only thread).
 3. It waits for bash to exit — not for the pipes to close, which a background job may
    hold for ever — or for SIGTERM/SIGINT/SIGHUP (the daemon's cancel or timeout), or
@@ -111,22 +112,22 @@ def _exit_code(status: int | None) -> int:
     return code if code >= 0 else 128 - code
 
 
-def _exec_bash(command: str) -> None:
-    """In the forked child: bash in its own group, killed if the supervisor dies."""
+def _exec_child(argv: list[str]) -> None:
+    """In the forked child: ARGV in its own group, killed if the supervisor dies."""
     try:
         for sig in SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
         os.setpgid(0, 0)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        os.execvp("bash", ["bash", "-c", command])
+        os.execvp(argv[0], argv)
     except BaseException as exc:  # the child must never return to the caller
-        os.write(2, f"veild: cannot run bash: {exc}\n".encode())
+        os.write(2, f"veild: cannot run {argv[0]}: {exc}\n".encode())
     os._exit(127)
 
 
 def main() -> int:
-    command = sys.argv[1]
+    argv = sys.argv[1:]
     daemon = os.getppid()
     _watch(daemon)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -137,7 +138,7 @@ def main() -> int:
         try:
             bash = os.fork()
             if bash == 0:
-                _exec_bash(command)
+                _exec_child(argv)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
         while status is None:

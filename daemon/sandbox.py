@@ -1,0 +1,173 @@
+"""The bubblewrap sandbox of each bash call (CONTRACT §16).
+
+A sandboxed call runs as
+
+    supervise.py  bwrap --unshare-all [--share-net] --die-with-parent --new-session
+                        --cap-drop ALL --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp
+                        --tmpfs HIDDEN...  --bind WS WS  --remount-ro HIDDEN...
+                        --chdir WS -- bash -c COMMAND
+
+- the whole file system read-only, its workspace read-write at the same path (its cwd
+  and HOME); a private /tmp; each hidden path an empty read-only directory: the data
+  dir (other sessions' workspaces, the database, the event log), the cluster's
+  workspaces root, the config file's directory, the daemon user's home and
+  `[server] sandbox_hide`. The workspace is bound after the hidden paths are mounted,
+  so inside a hidden data dir only this session's workspace is there;
+- its own PID namespace with a fresh /proc: no other process of the machine — the
+  daemon's environment in /proc/PID/environ above all — is visible. bubblewrap ends as
+  soon as bash (the namespace's first process) ends, and `--die-with-parent` then kills
+  the namespace's init, so the kernel kills everything else in it: a background job,
+  a `setsid` or double-forked child, a nested `unshare`;
+- its own network namespace (only its own loopback: the daemon's port is not there)
+  unless the agent says `network = true`; no capabilities, a new session (no TIOCSTI
+  into a terminal).
+
+The supervisor (tools/supervise.py) still runs outside, as for an unsandboxed call:
+cancel and timeout signal it, it kills bubblewrap, and as a subreaper it then adopts
+and reaps the namespace's init — which the kernel lets go only once every process of
+the namespace is dead. So when the tool returns nothing it started is left, as seen
+from the host's /proc (docs/security.md has the figures).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from daemon.config import Config
+from daemon.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 10.0
+BASE_ARGS = ("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp")
+PRIVATE_TMP = Path("/tmp")
+INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)"
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """bubblewrap's path and what it hides, or no sandbox (`bwrap` None)."""
+
+    bwrap: str | None = None
+    hide: tuple[Path, ...] = ()
+    # Why `auto` fell back to none (for the log and `veild doctor`).
+    why_none: str | None = None
+
+    @property
+    def mode(self) -> str:
+        return "none" if self.bwrap is None else "bwrap"
+
+    def wrap(self, argv: Sequence[str], workspace: Path, *, network: bool) -> list[str]:
+        """`argv` as it runs inside this sandbox for `workspace` (absolute)."""
+        if self.bwrap is None:
+            return list(argv)
+        args = [self.bwrap, *BASE_ARGS]
+        if network:
+            args.append("--share-net")
+        dirs, files = _hidden(self.hide, workspace)
+        for path in dirs:
+            args += ["--tmpfs", str(path)]
+        for path in files:  # a hidden file reads as empty
+            args += ["--ro-bind", "/dev/null", str(path)]
+        args += ["--bind", str(workspace), str(workspace)]
+        for path in dirs:
+            args += ["--remount-ro", str(path)]
+        return [*args, "--chdir", str(workspace), "--", *argv]
+
+
+def _within(path: Path, parent: Path) -> bool:
+    return path == parent or parent in path.parents
+
+
+def _hidden(hide: Iterable[Path], workspace: Path) -> tuple[list[Path], list[Path]]:
+    """The directories to mount empty, outermost first, and the files to mount empty:
+    those that exist now, not under the private /tmp (nothing of the host's /tmp is
+    there), not under another hidden directory (already gone) and neither the workspace
+    nor inside it (the session's own work)."""
+    dirs: list[Path] = []
+    files: list[Path] = []
+    for path in sorted(set(hide), key=lambda p: len(p.parts)):
+        if (_within(path, PRIVATE_TMP) or _within(path, workspace)
+                or any(_within(path, outer) for outer in dirs)):
+            continue
+        if path.is_dir():
+            dirs.append(path)
+        elif path.exists():
+            files.append(path)
+    return dirs, files
+
+
+def hidden_paths(config: Config) -> tuple[Path, ...]:
+    """What every sandbox hides (CONTRACT §16), resolved: symlinks to them lead into
+    the empty directory too."""
+    server = config.server
+    paths = [server.data_dir, config.path.parent, *server.sandbox_hide]
+    if config.cluster is not None:
+        paths.append(config.cluster.workspaces_in(server.data_dir))
+    for home in (os.environ.get("HOME"), _passwd_home()):
+        if home:
+            paths.append(Path(home))
+    resolved = {Path(os.path.realpath(p)) for p in paths}
+    resolved.discard(Path("/"))  # a home of "/" (some system users) hides nothing
+    return tuple(sorted(resolved))
+
+
+def _passwd_home() -> str | None:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except (ImportError, KeyError):
+        return None
+
+
+async def probe(bwrap: str) -> str | None:
+    """Runs `true` in a sandbox like a call's: None when it worked, else why not."""
+    try:
+        with trio.fail_after(PROBE_TIMEOUT_S):
+            done = await trio.run_process(
+                [bwrap, *BASE_ARGS, "--", "true"], stdin=subprocess.DEVNULL,
+                capture_stdout=True, capture_stderr=True, check=False,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    except trio.TooSlowError:
+        return f"{bwrap} did not finish a trial run within {PROBE_TIMEOUT_S:g}s"
+    except OSError as exc:
+        return f"cannot run {bwrap}: {exc.strerror or exc}"
+    if done.returncode != 0:
+        err = " ".join(done.stderr.decode("utf-8", "replace").split())[:300]
+        return f"{bwrap} failed a trial run (exit {done.returncode}): {err or 'no output'}"
+    return None
+
+
+async def open_sandbox(config: Config) -> Sandbox:
+    """`[server] sandbox` in force: `auto` tries bubblewrap once and falls back to none
+    with one WARNING; `bwrap` that does not work is a ConfigError (exit 2)."""
+    mode = config.server.sandbox
+    if mode == "none":
+        return Sandbox(why_none='[server] sandbox = "none"')
+    bwrap = shutil.which("bwrap")
+    why = "bwrap is not on PATH" if bwrap is None else await probe(bwrap)
+    if why is not None:
+        if mode == "bwrap":
+            raise ConfigError(str(config.path), "server.sandbox",
+                              f'"bwrap" does not work here: {why}; {INSTALL_HINT}')
+        log.warning("sandbox: none: bash calls run unsandboxed (%s); %s", why, INSTALL_HINT)
+        return Sandbox(why_none=why)
+    assert bwrap is not None
+    sandbox = Sandbox(bwrap, hidden_paths(config))
+    log.info("sandbox: bwrap (%s); hidden: %s", bwrap,
+             ", ".join(str(p) for p in sandbox.hide))
+    for agent in config.agents.values():
+        if not agent.sandbox and "bash" in agent.tools:
+            log.warning("sandbox: agent %s runs its bash unsandboxed (sandbox = false)",
+                        agent.name)
+    return sandbox
