@@ -55,6 +55,11 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         trio.run(main)
     except BaseException as exc:  # trio raises what nurseries collect as groups
+        leaves = _leaves(exc)
+        if all(isinstance(leaf, ConfigError) for leaf in leaves):
+            # Found at start, not in the file: `sandbox = "bwrap"` that does not work.
+            print(one_line(f"config error: {leaves[0]}", log_format), file=sys.stderr)
+            return EXIT_CONFIG
         line = _startup_failure(exc, config)
         if line is None:
             raise

@@ -1,7 +1,8 @@
 """`veild doctor` (CONTRACT §12): checks what `veild serve` will need, from the config
 read locally, without starting anything: the config itself, the data dir writable, each
-provider and MCP server reachable, the claude CLI found, and the daemon at `--url` when
-given. One line per check; the exit code says whether any failed."""
+provider and MCP server reachable, the claude CLI found, the sandbox that bash calls
+will get (CONTRACT §16), and the daemon at `--url` when given. One line per check; the
+exit code says whether any failed."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+import trio
 
 from daemon.cli_http import error_line, headers
 from daemon.config import Config, load_config, resolve_config_path
 from daemon.errors import ConfigError
+from daemon.sandbox import INSTALL_HINT, probe
 
 CONNECT_TIMEOUT_S = 3.0
 
@@ -72,6 +75,27 @@ def daemon_check(url: str) -> str | None:
     return None
 
 
+def sandbox_line(config: Config) -> tuple[str, bool]:
+    """What `[server] sandbox` comes to on this machine (CONTRACT §16), and whether
+    that is a failure: only `bwrap` that does not work is; `auto` falling back to
+    none is a warning that says how to install it."""
+    mode = config.server.sandbox
+    unsandboxed = sorted(a.name for a in config.agents.values()
+                         if "bash" in a.tools and not a.sandbox)
+    tail = (f"; agents with sandbox = false (bash unsandboxed): {', '.join(unsandboxed)}"
+            if unsandboxed else "")
+    if mode == "none":
+        return f'sandbox: none ([server] sandbox = "none": bash runs unsandboxed){tail}', False
+    bwrap = shutil.which("bwrap")
+    why = "bwrap is not on PATH" if bwrap is None else trio.run(probe, bwrap)
+    if why is None:
+        return f"sandbox: ok (bwrap: {bwrap}){tail}", False
+    if mode == "bwrap":
+        return f'sandbox: FAIL: [server] sandbox = "bwrap" but {why}; {INSTALL_HINT}', True
+    return (f"sandbox: none — WARNING: bash runs unsandboxed ({why}); {INSTALL_HINT}"
+            f"{tail}"), False
+
+
 def checks(config: Config, url: str | None) -> Iterator[Check]:
     yield f"data dir {config.server.data_dir}", lambda: data_dir_check(config.server.data_dir)
     for p in config.providers.values():
@@ -108,6 +132,10 @@ def run(config_path: str | None, url: str | None) -> int:
         return 1
     print(f"config {path}: ok")
     failed = []
+    line, sandbox_failed = sandbox_line(config)
+    print(line, flush=True)
+    if sandbox_failed:
+        failed.append("sandbox")
     for name, check in checks(config, url):
         why = check()
         print(f"{name}: {'ok' if why is None else 'FAIL: ' + why}", flush=True)

@@ -25,9 +25,11 @@ class DaemonProcess:
 
 @asynccontextmanager
 async def spawn_daemon(config: Path, *, log_level: str = "WARNING",
-                       stderr: Any = None) -> AsyncIterator[DaemonProcess]:
-    """`stderr`: where the daemon's log goes (a file object; None: inherited)."""
-    env = {**os.environ, "VEILD_LOG": log_level}
+                       stderr: Any = None,
+                       env: dict[str, str] | None = None) -> AsyncIterator[DaemonProcess]:
+    """`stderr`: where the daemon's log goes (a file object; None: inherited); `env`:
+    its whole environment (default: this process's)."""
+    env = {**(os.environ if env is None else env), "VEILD_LOG": log_level}
     process = await trio.lowlevel.open_process(
         [sys.executable, "-m", "daemon", "serve", "--config", str(config)],
         stdout=-1, stderr=stderr, env=env,

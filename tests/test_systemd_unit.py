@@ -70,7 +70,9 @@ def test_the_unit_is_hardened() -> None:
     for key in ("NoNewPrivileges", "ProtectHome", "PrivateTmp"):
         assert one(key) == "yes", key
     assert one("ProtectSystem") == "strict"
-    assert one("SystemCallFilter") == "@system-service"
+    # The sandbox (CONTRACT §16): bubblewrap needs namespaces and mount(2) inside them.
+    assert one("SystemCallFilter") == "@system-service @mount"
+    assert "RestrictNamespaces" not in keys
     assert set(one("RestrictAddressFamilies").split()) == {"AF_UNIX", "AF_INET", "AF_INET6"}
     assert int(one("LimitNOFILE")) >= 4096
     # The data dir given to veild is the one place it may write.
