@@ -27,7 +27,9 @@ import httpx
 import pytest
 import trio
 
-from tests.harness import mock, open_recorder
+from daemon.config import load_config
+from daemon.errors import ConfigError
+from tests.harness import mock, open_daemon, open_provider, open_recorder
 from tests.process import DaemonProcess, spawn_daemon
 from tests.test_bash_escapes import _escapees, _markers, alive
 
@@ -380,3 +382,55 @@ def test_doctor_says_what_the_sandbox_is(site: Site, secrets: Secrets) -> None:
     write_config(site, 'sandbox = "bwrap"')
     strict = _veild_cli("doctor", "--config", str(site.config), path=bash_only)
     assert strict.returncode == 1 and "sandbox: FAIL" in strict.stdout, strict.stdout
+
+
+async def test_the_suites_daemons_run_sandboxed(tmp_path: Path) -> None:
+    """Every §5 invariant module that runs bash uses tests/harness.py's daemon: with
+    bubblewrap installed (.ci/run) that daemon is sandboxed, so they pass sandboxed."""
+    async with open_provider() as provider, open_daemon(tmp_path, provider) as d:
+        assert (await d.http.get("/health")).json()["sandbox"] == "bwrap"
+        r = await d.chat(script("cat /proc/1/cmdline | tr '\\0' ' '; echo; ls /proc | "
+                                "grep -c '^[0-9]'"))
+        result = next(m["content"] for m in (await d.http.get(
+            f"/sessions/{r.json()['sessionId']}/messages")).json()["messages"]
+            if m["role"] == "tool")
+        # The namespace's init is bubblewrap's; the host's processes are not there.
+        assert result.split()[0].endswith("/bwrap"), result
+        assert int(result.split("\n")[1]) <= 5, result
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ('[server]\nsandbox = "docker"\n', "server.sandbox"),
+    ("[server]\nsandbox = true\n", "server.sandbox"),
+    ('[server]\nsandbox_hide = ["relative/path"]\n', "server.sandbox_hide"),
+    ('[server]\nsandbox_hide = "/etc"\n', "server.sandbox_hide"),
+    ('[agents.a]\nprovider = "p"\nmodel = "m"\nnetwork = "yes"\n', "agents.a.network"),
+    ('[agents.a]\nprovider = "p"\nmodel = "m"\nsandbox = "off"\n', "agents.a.sandbox"),
+    ('[agents.a]\nprovider = "p"\nmodel = "m"\nenv_pass = ["A-B"]\n', "agents.a.env_pass"),
+    ('[agents.a]\nprovider = "p"\nmodel = "m"\nenv_pass = "HOME"\n', "agents.a.env_pass"),
+    ('[agents.a]\nprovider = "p"\nmodel = "m"\nenv = {"1X" = "v"}\n', "agents.a.env"),
+])
+def test_sandbox_keys_are_checked(tmp_path: Path, text: str, key: str) -> None:
+    path = tmp_path / "daemon.toml"
+    path.write_text('[providers.p]\ntype = "mock"\n' + text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == key, info.value
+
+
+def test_sandbox_keys_and_their_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "daemon.toml"
+    path.write_text('[providers.p]\ntype = "mock"\n[agents.d]\nprovider = "p"\nmodel = "m"\n'
+                    '[agents.a]\nprovider = "p"\nmodel = "m"\nnetwork = true\n'
+                    'sandbox = false\nenv = {K = "v"}\nenv_pass = ["HOME", "X_1"]\n'
+                    '[server]\nsandbox = "bwrap"\nsandbox_hide = ["/srv/secrets"]\n')
+    config = load_config(path)
+    assert config.server.sandbox == "bwrap"
+    assert config.server.sandbox_hide == (Path("/srv/secrets"),)
+    a, d = config.agents["a"], config.agents["d"]
+    assert (a.network, a.sandbox, dict(a.env), a.env_pass) == (
+        True, False, {"K": "v"}, ("HOME", "X_1"))
+    assert (d.network, d.sandbox, dict(d.env), d.env_pass) == (False, True, {}, ())
+    default = tmp_path / "default.toml"
+    default.write_text("")
+    assert load_config(default).server.sandbox == "auto"
