@@ -59,6 +59,9 @@ class Sandbox:
 
     bwrap: str | None = None
     hide: tuple[Path, ...] = ()
+    # An empty regular file bound over each hidden file (a device such as /dev/null
+    # cannot be opened on bubblewrap's nodev binds).
+    empty: Path = Path("/nonexistent")
     # Why `auto` fell back to none (for the log and `veild doctor`).
     why_none: str | None = None
 
@@ -77,7 +80,7 @@ class Sandbox:
         for path in dirs:
             args += ["--tmpfs", str(path)]
         for path in files:  # a hidden file reads as empty
-            args += ["--ro-bind", "/dev/null", str(path)]
+            args += ["--ro-bind", str(self.empty), str(path)]
         args += ["--bind", str(workspace), str(workspace)]
         for path in dirs:
             args += ["--remount-ro", str(path)]
@@ -130,6 +133,17 @@ def _passwd_home() -> str | None:
         return None
 
 
+def _empty_file(data_dir: Path) -> Path:
+    """DATA_DIR/sandbox-empty: a file of no bytes, made read-only (it is hidden itself,
+    like all of the data dir; bubblewrap reads bind sources from the host's view)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = Path(os.path.realpath(data_dir / "sandbox-empty"))
+    if not path.is_file() or path.stat().st_size:
+        path.unlink(missing_ok=True)
+        path.touch(mode=0o444)
+    return path
+
+
 async def probe(bwrap: str) -> str | None:
     """Runs `true` in a sandbox like a call's: None when it worked, else why not."""
     try:
@@ -163,7 +177,7 @@ async def open_sandbox(config: Config) -> Sandbox:
         log.warning("sandbox: none: bash calls run unsandboxed (%s); %s", why, INSTALL_HINT)
         return Sandbox(why_none=why)
     assert bwrap is not None
-    sandbox = Sandbox(bwrap, hidden_paths(config))
+    sandbox = Sandbox(bwrap, hidden_paths(config), empty=_empty_file(config.server.data_dir))
     log.info("sandbox: bwrap (%s); hidden: %s", bwrap,
              ", ".join(str(p) for p in sandbox.hide))
     for agent in config.agents.values():

@@ -434,3 +434,26 @@ def test_sandbox_keys_and_their_defaults(tmp_path: Path) -> None:
     default = tmp_path / "default.toml"
     default.write_text("")
     assert load_config(default).server.sandbox == "auto"
+
+
+async def test_sandbox_hide_hides_a_directory_and_a_file(site: Site, secrets: Secrets) -> None:
+    secret_dir = site.root / "vault"
+    secret_dir.mkdir()
+    (secret_dir / "key.pem").write_text(secrets.token)
+    secret_file = site.root / "token.env"
+    secret_file.write_text(f"TOKEN={secrets.token}\n")
+    link = site.root / "to-data"  # a symlink to a hidden path leads into the empty one
+    link.symlink_to(site.data)
+    async with open_veild(site, secrets, server=(
+            f'sandbox_hide = ["{secret_dir}", "{secret_file}"]')) as v:
+        result, _ = await v.bash(
+            f"exec 2>&1; ls -A {secret_dir}; echo ==; cat {secret_dir}/key.pem; echo ==; "
+            f"wc -c < {secret_file}; echo ==; ls -A {link}/; echo ==; ls -A {site.root}; "
+            f"echo x > {secret_file} || echo NOT-WRITTEN")
+    assert_no_secret(v, result)
+    sections = result.split("==\n")
+    assert sections[0] == "", result  # an empty directory in its place
+    assert sections[2].strip() == "0", result  # an empty file in its place
+    assert sections[3].strip() == "workspaces", result
+    assert "token.env" in sections[4] and "NOT-WRITTEN" in result, result
+    assert secret_file.read_text() == f"TOKEN={secrets.token}\n"
