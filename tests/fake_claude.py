@@ -13,8 +13,13 @@ It reads the message from stdin; a line `#fake {...}` in it says what to do:
 
 It keeps a marker per conversation under $HOME/.fake-claude and, like the real CLI,
 fails (exit 1, "No conversation found") when told to --resume one it does not have.
-Every run appends {argv, home, cwd, pid} to `fake-claude-runs.jsonl` in its working
-directory, so tests can check what veild ran (--resume, HOME, the process group).
+Every run appends {argv, home, cwd, pid, env} to `fake-claude-runs.jsonl` in its working
+directory, and to the file $FAKE_CLAUDE_LOG names when that is set, so tests can check
+what veild ran (--resume, HOME, the process group) and with which environment: `env` is
+the whole environment it was started with, names and values (/proc/self/environ where
+there is one: Python itself may add LC_CTYPE to os.environ, PEP 538). Since CONTRACT §16
+a value reaches it only through `[agents.X] env` / `env_pass`, so that is how a test
+sets FAKE_CLAUDE_LOG.
 Lines are the real CLI's: system init/status/thinking_tokens, stream_event (message_start,
 content blocks with thinking/signature/text/input_json deltas, message_delta,
 message_stop), one `assistant` line per content block, `user` tool_result lines, and
@@ -31,6 +36,18 @@ import uuid
 from typing import Any
 
 
+def environment() -> dict[str, str]:
+    """The environment this process was started with, names and values."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return dict(os.environ)
+    pairs = (item.decode("utf-8", "surrogateescape").partition("=")
+             for item in raw.split(b"\0") if item)
+    return {name: value for name, _, value in pairs}
+
+
 def main() -> int:
     message = sys.stdin.read()
     spec: dict[str, Any] = {}
@@ -38,9 +55,12 @@ def main() -> int:
         if line.startswith("#fake "):
             spec = json.loads(line[len("#fake "):])
     argv = sys.argv[1:]
-    with open("fake-claude-runs.jsonl", "a") as runs:
-        runs.write(json.dumps({"argv": argv, "home": os.environ.get("HOME"),
-                               "cwd": os.getcwd(), "pid": os.getpid()}) + "\n")
+    run = json.dumps({"argv": argv, "home": os.environ.get("HOME"), "cwd": os.getcwd(),
+                      "pid": os.getpid(), "env": environment()}) + "\n"
+    for log in ("fake-claude-runs.jsonl", os.environ.get("FAKE_CLAUDE_LOG")):
+        if log:
+            with open(log, "a") as runs:
+                runs.write(run)
     session = argv[argv.index("--resume") + 1] if "--resume" in argv else str(uuid.uuid4())
     # Like the real CLI, it keeps its conversations under HOME and refuses to resume one
     # it does not have.

@@ -8,11 +8,13 @@ Environment: MCP_TEST_RECORD (a file each cancellation the server receives, and 
 start, is appended to), MCP_TEST_START_DELAY (seconds to wait before serving: a slow
 start), MCP_TEST_FAIL_START (exit 3 at once: a server that cannot start), MCP_TEST_FAIL_IF_EXISTS
 (exit 3 at once if that file exists: a server whose restarts fail), MCP_TEST_ECHO
-(any value: reported by the `where` tool with the cwd).
+(any value: reported by the `where` tool with the cwd). The `get_env` tool (like
+server-everything's `get-env`) returns the whole environment it was started with.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -77,6 +79,25 @@ async def crash() -> str:
 async def where() -> str:
     """The server's cwd and MCP_TEST_ECHO."""
     return f"cwd={os.getcwd()} echo={os.environ.get('MCP_TEST_ECHO', '')}"
+
+
+def started_environment() -> dict[str, str]:
+    """The environment this process was started with (/proc/self/environ where there is
+    one: Python may add LC_CTYPE to os.environ itself, PEP 538)."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return dict(os.environ)
+    pairs = (item.decode("utf-8", "surrogateescape").partition("=")
+             for item in raw.split(b"\0") if item)
+    return {name: value for name, _, value in pairs}
+
+
+@app.tool()
+async def get_env() -> str:
+    """The environment the server was started with, names and values, as JSON."""
+    return json.dumps(started_environment(), sort_keys=True)
 
 
 @app.tool()

@@ -93,7 +93,7 @@ async def test_stream_maps_to_the_same_events_as_openai(claude: Running) -> None
     assert [m["role"] for m in stored["messages"]] == ["user", "assistant", "tool", "assistant"]
 
 
-async def test_next_turn_resumes_the_cli_session_with_its_own_home(
+async def test_next_turn_resumes_the_cli_session_in_its_workspace_home(
     claude: Running, tmp_path: Path
 ) -> None:
     first = (await claude.chat(fake(), agent="claude")).json()
@@ -105,12 +105,34 @@ async def test_next_turn_resumes_the_cli_session_with_its_own_home(
     resumed = two["argv"][two["argv"].index("--resume") + 1]
     [row] = db_rows(tmp_path, f"SELECT engine_session_id FROM sessions WHERE id = '{sid}'")
     assert resumed and resumed == row["engine_session_id"]
-    assert one["home"] == two["home"] == str(tmp_path / "data" / "claude-home")
-    assert one["cwd"] == str(tmp_path / "data" / "workspaces" / sid)
+    # CONTRACT §16: its HOME is the session's workspace (where it keeps the conversation
+    # it resumed), the workspace is its cwd.
+    workspace = str(tmp_path / "data" / "workspaces" / sid)
+    assert one["home"] == two["home"] == one["env"]["HOME"] == workspace
+    assert one["cwd"] == two["cwd"] == workspace
+    assert (tmp_path / "data" / "workspaces" / sid / ".fake-claude" / resumed).is_dir()
     for flag in ("-p", "--output-format", "stream-json", "--verbose",
                  "--include-partial-messages"):
         assert flag in one["argv"]
     assert one["argv"][one["argv"].index("--model") + 1] == "claude-fake"
+
+
+async def test_home_overrides_the_workspace_as_its_home(
+    tmp_path: Path, provider: Provider
+) -> None:
+    home = tmp_path / "cli-home"
+    async with open_daemon(tmp_path, provider,
+                           extra=claude_agent(home=f'"{home}"')) as daemon:
+        first = (await daemon.chat(fake(), agent="claude")).json()
+        sid = first["sessionId"]
+        second = (await daemon.chat(fake(), agent="claude", sessionId=sid)).json()
+    assert second["content"] == "ok"
+    one, two = runs(tmp_path, sid)
+    assert one["home"] == two["home"] == one["env"]["HOME"] == str(home)
+    assert one["cwd"] == str(tmp_path / "data" / "workspaces" / sid)  # still its cwd
+    resumed = two["argv"][two["argv"].index("--resume") + 1]
+    assert (home / ".fake-claude" / resumed).is_dir()  # kept there, not in the workspace
+    assert not (tmp_path / "data" / "workspaces" / sid / ".fake-claude").exists()
 
 
 @pytest.mark.parametrize(("spec", "agent", "code", "words"), [
@@ -217,7 +239,8 @@ async def test_a_lost_cli_conversation_fails_once_then_starts_anew(
     import shutil
 
     sid = (await claude.chat(fake(), agent="claude")).json()["sessionId"]
-    shutil.rmtree(tmp_path / "data" / "claude-home" / ".fake-claude")  # HOME lost it
+    # Its HOME (the session's workspace) lost the conversation.
+    shutil.rmtree(tmp_path / "data" / "workspaces" / sid / ".fake-claude")
     r = await claude.chat(fake(), agent="claude", sessionId=sid)
     assert r.status_code == 502
     assert "No conversation found" in r.json()["error"]["message"]

@@ -1,10 +1,16 @@
 """The real Claude Code CLI, end to end and offline: `@anthropic-ai/claude-code` at a
 pinned version is installed from npm into .cache/, pointed (ANTHROPIC_BASE_URL, a dummy
-key, a throwaway HOME, telemetry and updates off) at the mock provider's Anthropic
-Messages API on port 0, and driven by a veild turn on the claude-cli engine: it streams
-thinking and text chunks, shows a tool round-trip, and ends in one `done` with the model
-the fake API named — the same session.stream shape as an openai turn (§5.1). A cancel
-kills it with no chunk after the answer (§5.3). Skipped, with the reason, without npm."""
+key, telemetry and updates off) at the mock provider's Anthropic Messages API on port 0,
+and driven by a veild turn on the claude-cli engine: it streams thinking and text
+chunks, shows a tool round-trip, and ends in one `done` with the model the fake API
+named — the same session.stream shape as an openai turn (§5.1). A cancel kills it with
+no chunk after the answer (§5.3). Skipped, with the reason, without npm.
+
+CONTRACT §16: the CLI gets nothing of the daemon's environment but the minimal base, so
+what it needs is given as an operator would: the key in the daemon's environment and
+named by `env_pass = ["ANTHROPIC_API_KEY"]`, the rest in `[agents.claude] env`; its HOME
+is the session's workspace (the default). Its Bash tool prints its environment: a
+secret of the daemon's is not in it."""
 
 from __future__ import annotations
 
@@ -30,8 +36,9 @@ from tests.test_parity import EXPECTED, shape
 
 VERSION = "2.1.332"
 PREFIX = Path(__file__).resolve().parent.parent / ".cache" / f"claude-code-{VERSION}"
+KEY = "sk-ant-test-dummy"
+SECRET = "veild-daemon-secret-91e3b2"  # in the daemon's environment, for no tool process
 OFFLINE_ENV = {
-    "ANTHROPIC_API_KEY": "sk-ant-test-dummy",
     "DISABLE_TELEMETRY": "1",
     "DISABLE_ERROR_REPORTING": "1",
     "DISABLE_AUTOUPDATER": "1",
@@ -59,12 +66,17 @@ def claude_cli() -> Path:
 
 
 @pytest.fixture
-async def daemon(tmp_path: Path, provider: Provider, claude_cli: Path) -> AsyncIterator[Running]:
+async def daemon(tmp_path: Path, provider: Provider, claude_cli: Path,
+                 monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Running]:
+    # The daemon runs in-process: its environment is this one.
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    monkeypatch.setenv("VEILD_TEST_SECRET_TOKEN", SECRET)
     env = {**OFFLINE_ENV, "ANTHROPIC_BASE_URL": provider.url.removesuffix("/v1")}
     extra = (
         "\n[agents.claude]\nengine = \"claude-cli\"\n"
         f"command = \"{claude_cli}\"\nargs = [\"--allowedTools\", \"Bash\"]\n"
         "env = {" + ", ".join(f'{k} = "{v}"' for k, v in env.items()) + "}\n"
+        'env_pass = ["ANTHROPIC_API_KEY"]\n'
     )
     async with open_daemon(tmp_path, provider, extra=extra) as d:
         yield d
@@ -72,7 +84,7 @@ async def daemon(tmp_path: Path, provider: Provider, claude_cli: Path) -> AsyncI
 
 ROUND_TRIP = mock(calls=[
     {"think": 4, "say": "let me run it", "tools": [{"name": "Bash", "arguments": {
-        "command": "echo hi-from-bash", "description": "say hi"}}]},
+        "command": "echo hi-from-bash; env", "description": "say hi"}}]},
     {"say": "all done here", "model": "claude-fake-1"},
 ])
 
@@ -99,6 +111,10 @@ async def test_real_cli_streams_like_any_turn(daemon: Running) -> None:
     result = next(e["data"] for e in stream if e["eventType"] == "tool.result")
     assert tool["name"] == "Bash" and result["toolCallId"] == tool["toolCallId"]
     assert not result["isError"] and "hi-from-bash" in result["content"]
+    # §16: what the CLI's Bash saw — the key it was given, no secret it was not.
+    assert f"ANTHROPIC_API_KEY={KEY}" in result["content"]
+    assert f"VEILD_SESSION_ID={body['sessionId']}" in result["content"]
+    assert SECRET not in result["content"] and "VEILD_TEST_SECRET_TOKEN" not in result["content"]
     assert body["content"] == "all done here"
     usage = done["data"]["tokenUsage"]
     assert usage["input"] > 0 and usage["output"] > 0 and usage["cost"] > 0

@@ -63,6 +63,18 @@ def test_default_config_loads() -> None:
     ("[mcp.s]\ncommand = \"x\"\ncall_timeout_s = 0\n", "mcp.s.call_timeout_s"),
     ("[mcp.s]\ncommand = \"x\"\nenv = { A = 1 }\n", "mcp.s.env"),
     ("[mcp.s]\ncommand = \"x\"\ncomand = \"y\"\n", "mcp.s.comand"),
+    # CONTRACT §16: env_pass only for a stdio server; env / env_pass take variable names
+    ("[mcp.s]\nurl = \"http://h/mcp\"\nenv_pass = [\"HOME\"]\n", "mcp.s.env_pass"),
+    ("[mcp.s]\ncommand = \"x\"\nenv_pass = [\"1X\"]\n", "mcp.s.env_pass"),
+    ("[mcp.s]\ncommand = \"x\"\nenv_pass = [\"A-B\"]\n", "mcp.s.env_pass"),
+    ("[mcp.s]\ncommand = \"x\"\nenv_pass = [\"\"]\n", "mcp.s.env_pass"),
+    ("[mcp.s]\ncommand = \"x\"\nenv_pass = [1]\n", "mcp.s.env_pass"),
+    ("[mcp.s]\ncommand = \"x\"\nenv_pass = \"HOME\"\n", "mcp.s.env_pass"),
+    ("[mcp.s]\ncommand = \"x\"\nenv = { \"A-B\" = \"v\" }\n", "mcp.s.env"),
+    ("[mcp.s]\ncommand = \"x\"\nenv = { 1X = \"v\" }\n", "mcp.s.env"),
+    ("[agents.c]\nengine = \"claude-cli\"\nenv_pass = [\"1X\"]\n", "agents.c.env_pass"),
+    ("[agents.c]\nengine = \"claude-cli\"\nenv_pass = [\"A-B\"]\n", "agents.c.env_pass"),
+    ("[agents.c]\nengine = \"claude-cli\"\nenv = { \"A-B\" = \"v\" }\n", "agents.c.env"),
     # CONTRACT §13: the cluster
     ("[cluster]\nbus = \"redis://h\"\n", "cluster.store"),
     ("[cluster]\nstore = \"postgresql://h/db\"\n", "cluster.bus"),
@@ -98,6 +110,24 @@ def test_mcp_server_paths_and_tool_names(tmp_path: Path) -> None:
     assert local.cwd == tmp_path / "work" and local.command == str(tmp_path / "work/bin/srv")
     assert onpath.cwd == tmp_path and onpath.command == "uvx"
     assert config.agents["a"].tools == ("mcp:local", "mcp:onpath/get_time")
+
+
+def test_env_pass_of_a_stdio_server_and_an_agent(tmp_path: Path) -> None:
+    """CONTRACT §16: the names are kept as given (copied from the daemon's environment
+    when the process starts, not when the config loads)."""
+    path = tmp_path / "daemon.toml"
+    path.write_text(
+        "[mcp.local]\ncommand = \"srv\"\nenv = { NOTES = \"n\" }\n"
+        "env_pass = [\"ANTHROPIC_API_KEY\", \"HOME\", \"_X1\"]\n"
+        "[mcp.plain]\ncommand = \"srv\"\n"
+        "[agents.c]\nengine = \"claude-cli\"\nenv = { A_1 = \"v\" }\n"
+        "env_pass = [\"ANTHROPIC_API_KEY\", \"HOME\"]\n")
+    config = load_config(path)
+    assert config.mcp["local"].env_pass == ("ANTHROPIC_API_KEY", "HOME", "_X1")
+    assert config.mcp["local"].env == {"NOTES": "n"}
+    assert config.mcp["plain"].env_pass == () and config.mcp["plain"].env == {}
+    assert config.agents["c"].env_pass == ("ANTHROPIC_API_KEY", "HOME")
+    assert config.agents["c"].env == {"A_1": "v"}
 
 
 def test_model_names_of_mcp_tools() -> None:

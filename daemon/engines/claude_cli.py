@@ -4,10 +4,11 @@
             [--model M] [--max-turns N] [--resume SESSION] ARGS...   (message on stdin)
 
 runs in the session's workspace, in its own process group, with the tool environment
-of CONTRACT §16 (daemon/toolenv.py: HOME is the workspace unless `home` or `env_pass`
-say otherwise; nothing else of the daemon's environment, its token and keys above all,
-unless `env` / `env_pass` give it). Its
-stdout is one JSON object per line; `StreamJson` maps them to engine events:
+of CONTRACT §16 (daemon/toolenv.py): the minimal base with HOME the workspace (where the
+CLI keeps the conversations it resumes) unless `home` or `env_pass = ["HOME"]` say
+otherwise, then `env`, then `env_pass` (how `ANTHROPIC_API_KEY` reaches it); nothing
+else of the daemon's environment, its token and keys above all. Its stdout is one JSON
+object per line; `StreamJson` maps them to engine events:
 
     system/init                      -> EngineSessionNamed (resumed by the next turn)
     stream_event text/thinking delta -> ContentDelta / ThinkingDelta, as they arrive
