@@ -134,9 +134,9 @@ class AgentConfig:
     # anthropic engine: the answer's token limit, and extended thinking (0 = off).
     max_tokens: int = 8192
     thinking_budget: int = 0
-    # claude-cli engine: the executable, extra arguments, extra environment, its HOME
-    # (default DATA_DIR/claude-home), and how long it may print nothing before the
-    # turn ends in PROVIDER_ERROR.
+    # claude-cli engine: the executable, extra arguments, its HOME (default: the
+    # session's workspace), and how long it may print nothing before the turn ends in
+    # PROVIDER_ERROR. `env`: what every tool process of the agent gets (CONTRACT §16).
     command: str = "claude"
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
