@@ -1,5 +1,6 @@
-"""`veild serve | mock-provider | chat | tail | sessions | show | send | cancel | schedules |
-approve | prune | doctor`: argument parsing and dispatch; the verbs live in cli_*.py."""
+"""`veild serve | mock-provider | chat | tail | agents | sessions | show | send | cancel |
+schedules | approve | prune | doctor`: argument parsing and dispatch; the verbs live in
+cli_*.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import httpx
 import trio
 
-from daemon import __version__, cli_sessions
+from daemon import __version__, cli_agents, cli_sessions
 from daemon.cli_http import CliError, HttpFailure, call, resolve_url, unreachable
 from daemon.config import Config, check_exposure, load_config, resolve_config_path
 from daemon.errors import BusUnavailable, ConfigError, StoreError
@@ -268,6 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--since", type=int, metavar="SEQ",
                       help="replay the events after SEQ first (0: all that are kept)")
     tail.set_defaults(func=_tail)
+
+    agents = _remote(sub.add_parser("agents", help="list the daemon's agents, marking "
+                                                   "those that run commands unsandboxed"))
+    agents.set_defaults(func=cli_agents.agents)
 
     sessions = _remote(sub.add_parser("sessions", help="list sessions, newest first"))
     sessions.add_argument("--tree", action="store_true", help="nest children under parents")

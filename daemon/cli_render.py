@@ -19,6 +19,7 @@ import trio
 from rich.console import Console
 from rich.text import Text
 
+from daemon.cli_agents import MARK, unsandboxed
 from daemon.cli_http import CliError, error_line, headers
 
 TERMINALS = ("done", "error")
@@ -87,11 +88,17 @@ def _usage_line(event: str, data: dict[str, Any]) -> str:
 class ChatView:
     """Turns envelopes of the chat's tree into lines; knows when the chat's turn ended."""
 
-    def __init__(self, console: Console, first: dict[str, Any]) -> None:
+    def __init__(self, console: Console, first: dict[str, Any], agent: str,
+                 marked: set[str]) -> None:
         self.turn_id = first["turnId"]
         self.session_id = first["sessionId"]
         self.view = TreeView(console, int(first.get("depth") or 0))
         self.exit_code: int | None = None
+        self.marked = marked  # the unsandboxed agents: their sessions are marked
+        agent = first.get("agentName") or agent
+        if agent in marked:  # the chat's own session has no head line to carry it
+            self.view.line({}, f"{MARK} {agent} runs commands outside the sandbox "
+                               "(docs/security.md)", "bold yellow")
 
     def render(self, env: dict[str, Any]) -> None:
         if env.get("type") == "error":  # the /ws protocol's own error frame
@@ -102,8 +109,9 @@ class ChatView:
         kind, data, agent = env["eventType"], env["data"], env.get("agentName", "?")
         v = self.view
         if kind == "turn.start" and env["sessionId"] != self.session_id:
+            marker = f" {MARK}" if agent in self.marked else ""
             v.line(env, f"↳ {agent} {env['sessionId']} (spawned by "
-                        f"{env.get('spawnToolCallId') or '-'})", "bold magenta")
+                        f"{env.get('spawnToolCallId') or '-'}){marker}", "bold magenta")
         elif kind == "thinking.chunk":
             v.stream(env, ("think",), f"{agent} (thinking)", data["content"], "dim")
         elif kind == "inference.chunk":
@@ -135,6 +143,13 @@ class ChatView:
             else:
                 v.line(env, f"↳ {agent} {_usage_line(kind, data)}",
                        "magenta" if kind == "done" else "red")
+
+
+async def _unsandboxed(http: httpx.AsyncClient) -> set[str]:
+    """The agents to mark. A refusal marks none: the chat's own request, next, says
+    why the daemon refused, once."""
+    response = await http.get("/agents")
+    return unsandboxed(response.json()["agents"]) if response.status_code == 200 else set()
 
 
 def _ws_url(url: str, session_id: str, since: int) -> str:
@@ -198,6 +213,7 @@ async def chat(url: str, agent: str, message: str, session: str | None,
 
         view: ChatView | None = None
         await nursery.start(on_sigint)
+        marked = await _unsandboxed(http)  # a ^C meanwhile cancels the turn once it starts
         nursery.start_soon(read_sse)
         first: dict[str, Any] | None = None
         async for frame in receive_first:
@@ -207,7 +223,7 @@ async def chat(url: str, agent: str, message: str, session: str | None,
             # Injected, or the request failed: read_sse ends the nursery itself, or its
             # error leaves it. Cancelling it here could swallow that error.
             return 0
-        view = ChatView(console, first)
+        view = ChatView(console, first, agent, marked)
         if interrupted:
             await http.post(f"/sessions/{view.session_id}/cancel", json={"scope": "tree"})
         try:

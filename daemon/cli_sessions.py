@@ -1,4 +1,5 @@
-"""`veild sessions [--tree] | show ID | send ID MSG [--queue] | cancel ID [--scope]`."""
+"""`veild sessions [--tree] | show ID | send ID MSG [--queue] | cancel ID [--scope]`;
+the listings mark the sessions of unsandboxed agents (cli_agents)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
+from daemon.cli_agents import mark, unsandboxed_agents
 from daemon.cli_http import call
 
 
@@ -23,9 +25,9 @@ def _tokens(usage: dict[str, Any] | None) -> str:
     return f"{usage.get('input', 0)}in/{usage.get('output', 0)}out"
 
 
-def _row(s: dict[str, Any], indent: int = 0) -> tuple[str, ...]:
+def _row(s: dict[str, Any], marked: set[str], indent: int = 0) -> tuple[str, ...]:
     return ("  " * indent + s["id"], s["agentName"], s["status"], _when(s["updatedAt"]),
-            _tokens(s.get("tokenUsage")))
+            _tokens(s.get("tokenUsage")), mark(s["agentName"], marked))
 
 
 def _print_table(rows: list[tuple[str, ...]]) -> None:
@@ -39,9 +41,10 @@ def sessions(args: argparse.Namespace) -> int:
     if args.agent:
         params["agent"] = args.agent
     listed: list[dict[str, Any]] = call(args.url, "GET", "/sessions", params=params)["sessions"]
-    rows: list[tuple[str, ...]] = [("ID", "AGENT", "STATUS", "UPDATED", "TOKENS")]
+    marked = unsandboxed_agents(args.url)
+    rows: list[tuple[str, ...]] = [("ID", "AGENT", "STATUS", "UPDATED", "TOKENS", "")]
     if not args.tree:
-        rows += [_row(s) for s in listed]
+        rows += [_row(s, marked) for s in listed]
     else:
         ids = {s["id"] for s in listed}
         children: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
@@ -55,7 +58,7 @@ def sessions(args: argparse.Namespace) -> int:
             kids = children[parent] if parent is None else sorted(
                 children[parent], key=lambda s: s["createdAt"])
             for s in kids:
-                rows.append(_row(s, depth))
+                rows.append(_row(s, marked, depth))
                 walk(s["id"], depth + 1)
 
         walk(None, 0)
@@ -66,7 +69,8 @@ def sessions(args: argparse.Namespace) -> int:
 def show(args: argparse.Namespace) -> int:
     s = call(args.url, "GET", f"/sessions/{args.id}")
     messages = call(args.url, "GET", f"/sessions/{args.id}/messages")["messages"]
-    print(f"session {s['id']}  agent {s['agentName']}  status {s['status']}  "
+    agent = f"{s['agentName']} {mark(s['agentName'], unsandboxed_agents(args.url))}".rstrip()
+    print(f"session {s['id']}  agent {agent}  status {s['status']}  "
           f"depth {s['depth']}  model {s.get('model') or '-'}")
     print(f"parent {s['parentSessionId'] or '-'}  root {s['rootSessionId']}  "
           f"tokens {_tokens(s.get('tokenUsage'))}  updated {_when(s['updatedAt'])}")

@@ -7,6 +7,7 @@
 // the running turn is drawn from its first event. A reconnect resumes from the lowest
 // seq either still needs.
 
+import { loadAgents, markSandbox, sandboxMode } from './agents.js';
 import { adoptUrlToken, api, ApiError, getToken, setToken, startChat } from './api.js';
 import { Connection } from './conn.js';
 import { fmtCost, fmtTokens, h, shortId } from './dom.js';
@@ -56,6 +57,7 @@ function renderHeader(s) {
   if (!s || s.id !== view.sessionId) return;
   head.hidden = false;
   $('head-agent').textContent = s.agentName;
+  markSandbox($('head-sandbox'), s.agentName);
   $('head-id').textContent = s.id;
   $('head-status').className = `status-dot ${s.status}`;
   $('head-status').title = s.status;
@@ -184,6 +186,10 @@ const conn = new Connection({
     if (!state.booted) {
       state.booted = true;
       boot();
+    } else {
+      // A reconnect may be to a restarted daemon with another config. Best effort: boot
+      // reported a failure already; a failing refresh keeps what is known until the next.
+      refreshAgents().catch(() => {});
     }
   },
   onSubscribed: () => {
@@ -351,13 +357,33 @@ byTestId('token-prompt').addEventListener('submit', (e) => {
 
 // -- start ---------------------------------------------------------------------------
 
+/** The agents (the new-chat choice, which of them are unsandboxed) and the sandbox mode. */
+async function refreshAgents() {
+  const { agents, changed } = await loadAgents();
+  if (!changed) return;
+  const select = byTestId('new-chat-agent');
+  const current = select.value;
+  select.replaceChildren(...agents.map((a) => h('option', { value: a.name, text: a.name, title: `${a.engine} · ${a.model || ''}` })));
+  if (current && agents.some((a) => a.name === current)) select.value = current;
+  renderSandboxMode();
+  tree.renderAll();  // the badges of rows (and through them the header, child turns)
+}
+
+// Discreet: the daemon-wide mode, loud only when there is no sandbox at all.
+function renderSandboxMode() {
+  const el = $('sandbox-mode');
+  const mode = sandboxMode();
+  el.hidden = !mode;
+  el.dataset.mode = mode;
+  el.textContent = mode === 'none' ? 'no sandbox' : `sandbox: ${mode}`;
+  el.title = mode === 'none'
+    ? 'This daemon runs every bash call without a sandbox ([server] sandbox). See docs/security.md.'
+    : `Bash calls run in a ${mode} sandbox, except for agents marked unsandboxed. See docs/security.md.`;
+}
+
 async function boot() {
   try {
-    const [{ agents }] = await Promise.all([api('/agents'), tree.load()]);
-    const select = byTestId('new-chat-agent');
-    const current = select.value;
-    select.replaceChildren(...agents.map((a) => h('option', { value: a.name, text: a.name, title: `${a.engine} · ${a.model || ''}` })));
-    if (current && agents.some((a) => a.name === current)) select.value = current;
+    await Promise.all([refreshAgents(), tree.load()]);
     const wanted = decodeURIComponent(location.hash.slice(1));
     if (wanted) openSession(wanted);
     else if (!view.sessionId) closeSession();

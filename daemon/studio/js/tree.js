@@ -4,6 +4,7 @@
 // loads; each session's row is one element that is updated in place. Rows stay in the
 // page when a subtree is collapsed (only hidden), so every session always has its row.
 
+import { markSandbox } from './agents.js';
 import { api } from './api.js';
 import { fmtCost, fmtTokens, h, shortId } from './dom.js';
 
@@ -201,14 +202,15 @@ export class Tree {
     const agent = h('span.agent', { text: s.agentName });
     const sid = h('span.sid', { text: shortId(s.id), title: s.id });
     const badge = h('span.badge');
+    const sandbox = h('span.sandbox-slot');  // the unsandboxed badge, when its agent is
     const approvals = h('span.approvals-badge', { title: 'waiting for approval' });
     const tokens = h('span.tokens');
     const cost = h('span.cost');
-    row.append(caret, dot, h('span.names', {}, agent, sid), approvals, badge,
+    row.append(caret, dot, h('span.names', {}, agent, sid), sandbox, approvals, badge,
       h('span.meter', {}, tokens, cost));
     const kids = h('div.kids', { role: 'group' });
     const node = h('div.node', { 'data-node': s.id }, row, kids);
-    s.dom = { node, row, kids, badge, approvals, tokens, cost, dot };
+    s.dom = { node, row, kids, badge, sandbox, approvals, tokens, cost, dot };
     this.place(s);
     // Sessions that arrived before their parent move under it now.
     for (const other of this.sessions.values()) {
@@ -236,8 +238,9 @@ export class Tree {
   }
 
   render(s) {
-    const { row, badge, approvals, tokens, cost, dot } = s.dom;
+    const { row, badge, sandbox, approvals, tokens, cost, dot } = s.dom;
     row.dataset.status = s.status;
+    markSandbox(sandbox, s.agentName);
     const t = s.terminal;
     row.dataset.terminal = t ? t.terminal : '';
     row.dataset.errorCode = t ? t.code : '';
@@ -267,6 +270,11 @@ export class Tree {
     row.classList.toggle('has-kids', hasKids);
     if (hasKids) row.setAttribute('aria-expanded', String(!s.dom.node.classList.contains('collapsed')));
     this.onChange(s);
+  }
+
+  /** Every row again: what is known of the agents changed (GET /agents). */
+  renderAll() {
+    for (const s of this.sessions.values()) this.render(s);
   }
 
   countChanged() {

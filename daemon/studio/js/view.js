@@ -6,6 +6,7 @@
 // ChildTurn inside the ToolCall that spawned it, with a Body of its own, so its own
 // tool calls (and their sub-agents) nest the same way.
 
+import { markSandbox } from './agents.js';
 import { api } from './api.js';
 import { fmtCost, fmtDuration, fmtTime, fmtTokens, h, shortId } from './dom.js';
 import { TextSink } from './flush.js';
@@ -337,23 +338,28 @@ class ChildTurn {
     this.view = view;
     this.sessionId = sessionId;
     this.turnId = null;  // the spawn turn shown here; 'past' when shown from the store
+    this.agentName = agentName;
     this.statusEl = h('span.status-dot');
     this.terminalEl = h('span.child-terminal');
+    this.sandboxEl = h('span.sandbox-slot');
     const open = h('a.open-child', { href: `#${sessionId}`, 'data-open': sessionId, text: 'open ↗', title: 'open this session' });
     this.bodyEl = h('div.child-body');
     this.el = h('div.child-turn', { 'data-testid': 'child-turn', 'data-session-id': sessionId, 'data-status': 'idle' },
       h('div.child-head', {}, this.statusEl, h('span.agent', { text: agentName || 'sub-agent' }),
-        h('span.sid', { text: shortId(sessionId) }), this.terminalEl, open),
+        h('span.sid', { text: shortId(sessionId) }), this.sandboxEl, this.terminalEl, open),
       this.bodyEl);
     parent.append(this.el);
     this.body = new Body(view, this.bodyEl, sessionId, 'task');
+    markSandbox(this.sandboxEl, agentName);
     this.status(view.tree.get(sessionId));
   }
 
+  /** Its session changed in the tree (also: what is known of the agents did). */
   status(s) {
     if (!s) return;
     this.el.dataset.status = s.status;
     this.statusEl.className = `status-dot ${s.status}`;
+    markSandbox(this.sandboxEl, this.agentName || s.agentName);
   }
 
   apply(e) {
