@@ -12,10 +12,11 @@ a target that does not hold is a `NO` in the table, not an exit status.
   P1, P2  bench/throughput.py     P3  bench/children.py (on a fresh daemon: its peak RSS)
   P4      bench/cancel.py         P5  bench/slow.py and bench/publish.py (in-process Bus)
   C1-C3   bench/cluster.py (a two-node cluster against the embedded default)
+  S1-S4   bench/sandbox.py (the bubblewrap sandbox of a bash call against none)
   peers   bench/peers.py          extras  bench/extras.py, bench/publish.py (durable log)
 
 `python -m bench.run --only p1,p3` runs only those phases (p1 p2 p3 p4 p5 extras
-publish durable cluster peers), `--repeat N` runs them N times and prints each table: a
+publish durable cluster sandbox peers), `--repeat N` runs them N times and prints each table: a
 quicker loop while working on one row. `make bench` runs everything once.
 """
 
@@ -34,13 +35,14 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import cancel, children, cluster, extras, peers, publish, slow, throughput
+from bench import cancel, children, cluster, extras, peers, publish, sandbox, slow, throughput
 from bench.procs import open_daemon, open_mock
 from bench.table import Ledger, Row, render
 
 Phase = Callable[[], Awaitable[list[Row]]]
 PHASE_LIMIT_S = 600
-PHASES = ("p1", "p2", "p3", "p4", "p5", "extras", "publish", "durable", "cluster", "peers")
+PHASES = ("p1", "p2", "p3", "p4", "p5", "extras", "publish", "durable", "cluster", "sandbox",
+          "peers")
 
 
 async def _phase(name: str, run: Phase, ledger: Ledger, rows: list[Row]) -> None:
@@ -135,6 +137,8 @@ async def _run(only: set[str]) -> int:
         if "cluster" in only:
             await _phase("cluster", lambda: cluster.cluster_rows(mock.url, ledger), ledger,
                          rows)
+        if "sandbox" in only:
+            await _phase("sandbox", lambda: sandbox.sandbox_rows(ledger), ledger, rows)
         if "peers" in only:
             await _phase("peers", lambda: peers.peer_rows(mock.url, ledger, rows), ledger,
                          rows)

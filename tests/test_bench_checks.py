@@ -60,3 +60,23 @@ async def test_mock_stamps_each_word_when_it_sends_it(provider: Provider) -> Non
     assert before <= stamps[0] and stamps[-1] <= after
     # Paced at 1 ms: the words were stamped as they went out, not all at once.
     assert stamps[-1] - stamps[0] >= 49 * 1_000_000
+
+
+def test_sandbox_rows_check_every_turn() -> None:
+    """bench/sandbox.py's check of each one-call turn: a 200 whose call succeeded and
+    whose content is what the mock said passes; anything else is a loss."""
+    import httpx
+
+    from bench.sandbox import _checker
+
+    def answer(status: int, content: str = "ok", error: bool = False) -> httpx.Response:
+        return httpx.Response(status, json={"content": content, "toolCalls": [
+            {"name": "bash", "isError": error, "durationMs": 3}]})
+
+    ledger = Ledger()
+    _checker(ledger)("fine", answer(200))
+    assert ledger.losses == [] and ledger.turns == 1
+    for bad in (answer(500), answer(200, error=True), answer(200, content="ok ok")):
+        ledger = Ledger()
+        _checker(ledger)("bad", bad)
+        assert len(ledger.losses) == 1, ledger.losses
