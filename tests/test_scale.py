@@ -5,6 +5,7 @@ and is consumed exactly once by the parent's turns (injected or drained by wakes
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tests.harness import (
     TERMINALS,
@@ -34,10 +35,12 @@ async def test_fifty_children_stream_at_once(daemon: Running, tmp_path: Path) ->
     # after its first word until every child has started: so all 50 are alive together,
     # then stream together, whatever the machine's speed. (delay_ms only paces the
     # stream for the reader in this process; the overlap comes from the hold.)
-    go, answer_go = tmp_path / "go", tmp_path / "answer-go"
+    # The go is a file in each child's own workspace: its sandboxed bash sees nothing
+    # else of the host's /tmp (CONTRACT §16).
+    answer_go = tmp_path / "answer-go"
     child = mock(calls=[
         {"think": 3, "tools": [{"name": "bash", "arguments": {
-            "command": f"echo ready; while [ ! -e {go} ]; do sleep 0.1; done"}}]},
+            "command": "echo ready; while [ ! -e go ]; do sleep 0.1; done"}}]},
         {"say": 120, "delay_ms": 5, "pause_after": 2, "pause_until": str(answer_go)},
     ])
     async with open_recorder(daemon.ws_url, "batch=1") as rec:
@@ -46,9 +49,12 @@ async def test_fifty_children_stream_at_once(daemon: Running, tmp_path: Path) ->
             {"say": "spawned them all"},
         ]))).json()
         parent = body["sessionId"]
-        await rec.wait_for(lambda evs: len(
-            [e for e in evs if e.get("eventType") == "tool.chunk"]) == CHILDREN)
-        go.touch()
+        def all_ready(evs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+            chunks = [e for e in evs if e.get("eventType") == "tool.chunk"]
+            return chunks if len(chunks) == CHILDREN else None
+
+        for chunk in await rec.wait_for(all_ready):
+            (tmp_path / "data" / "workspaces" / chunk["sessionId"] / "go").touch()
         await rec.wait_for(lambda evs: len({
             e["sessionId"] for e in evs if e.get("eventType") == "inference.chunk"
             and e["parentSessionId"] == parent}) == CHILDREN)
