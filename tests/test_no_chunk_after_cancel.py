@@ -1,11 +1,13 @@
 """CONTRACT §5.3 — no chunk after cancel: once POST /sessions/{id}/cancel has answered, no
-inference/thinking/tool chunk of that turn is on the bus, and a cancelled bash's process
-group is gone. Hypothesis picks the moment: during thinking, content, tool output, or
+inference/thinking/tool chunk of that turn is on the bus, and nothing a cancelled bash
+started is left (judged from the host's /proc: in the sandbox, bash's own pids are
+those of its PID namespace). Hypothesis picks the moment: during thinking, content, tool output, or
 between two LLM calls, after k events of that phase."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import trio
@@ -20,19 +22,27 @@ from tests.harness import (
     open_daemon,
     open_provider,
     open_recorder,
-    process_group_alive,
 )
+from tests.test_bash_escapes import alive
 
 ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
 
-TICKS = "echo $$ > pgid; for i in $(seq 1 400); do echo tick $i; sleep 0.005; done"
-# The second call hangs after its chunks: the turn can only end by the cancel, so every
-# assertion below holds on every run, however late the cancel lands.
-SCRIPT = mock(calls=[
-    {"think": 30, "say": 30, "delay_ms": 1,
-     "tools": [{"name": "bash", "arguments": {"command": TICKS}}]},
-    {"think": 30, "say": 30, "delay_ms": 1, "hang_after": 60},
-])
+
+
+def ticks(marker: str) -> str:
+    """A shell that starts a process carrying `marker` as its argv[0], then ticks."""
+    return (f"(exec -a {marker} sleep 300) & "
+            "for i in $(seq 1 400); do echo tick $i; sleep 0.005; done")
+
+
+def script(marker: str) -> str:
+    # The second call hangs after its chunks: the turn can only end by the cancel, so
+    # every assertion below holds on every run, however late the cancel lands.
+    return mock(calls=[
+        {"think": 30, "say": 30, "delay_ms": 1,
+         "tools": [{"name": "bash", "arguments": {"command": ticks(marker)}}]},
+        {"think": 30, "say": 30, "delay_ms": 1, "hang_after": 60},
+    ])
 PHASE_EVENT = {
     "thinking": "thinking.chunk",
     "content": "inference.chunk",
@@ -58,8 +68,9 @@ def processes_in(workspace: Path) -> list[int]:
 
 
 async def cancel_at(daemon: Running, tmp: Path, phase: str, k: int) -> None:
+    marker = f"veild-tick-{uuid.uuid4().hex[:12]}"
     async with open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
-        nursery.start_soon(daemon.chat, SCRIPT)
+        nursery.start_soon(daemon.chat, script(marker))
         turn_id = await rec.turn_of()
         wanted = PHASE_EVENT[phase]
         if phase == "between":
@@ -79,11 +90,10 @@ async def cancel_at(daemon: Running, tmp: Path, phase: str, k: int) -> None:
         assert terminal["data"]["code"] == "CANCELLED"
         assert terminal["data"]["details"]["reason"] == "user_cancel"
         workspace = tmp / "data" / "workspaces" / session_id
-        # Whenever the cancel landed, nothing the turn started is left running ...
+        # Whenever the cancel landed, nothing the turn started is left running: no
+        # process in its workspace, not the marked one its shell started first.
         assert not processes_in(workspace)
-        if phase == "tool":
-            # ... and a shell that was ticking wrote its pgid first: that group is gone.
-            assert not process_group_alive(int((workspace / "pgid").read_text()))
+        assert not alive((marker,))
 
 
 @settings(max_examples=200)
@@ -94,10 +104,13 @@ async def test_no_chunk_after_cancel(tmp_path_factory, phase: str, k: int) -> No
         await cancel_at(daemon, tmp, phase, k)
 
 
-async def test_cancel_during_tool_kills_the_process_group(tmp_path: Path) -> None:
+async def test_cancel_during_tool_kills_what_it_started(tmp_path: Path) -> None:
+    marker = f"veild-bg-{uuid.uuid4().hex[:12]}"
     async with open_provider() as provider, open_daemon(tmp_path, provider) as daemon:
         async with open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
-            command = "sleep 300 & echo $$ > pgid; echo started; wait"
+            command = (f"(exec -a {marker} sleep 300) & until [ \"$(tr '\\0' '\\n' < "
+                       f"/proc/$!/cmdline | head -n1)\" = {marker} ]; do sleep 0.01; done; "
+                       "echo started; wait")
             nursery.start_soon(daemon.chat, mock(tools=[
                 {"name": "bash", "arguments": {"command": command}}]))
             turn_id = await rec.turn_of()
@@ -105,11 +118,10 @@ async def test_cancel_during_tool_kills_the_process_group(tmp_path: Path) -> Non
                 e.get("eventType") == "tool.chunk" and "started" in e["data"]["content"]
                 for e in evs))
             session_id = rec.stream(turn_id)[0]["sessionId"]
-            pgid = int((tmp_path / "data" / "workspaces" / session_id / "pgid").read_text())
-            assert process_group_alive(pgid)
+            assert alive((marker,)) == {marker}
             receipt = await daemon.cancel(session_id)
             assert receipt["cancelled"]
             await rec.terminal(turn_id)
-            assert not process_group_alive(pgid)
+            assert not alive((marker,))
             # The cancel receipt is JSON the contract names.
             assert json.loads(json.dumps(receipt))["cancelled"][0]["turnId"] == turn_id

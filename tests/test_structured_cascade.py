@@ -8,6 +8,7 @@ or while either child's bash prints, after k such events."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import trio
@@ -26,30 +27,35 @@ from tests.harness import (
     open_daemon,
     open_provider,
     open_recorder,
-    process_group_alive,
     spawn,
 )
+from tests.test_bash_escapes import alive
 
 ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
 
-TICKS = "echo $$ > pgid; for i in $(seq 1 400); do echo tick $i; sleep 0.005; done"
+def ticks(marker: str) -> str:
+    """A shell that starts a process carrying `marker` as its argv[0] (found in the
+    host's /proc, sandbox or not), then ticks."""
+    return (f"(exec -a {marker} sleep 300) & "
+            "for i in $(seq 1 400); do echo tick $i; sleep 0.005; done")
 
 
-def child_script(name: str) -> str:
+def child_script(name: str, tag: str) -> str:
     return mock(calls=[
         {"think": 20, "say": f"{name} " * 10, "delay_ms": 1,
-         "tools": [{"name": "bash", "arguments": {"command": TICKS}}]},
+         "tools": [{"name": "bash", "arguments": {"command": ticks(f"veild-{name}-{tag}")}}]},
         {"say": 40, "delay_ms": 1},
     ])
 
 
-PARENT = mock(calls=[
-    {"think": 20, "delay_ms": 1, "tools": [
-        spawn("assistant", child_script("background"), wait=False),
-        spawn("assistant", child_script("waiting"), wait=True),
-    ]},
-    {"say": 20, "delay_ms": 1},
-])
+def parent_script(tag: str) -> str:
+    return mock(calls=[
+        {"think": 20, "delay_ms": 1, "tools": [
+            spawn("assistant", child_script("background", tag), wait=False),
+            spawn("assistant", child_script("waiting", tag), wait=True),
+        ]},
+        {"say": 20, "delay_ms": 1},
+    ])
 MOMENTS = ["parent thinking", "background stream", "waiting stream",
            "background tool", "waiting tool"]
 
@@ -83,9 +89,10 @@ def moment_reached(rec: Recorder, moment: str, k: int) -> bool:
 
 async def cancel_tree_at(daemon: Running, tmp: Path, moment: str, k: int) -> None:
     answers: list[dict] = []
+    tag = uuid.uuid4().hex[:12]
 
     async def chat() -> None:
-        answers.append((await daemon.chat(PARENT)).json())
+        answers.append((await daemon.chat(parent_script(tag))).json())
 
     async with open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
         nursery.start_soon(chat)
@@ -113,9 +120,8 @@ async def cancel_tree_at(daemon: Running, tmp: Path, moment: str, k: int) -> Non
         assert not late, f"chunks after the cancel answered: {late[:2]}"
         if turn_id != parent_turn:
             assert terminal["seq"] < terminals[parent_turn]["seq"], "child ended after parent"
-        pgid_file = tmp / "data" / "workspaces" / stopped[turn_id] / "pgid"
-        if pgid_file.exists() and pgid_file.read_text().strip():
-            assert not process_group_alive(int(pgid_file.read_text()))
+    # Nothing a stopped shell started is left.
+    assert not alive((f"veild-background-{tag}", f"veild-waiting-{tag}"))
     # The background child's reply is recorded for the parent but can wake nothing.
     assert all(not row["wakes"] for row in inbox_rows(tmp) if row["consumed_by_turn"] is None)
 
@@ -137,7 +143,7 @@ async def test_turn_scope_stops_the_waiting_child_not_the_background_one(
     daemon: Running, tmp_path: Path
 ) -> None:
     async with open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
-        nursery.start_soon(daemon.chat, PARENT)
+        nursery.start_soon(daemon.chat, parent_script(uuid.uuid4().hex[:12]))
         await rec.wait_for(lambda _: moment_reached(rec, "waiting tool", 0))
         parent_turn, waiting, background = (
             turn_named(rec, "parent"), turn_named(rec, "waiting"), turn_named(rec, "background"))
