@@ -110,6 +110,15 @@ class ProviderConfig:
     transport: str = "auto"
     proxy: str | None = None
     ca_file: str | None = None
+    # CONTRACT §14: a call that failed transiently before anything of it was published
+    # is retried up to max_retries times, waiting retry_initial_ms doubled each time up
+    # to retry_max_ms (full jitter), or what the provider's Retry-After asks when that
+    # is at most retry_after_max_s; at most max_concurrent requests in flight (0: any).
+    max_retries: int = 4
+    retry_initial_ms: float = 500.0
+    retry_max_ms: float = 30_000.0
+    retry_after_max_s: float = 120.0
+    max_concurrent: int = 0
 
     @property
     def api_key(self) -> str | None:
@@ -154,6 +163,9 @@ class AgentConfig:
     env_pass: tuple[str, ...] = ()
     network: bool = False
     sandbox: bool = True
+    # CONTRACT §14: where a call goes once its retries on the agent's provider are
+    # exhausted, in order: (provider, model); model None = the agent's.
+    fallback: tuple[tuple[str, str | None], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -451,9 +463,49 @@ def _provider(file: str, name: str, table: Any) -> ProviderConfig:
         stall_timeout_s=r.positive_seconds("stall_timeout_s", 120.0),
         connect_timeout_s=r.positive_seconds("connect_timeout_s", 10.0),
         **_transport(r),
+        **_retries(r),
     )
     r.check_unknown()
     return cfg
+
+
+def _retries(r: _Reader) -> dict[str, Any]:
+    initial = float(r.get("retry_initial_ms", (int, float), 500))
+    maximum = float(r.get("retry_max_ms", (int, float), 30_000))
+    if not 0 <= initial <= maximum or maximum == float("inf"):
+        key = "retry_initial_ms" if initial < 0 or initial > maximum else "retry_max_ms"
+        raise r.fail(key, f"needs 0 <= retry_initial_ms <= retry_max_ms, got {initial:g} "
+                          f"and {maximum:g}")
+    after = float(r.get("retry_after_max_s", (int, float), 120))
+    if not 0 <= after < float("inf"):
+        raise r.fail("retry_after_max_s", f"must be 0 or more seconds, got {after:g}")
+    return {"max_retries": r.positive_int("max_retries", 4, minimum=0),
+            "retry_initial_ms": initial, "retry_max_ms": maximum,
+            "retry_after_max_s": after,
+            "max_concurrent": r.positive_int("max_concurrent", 0, minimum=0)}
+
+
+def _fallback(r: _Reader, engine: str, providers: Mapping[str, ProviderConfig]
+              ) -> tuple[tuple[str, str | None], ...]:
+    """`fallback = ["PROVIDER", "PROVIDER:MODEL", …]`: each provider configured and of
+    a type the agent's engine speaks."""
+    entries = _strings(r, "fallback")
+    if entries and engine not in ENGINE_PROVIDERS:
+        raise r.fail("fallback", f"the {engine} engine calls no provider of veild's")
+    out: list[tuple[str, str | None]] = []
+    for entry in entries:
+        name, sep, model = entry.partition(":")
+        if name not in providers:
+            raise r.fail("fallback", f"{entry!r}: no [providers.{name}] is configured")
+        if sep and not model:
+            raise r.fail("fallback", f"{entry!r}: expected PROVIDER or PROVIDER:MODEL")
+        kinds = ENGINE_PROVIDERS[engine]
+        if providers[name].type not in kinds:
+            raise r.fail("fallback", f"{entry!r}: the {engine} engine needs a provider of "
+                                     f"type {' or '.join(kinds)}, [providers.{name}] is "
+                                     f"{providers[name].type}")
+        out.append((name, model or None))
+    return tuple(out)
 
 
 def _string_table(r: _Reader, key: str) -> dict[str, str]:
@@ -613,6 +665,7 @@ def _agent(
         env_pass=_env_names(r, "env_pass"),
         network=r.get("network", bool, False),
         sandbox=r.get("sandbox", bool, True),
+        fallback=_fallback(r, engine, providers),
     )
     if engine == "claude-cli" and (cfg.approve or cfg.deny):
         # The CLI runs its own tools: a rule that looked applied but was not would be

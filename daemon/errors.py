@@ -15,6 +15,7 @@
     │   │   └── NodeUnreachable      ... a session's owner node did not answer
     │   └── RemoteError          what an owner node answered a routed request with
     ├── ProviderError        the LLM provider failed (HTTP status, dropped stream, garbage)
+    │   └── ModelCallFailed      ... and the call gave up (§14: provider, attempts)
     ├── MaxIterationsError   the turn used all its LLM calls
     └── StoreError           the database failed
         ├── StoreUnavailable     ... because it is busy (locked past its timeout) or
@@ -103,10 +104,31 @@ class ServiceUnavailable(ApiError):
 class ProviderError(VeildError):
     """The provider answered 4xx/5xx, dropped the stream, or sent something malformed."""
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(self, message: str, *, status: int | None = None, reason: str | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+    @property
+    def transient(self) -> bool:
+        """Worth another try (CONTRACT §14) when nothing of the call was published."""
+        return (self.status in (408, 409, 429, 500, 502, 503, 504, 529)
+                or self.reason in ("connect", "reset", "timeout", "overloaded", "rate_limit"))
+
+
+class ModelCallFailed(ProviderError):
+    """An LLM call that could not be made (CONTRACT §14): not transient, failed after it
+    published, or every route's retries exhausted. Names the provider it ended on and
+    how many requests were made."""
+
+    def __init__(self, message: str, *, status: int | None, reason: str | None,
+                 provider: str, attempts: int) -> None:
+        super().__init__(message, status=status, reason=reason)
+        self.provider = provider
+        self.attempts = attempts
 
 
 class MaxIterationsError(VeildError):

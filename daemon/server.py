@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import trio
 
@@ -26,6 +26,7 @@ from daemon.config import AgentConfig, Config, check_exposure
 from daemon.engines.anthropic import AnthropicEngine
 from daemon.engines.base import Engine
 from daemon.engines.claude_cli import ClaudeCliEngine
+from daemon.engines.modelcall import ModelCall, ProviderSlots, Route
 from daemon.engines.openai import OpenAIEngine
 from daemon.errors import ServiceUnavailable
 from daemon.eventlog.sqlite import SqliteEventLog
@@ -84,6 +85,9 @@ class Daemon:
         self._stop.set()
 
 
+C = TypeVar("C")  # a provider client: OpenAIClient or AnthropicClient
+
+
 def _engine_factory(
     config: Config, clients: dict[str, ProviderHTTP], mock_roots: dict[str, str],
     metrics: Metrics,
@@ -107,14 +111,24 @@ def _engine_factory(
             anthropic[name] = ObservedAnthropicClient(http, url, key, ProviderCalls(
                 name, f"{url.rstrip('/')}/v1/messages", metrics.provider_request_ended))
 
+    # One set of slots per provider, shared by every agent that calls it (§14).
+    slots = {name: ProviderSlots(name, p.max_concurrent, metrics.provider_in_flight_now)
+             for name, p in config.providers.items()}
+
+    def routes(agent: AgentConfig, clients: Mapping[str, C]) -> list[Route[C]]:
+        # Config validation gives these engines providers of a type they speak.
+        assert agent.provider is not None
+        entries = [(agent.provider, None), *agent.fallback]
+        return [Route(config.providers[name], clients[name], model or agent.model,
+                      slots[name]) for name, model in entries]
+
     def engine_for(agent: AgentConfig) -> Engine:
         if agent.engine == "claude-cli":
             return ClaudeCliEngine(agent)
-        # Config validation gives these engines a provider of a type they speak.
-        assert agent.provider is not None
+        retried = metrics.provider_retried
         if agent.engine == "anthropic":
-            return AnthropicEngine(agent, anthropic[agent.provider])
-        return OpenAIEngine(agent, openai[agent.provider])
+            return AnthropicEngine(agent, ModelCall(routes(agent, anthropic), retries=retried))
+        return OpenAIEngine(agent, ModelCall(routes(agent, openai), retries=retried))
 
     return engine_for
 

@@ -32,6 +32,8 @@ from tests.rawprovider import RawProvider, open_raw_provider
 
 STALL_S = 0.5
 
+# Each fault here is about how one failed request is reported: no retries (CONTRACT §14's
+# retries of transient ones are tests/test_retries.py's).
 AGENTS = """
 [providers.raw]
 type = "openai"
@@ -39,6 +41,7 @@ base_url = "{url}"
 transport = "{transport}"
 stall_timeout_s = {stall}
 connect_timeout_s = {connect}
+max_retries = 0
 
 [agents.first]
 engine = "openai"
@@ -56,6 +59,7 @@ base_url = "{root}"
 transport = "{transport}"
 stall_timeout_s = {stall}
 connect_timeout_s = {connect}
+max_retries = 0
 
 [agents.messages]
 engine = "anthropic"

@@ -29,6 +29,7 @@ from daemon.engines.base import (
     ToolFinished,
     UsageReport,
 )
+from daemon.engines.modelcall import ModelCall, Route
 from daemon.engines.toolround import Answer, tool_loop
 from daemon.llm import anthropic_client as api
 from daemon.store.models import MessageRecord, TokenUsage
@@ -88,17 +89,15 @@ class _MessagesConversation:
     """The Messages API side of the tool loop: role messages of content blocks. The
     assistant's blocks go back exactly as they came (thinking with its signature)."""
 
-    def __init__(self, agent: AgentConfig, client: api.AnthropicClient, ctx: EngineContext
-                 ) -> None:
+    def __init__(self, agent: AgentConfig, ctx: EngineContext) -> None:
         self.agent = agent
-        self.client = client
         self.messages = to_anthropic_messages(ctx.history)
         self.tools = [tool_schema(t) for t in ctx.tools]
         self._answer_blocks: list[dict[str, Any]] = []
 
-    def _body(self) -> dict[str, Any]:
+    def _body(self, model: str) -> dict[str, Any]:
         agent = self.agent
-        body: dict[str, Any] = {"model": agent.model, "max_tokens": agent.max_tokens,
+        body: dict[str, Any] = {"model": model, "max_tokens": agent.max_tokens,
                                 "messages": self.messages}
         if agent.system:
             body["system"] = agent.system
@@ -111,11 +110,12 @@ class _MessagesConversation:
     def add_injected(self, message: MessageRecord) -> None:
         _append(self.messages, "user", [{"type": "text", "text": message.content}])
 
-    async def stream(self, iteration: int, answer: Answer) -> AsyncGenerator[EngineEvent, None]:
+    async def stream(self, iteration: int, answer: Answer, route: Route[api.AnthropicClient]
+                     ) -> AsyncGenerator[EngineEvent, None]:
         blocks: dict[int, dict[str, Any]] = {}
         inputs: dict[int, list[str]] = {}
         usage = TokenUsage()
-        async with aclosing(self.client.stream_messages(self._body())) as s:
+        async with aclosing(route.client.stream_messages(self._body(route.model))) as s:
             async for event in s:
                 if isinstance(event, api.BlockDelta):
                     block = blocks.get(event.index)
@@ -166,10 +166,10 @@ class _MessagesConversation:
 
 
 class AnthropicEngine:
-    def __init__(self, agent: AgentConfig, client: api.AnthropicClient) -> None:
+    def __init__(self, agent: AgentConfig, call: ModelCall[api.AnthropicClient]) -> None:
         self.agent = agent
-        self.client = client
+        self.call = call
 
     def run(self, ctx: EngineContext) -> AsyncGenerator[EngineEvent, None]:
-        conversation = _MessagesConversation(self.agent, self.client, ctx)
-        return tool_loop(ctx, conversation, self.agent.max_iterations)
+        conversation = _MessagesConversation(self.agent, ctx)
+        return tool_loop(ctx, conversation, self.agent.max_iterations, self.call)

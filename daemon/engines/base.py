@@ -82,6 +82,21 @@ class MessageAppended:
 
 
 @dataclass(frozen=True, slots=True)
+class ProviderRetried:
+    """A call is retried after a wait (`attempt`: which retry, 1-based), or goes to a
+    fallback (`fallback`: provider/model are the new ones, attempt and wait 0)."""
+
+    provider: str
+    model: str
+    attempt: int
+    max_retries: int
+    wait_ms: int
+    status: int | None
+    error: str
+    fallback: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     content: str
     iterations: int
@@ -90,7 +105,7 @@ class Finished:
 
 EngineEvent = (
     ThinkingDelta | ContentDelta | ModelNamed | UsageReport | ToolStarted | ToolFinished
-    | ToolOutput | EngineSessionNamed | MessageAppended | Finished
+    | ToolOutput | EngineSessionNamed | MessageAppended | Finished | ProviderRetried
 )
 
 

@@ -26,6 +26,7 @@ from daemon.engines.base import (
     ToolFinished,
     UsageReport,
 )
+from daemon.engines.modelcall import ModelCall, Route
 from daemon.engines.toolround import Answer, tool_loop
 from daemon.llm import openai_client as llm
 from daemon.store.models import MessageRecord, TokenUsage
@@ -74,26 +75,25 @@ def _parse_arguments(raw: str) -> Any:
 class _ChatConversation:
     """The Chat Completions side of the tool loop: a list of role messages."""
 
-    def __init__(self, agent: AgentConfig, client: llm.OpenAIClient, ctx: EngineContext
-                 ) -> None:
+    def __init__(self, agent: AgentConfig, ctx: EngineContext) -> None:
         self.agent = agent
-        self.client = client
         self.history = list(ctx.history)
         self.tools = [schema(t) for t in ctx.tools]
 
     def add_injected(self, message: MessageRecord) -> None:
         self.history.append(message)
 
-    async def stream(self, iteration: int, answer: Answer) -> AsyncGenerator[EngineEvent, None]:
+    async def stream(self, iteration: int, answer: Answer, route: Route[llm.OpenAIClient]
+                     ) -> AsyncGenerator[EngineEvent, None]:
         body: dict[str, Any] = {
-            "model": self.agent.model,
+            "model": route.model,
             "messages": to_openai_messages(self.agent.system, self.history),
         }
         if self.tools:
             body["tools"] = self.tools
         content: list[str] = []
         calls: dict[int, _PendingCall] = {}
-        async with aclosing(self.client.stream_chat(body)) as deltas:
+        async with aclosing(route.client.stream_chat(body)) as deltas:
             async for delta in deltas:
                 if isinstance(delta, llm.ContentDelta):
                     content.append(delta.text)
@@ -133,10 +133,10 @@ class _ChatConversation:
 
 
 class OpenAIEngine:
-    def __init__(self, agent: AgentConfig, client: llm.OpenAIClient) -> None:
+    def __init__(self, agent: AgentConfig, call: ModelCall[llm.OpenAIClient]) -> None:
         self.agent = agent
-        self.client = client
+        self.call = call
 
     def run(self, ctx: EngineContext) -> AsyncGenerator[EngineEvent, None]:
-        conversation = _ChatConversation(self.agent, self.client, ctx)
-        return tool_loop(ctx, conversation, self.agent.max_iterations)
+        conversation = _ChatConversation(self.agent, ctx)
+        return tool_loop(ctx, conversation, self.agent.max_iterations, self.call)

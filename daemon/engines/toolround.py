@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import trio
@@ -27,6 +28,7 @@ from daemon.engines.base import (
     ToolFinished,
     ToolStarted,
 )
+from daemon.engines.modelcall import ModelCall, Route
 from daemon.errors import MaxIterationsError
 from daemon.store.models import MessageRecord
 from daemon.tools.base import ToolOutcome
@@ -101,9 +103,11 @@ class Conversation(Protocol):
     def add_injected(self, message: MessageRecord) -> None:
         """A message delivered to the running turn (steer), before the next call."""
 
-    def stream(self, iteration: int, answer: Answer) -> AsyncGenerator[EngineEvent, None]:
-        """Make one LLM call: yield its deltas, usage and model as they come; fill
-        `answer` by the end."""
+    def stream(self, iteration: int, answer: Answer, route: Route[Any]
+               ) -> AsyncGenerator[EngineEvent, None]:
+        """Make one attempt at one LLM call on `route`: yield its deltas, usage and
+        model as they come; fill `answer` only once the stream has ended (a retried
+        attempt starts from nothing)."""
         ...
 
     def add_answer(self, assistant: MessageRecord) -> None:
@@ -114,11 +118,14 @@ class Conversation(Protocol):
 
 
 async def tool_loop(
-    ctx: EngineContext, conversation: Conversation, max_iterations: int
+    ctx: EngineContext, conversation: Conversation, max_iterations: int,
+    call: ModelCall[Any],
 ) -> AsyncGenerator[EngineEvent, None]:
     """Call the LLM, run the tools it asked for, call again — until an answer asks for
     none (Finished) or more than `max_iterations` calls were needed (MaxIterationsError).
-    Deliveries to the running turn join the conversation before each call."""
+    Deliveries to the running turn join the conversation before each call. Each call
+    goes through `call` (engines/modelcall.py: retries, fallback, the provider's
+    concurrency slot)."""
     iteration = 0
     while True:
         iteration += 1
@@ -128,7 +135,8 @@ async def tool_loop(
         if iteration > max_iterations:
             raise MaxIterationsError(max_iterations)
         answer = Answer()
-        async with aclosing(conversation.stream(iteration, answer)) as deltas:
+        async with aclosing(call.stream(partial(conversation.stream, iteration, answer))
+                            ) as deltas:
             async for event in deltas:
                 yield event
         assistant = MessageRecord("assistant", answer.text, answer.calls or None, None,

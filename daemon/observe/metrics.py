@@ -90,6 +90,14 @@ class Metrics:
             "veild_provider_request_duration_seconds",
             "One LLM request, from sending it to the end of its streamed answer.",
             ["provider"], buckets=REQUEST_BUCKETS, registry=registry)
+        # CONTRACT §14.
+        self.provider_retries = Counter(
+            "veild_provider_retries", "LLM calls retried, by provider and reason (the "
+            "status, or connect / reset / timeout / overloaded / rate_limit).",
+            ["provider", "reason"], registry=registry)
+        self.provider_in_flight = Gauge(
+            "veild_provider_in_flight", "LLM requests in flight, by provider.",
+            ["provider"], registry=registry)
         self.loop_lag = Gauge(
             "veild_event_loop_lag_seconds",
             "How late the event loop last woke a task sleeping a fixed interval.",
@@ -124,6 +132,12 @@ class Metrics:
 
     def provider_request_ended(self, provider: str, duration_s: float) -> None:
         self.provider_request.labels(provider).observe(duration_s)
+
+    def provider_retried(self, provider: str, reason: str) -> None:
+        self.provider_retries.labels(provider, reason).inc()
+
+    def provider_in_flight_now(self, provider: str, n: int) -> None:
+        self.provider_in_flight.labels(provider).set(n)
 
     async def wait_running_changed(self) -> int:
         """Wait until the number of running turns changes; returns it (a burst of

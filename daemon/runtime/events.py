@@ -28,6 +28,7 @@ INFERENCE_CHUNK: Final = "inference.chunk"
 INFERENCE_TOOL: Final = "inference.tool"
 TOOL_CHUNK: Final = "tool.chunk"
 TOOL_RESULT: Final = "tool.result"
+PROVIDER_RETRY: Final = "provider.retry"  # CONTRACT §14: before a retry's wait
 MESSAGE: Final = "message"
 USAGE: Final = "usage"
 APPROVAL_REQUEST: Final = "approval.request"  # CONTRACT §9

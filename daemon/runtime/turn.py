@@ -35,7 +35,13 @@ import trio
 from daemon.clock import now_ms
 from daemon.config import AgentConfig
 from daemon.engines import base as eng
-from daemon.errors import MaxIterationsError, ProviderError, StoreError, StoreUnavailable
+from daemon.errors import (
+    MaxIterationsError,
+    ModelCallFailed,
+    ProviderError,
+    StoreError,
+    StoreUnavailable,
+)
 from daemon.mcp.manager import McpManager
 from daemon.observe.logs import turn_context
 from daemon.observe.metrics import Metrics
@@ -389,6 +395,18 @@ class Turn:
             case eng.MessageAppended():
                 self.iterations = max(self.iterations, event.iteration)
                 await self._append(event.message, event.iteration)
+            case eng.ProviderRetried():
+                # CONTRACT §14: before the wait (or the fallback's first request); not a
+                # chunk. The model of a fallback is named by the ModelNamed after it.
+                data: dict[str, Any] = {
+                    "provider": event.provider, "model": event.model,
+                    "attempt": event.attempt, "maxRetries": event.max_retries,
+                    "waitMs": event.wait_ms, "error": event.error}
+                if event.status is not None:
+                    data["status"] = event.status
+                if event.fallback:
+                    data["fallback"] = True
+                self._stream(ev.PROVIDER_RETRY, data)
             case eng.Finished():
                 self.content = event.content
                 self.iterations = max(self.iterations, event.iterations)
@@ -507,8 +525,10 @@ class Turn:
             return "CANCELLED", "turn cancelled", {"reason": reason}
         first = errors[0]
         if isinstance(first, ProviderError):
-            details = {"status": first.status} if first.status else None
-            return "PROVIDER_ERROR", first.message, details
+            details: dict[str, Any] = {"status": first.status} if first.status else {}
+            if isinstance(first, ModelCallFailed):  # CONTRACT §14
+                details.update(provider=first.provider, attempts=first.attempts)
+            return "PROVIDER_ERROR", first.message, details or None
         if isinstance(first, MaxIterationsError):
             return "MAX_ITERATIONS", str(first), {"maxIterations": first.limit}
         if isinstance(first, StoreUnavailable):
