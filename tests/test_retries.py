@@ -20,6 +20,8 @@ import pytest
 import trio
 import trio.testing
 
+from daemon.config import load_config
+from daemon.errors import ConfigError
 from tests import rawprovider as raw
 from tests.harness import (
     CHUNKS,
@@ -421,3 +423,34 @@ async def _second_turn(rec: Recorder) -> dict[str, Any]:
         return starts[1] if len(starts) > 1 else None
     result: dict[str, Any] = await rec.wait_for(find)
     return result
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ('[agents.a]\nprovider = "o"\nmodel = "m"\nfallback = ["nope"]\n', "agents.a.fallback"),
+    ('[agents.a]\nprovider = "o"\nmodel = "m"\nfallback = ["a"]\n', "agents.a.fallback"),
+    ('[agents.a]\nprovider = "o"\nmodel = "m"\nfallback = ["o:"]\n', "agents.a.fallback"),
+    ('[agents.a]\nengine = "claude-cli"\nfallback = ["o"]\n', "agents.a.fallback"),
+    ('[providers.x]\ntype = "mock"\nmax_retries = -1\n', "providers.x.max_retries"),
+    ('[providers.x]\ntype = "mock"\nretry_initial_ms = 50000\n', "providers.x.retry_initial_ms"),
+    ('[providers.x]\ntype = "mock"\nretry_after_max_s = -1\n', "providers.x.retry_after_max_s"),
+    ('[providers.x]\ntype = "mock"\nmax_concurrent = -2\n', "providers.x.max_concurrent"),
+])
+def test_retry_and_fallback_keys_are_checked(tmp_path: Path, text: str, key: str) -> None:
+    path = tmp_path / "daemon.toml"
+    path.write_text('[providers.o]\ntype = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n'
+                    '[providers.a]\ntype = "anthropic"\n' + text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == key, info.value
+
+
+def test_retry_defaults_and_a_fallback(tmp_path: Path) -> None:
+    path = tmp_path / "daemon.toml"
+    path.write_text('[providers.o]\ntype = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n'
+                    '[providers.m]\ntype = "mock"\n'
+                    '[agents.a]\nprovider = "o"\nmodel = "m1"\nfallback = ["m", "o:m2"]\n')
+    config = load_config(path)
+    o = config.providers["o"]
+    assert (o.max_retries, o.retry_initial_ms, o.retry_max_ms, o.retry_after_max_s,
+            o.max_concurrent) == (4, 500, 30_000, 120, 0)
+    assert config.agents["a"].fallback == (("m", None), ("o", "m2"))
