@@ -34,6 +34,7 @@ from tests.harness import (
     open_recorder,
 )
 from tests.rawprovider import Behaviour, RawProvider, open_raw_provider
+from tests.test_sse_mirror import read_sse
 
 RETRYABLE = (408, 409, 429, 500, 502, 503, 504, 529)
 NEVER_RETRIED = (400, 401, 403, 404, 422)
@@ -454,3 +455,24 @@ def test_retry_defaults_and_a_fallback(tmp_path: Path) -> None:
     assert (o.max_retries, o.retry_initial_ms, o.retry_max_ms, o.retry_after_max_s,
             o.max_concurrent) == (4, 500, 30_000, 120, 0)
     assert config.agents["a"].fallback == (("m", None), ("o", "m2"))
+
+
+async def test_sse_carries_the_retries_exactly_as_the_bus(
+        tmp_path: Path, provider: Provider, rawp: RawProvider, engine: str) -> None:
+    """§5 parity with retries in the mix: the SSE chat's frames are the bus's events of
+    the turn, provider.retry included, one terminal last."""
+    setup = Setup(engine, "httpx")
+    rawp.plan = [failing(503), failing(429), answer]
+    async with open_daemon(tmp_path, provider, extra=extra(rawp, setup)) as d, \
+            open_recorder(d.ws_url) as rec:
+        async with d.http.stream("POST", f"/agents/{setup.agent}/chat",
+                                 json={"message": "hello", "sse": True}) as r:
+            frames = await read_sse(r)
+        sse_events = [json.loads(f["data"]) for f in frames]
+        turn_id = sse_events[0]["turnId"]
+        await rec.terminal(turn_id)
+        assert sse_events == rec.stream(turn_id)
+    assert [e["data"]["status"] for e in sse_events
+            if e["eventType"] == "provider.retry"] == [503, 429]
+    assert_one_terminal_last(sse_events)
+    assert sse_events[-1]["eventType"] == "done"
