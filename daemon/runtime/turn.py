@@ -26,7 +26,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -45,13 +44,15 @@ from daemon.errors import (
 from daemon.mcp.manager import McpManager
 from daemon.observe.logs import turn_context
 from daemon.observe.metrics import Metrics
-from daemon.runtime import approvals, delivery_text
+from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
 from daemon.runtime.approvals import Approvals
 from daemon.runtime.bus import Bus
 from daemon.runtime.inbox import TurnHold
 from daemon.runtime.ports import Store
+from daemon.runtime.publisher import TurnPublisher
 from daemon.runtime.state import SessionState
+from daemon.runtime.toolrunner import TurnTools
 from daemon.sandbox import Sandbox
 from daemon.store.models import (
     InboxRecord,
@@ -60,8 +61,7 @@ from daemon.store.models import (
     TokenUsage,
     TurnRecord,
 )
-from daemon.toolenv import tool_environment
-from daemon.tools.base import SubAgents, Tool, ToolContext, ToolError, ToolOutcome
+from daemon.tools.base import SubAgents, Tool, ToolOutcome
 
 log = logging.getLogger(__name__)
 
@@ -166,15 +166,20 @@ class Turn:
     delivered: list[InboxRecord] = field(default_factory=list)
     # Bytes of output so far per tool call an engine ran itself (tool.chunk offsets).
     _tool_offsets: dict[str, int] = field(default_factory=dict)
-    # This turn's chunk encoders (the constant part of its chunk envelopes, encoded
-    # once): by eventType, and for tool.chunk by (toolCallId, toolName, stream).
-    _encoders: dict[str, ev.ChunkEncoder] = field(default_factory=dict)
-    _tool_encoders: dict[tuple[str, str, str], ev.ChunkEncoder] = field(default_factory=dict)
     # Whether the store holds this turn's row (its start was stored).
     start_stored: bool = False
     # The session's history as this turn stored it, when it is known without reading
     # it back (`fresh`): 1,000 spawns would otherwise queue 1,000 reads.
     _history: list[MessageRecord] | None = None
+    # Its pieces: the one publisher of its events (runtime/publisher.py) and its tools
+    # (runtime/toolrunner.py).
+    publisher: TurnPublisher = field(init=False)
+    toolbox: TurnTools = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.publisher = TurnPublisher(self.services.bus, self.session, self.id,
+                                       lambda: self.gate_closed)
+        self.toolbox = TurnTools(self)
 
     # -- the gate -------------------------------------------------------------------------
 
@@ -219,25 +224,6 @@ class Turn:
         if code != "CANCELLED" or (details or {}).get("reason") not in STOP_REASONS:
             return []
         return self.inbox_hold.quiet()
-
-    # -- publishing -----------------------------------------------------------------------
-
-    def _stream(self, event_type: str, data: dict[str, Any]) -> int:
-        """Publish one session.stream event of this turn; returns its seq."""
-        return self.services.bus.publish_stream(self.session.ref, self.id, event_type, data).seq
-
-    def _chunk(self, event_type: str, content: str) -> None:
-        """Publish a thinking or inference chunk, unless the gate is shut."""
-        if self.gate_closed:
-            return
-        encoder = self._encoders.get(event_type)
-        if encoder is None:
-            encoder = self._encoders[event_type] = ev.ChunkEncoder(
-                self.session.ref, self.id, event_type)
-        self.services.bus.publish_chunk(encoder, content)
-
-    def _plain(self, type: str, fields: dict[str, Any]) -> None:
-        self.services.bus.publish(type, self.session.ref, fields)
 
     # -- running --------------------------------------------------------------------------
 
@@ -286,8 +272,8 @@ class Turn:
 
     async def _begin(self) -> None:
         record = self.session.mark("running")
-        self._plain("session.updated", {"session": ev.session_wire(record)})
-        self._plain("chat.user_message", {"event": {
+        self.publisher.plain("session.updated", {"session": ev.session_wire(record)})
+        self.publisher.plain("chat.user_message", {"event": {
             "content": self.message, "trigger": self.trigger, "timestamp": now_ms(),
         }})
         start: dict[str, Any] = {
@@ -298,7 +284,7 @@ class Turn:
             start["schedule"] = self.schedule
         # Over the cluster's log the seq is assigned later: a lower bound is stored then.
         start_seq = self.services.bus.latest_seq + 1
-        self._stream(ev.TURN_START, start)
+        self.publisher.stream(ev.TURN_START, start)
         # Shielded: a turn stopped at once still keeps what it was asked in the history
         # (and a drain consumes what it took), so a stop never loses a message.
         with trio.move_on_after(self.services.grace_s, shield=True) as persisting:
@@ -325,8 +311,8 @@ class Turn:
         if message.tool_call_id:
             data["toolCallId"] = message.tool_call_id
         data["iteration"] = iteration
-        self._stream(ev.MESSAGE, data)
-        self._plain("chat.message", {"event": {**data, "timestamp": message.created_at}})
+        self.publisher.stream(ev.MESSAGE, data)
+        self.publisher.plain("chat.message", {"event": {**data, "timestamp": message.created_at}})
 
     async def _drive(self) -> None:
         engine = self.services.engine_for(self.agent)
@@ -346,15 +332,15 @@ class Turn:
     async def _handle(self, event: eng.EngineEvent) -> None:
         match event:
             case eng.ContentDelta():
-                self._chunk(ev.INFERENCE_CHUNK, event.text)
+                self.publisher.chunk(ev.INFERENCE_CHUNK, event.text)
             case eng.ThinkingDelta():
-                self._chunk(ev.THINKING_CHUNK, event.text)
+                self.publisher.chunk(ev.THINKING_CHUNK, event.text)
             case eng.ModelNamed():
                 self.model = event.model
             case eng.UsageReport():
                 self.usage = self.usage + event.usage
                 self.iterations = max(self.iterations, event.iteration)
-                self._stream(ev.USAGE, {
+                self.publisher.stream(ev.USAGE, {
                     "tokenUsage": ev.usage_wire(self.usage),
                     "budgetTokens": self.budget_tokens or None,
                     "iteration": event.iteration,
@@ -363,10 +349,10 @@ class Turn:
                     self.cancel("budget_exceeded")
                     await trio.lowlevel.checkpoint()  # raises Cancelled: no further call or tool
             case eng.ToolStarted():
-                self._stream(ev.INFERENCE_TOOL, {
+                self.publisher.stream(ev.INFERENCE_TOOL, {
                     "toolCallId": event.call_id, "name": event.name, "arguments": event.arguments,
                 })
-                self._plain("chat.inference_tool", {"event": {
+                self.publisher.plain("chat.inference_tool", {"event": {
                     "name": event.name, "timestamp": now_ms(),
                 }})
             case eng.ToolFinished():
@@ -377,7 +363,7 @@ class Turn:
                     event.call_id, event.name, event.arguments, event.outcome.is_error,
                     event.duration_ms,
                 ))
-                self._stream(ev.TOOL_RESULT, {
+                self.publisher.stream(ev.TOOL_RESULT, {
                     "toolCallId": event.call_id, "toolName": event.name,
                     "isError": event.outcome.is_error, "content": event.outcome.content,
                     "durationMs": event.duration_ms,
@@ -385,7 +371,7 @@ class Turn:
             case eng.ToolOutput():
                 offset = self._tool_offsets.get(event.call_id, 0)
                 self._tool_offsets[event.call_id] = offset + len(event.text.encode())
-                self._emit_tool_chunk(event.call_id, event.name, event.text, "stdout", offset)
+                self.publisher.tool_chunk(event.call_id, event.name, event.text, "stdout", offset)
             case eng.EngineSessionNamed():
                 record = self.session.record
                 if record.engine_session_id != event.session_id:
@@ -406,7 +392,7 @@ class Turn:
                     data["status"] = event.status
                 if event.fallback:
                     data["fallback"] = True
-                self._stream(ev.PROVIDER_RETRY, data)
+                self.publisher.stream(ev.PROVIDER_RETRY, data)
             case eng.Finished():
                 self.content = event.content
                 self.iterations = max(self.iterations, event.iterations)
@@ -417,97 +403,15 @@ class Turn:
 
     @property
     def workspace(self) -> Path:
-        return self.services.workspaces / self.session.record.id
+        return self.toolbox.workspace
 
     @property
     def tools(self) -> dict[str, Tool]:
-        """The tools offered to this turn's model, by name: a denied one is not."""
-        return {name: tool for name, tool in self._named_tools().items()
-                if approvals.policy(self.agent, tool) != "deny"}
-
-    def _named_tools(self) -> dict[str, Tool]:
-        """Every tool this turn's agent names, by name (denied ones too)."""
-        known, mcp = self.services.tools, self.services.mcp
-        tools: dict[str, Tool] = {}
-        for name in self.agent.tools:
-            if name in known:
-                tools[name] = known[name]
-            elif mcp is not None and name.startswith("mcp:"):
-                tools.update(mcp.tools_for(name))
-        return tools
+        """The tools offered to this turn's model, by name (runtime/toolrunner.py)."""
+        return self.toolbox.offered()
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
-        started = trio.current_time()
-        tool = self._named_tools().get(name)
-        verdict = approvals.policy(self.agent, tool) if tool is not None else None
-        refused: ToolOutcome | None = None
-        if verdict == "approve" and isinstance(args, dict):
-            asked = trio.current_time()
-            refused = await self._approval(call_id, name, args)
-            started += trio.current_time() - asked  # durationMs: the run, not the wait
-        if tool is None:
-            outcome = ToolOutcome(f"unknown tool {name!r}", is_error=True)
-        elif verdict == "deny":
-            outcome = ToolOutcome(f"not run: tool {name!r} is denied for agent "
-                                  f"{self.agent.name!r} (deny)", is_error=True)
-        elif not isinstance(args, dict):
-            outcome = ToolOutcome("tool arguments must be a JSON object", is_error=True)
-        elif refused is not None:
-            outcome = refused
-        else:
-            try:
-                outcome = await tool.run(self._tool_context(call_id), args)
-            except ToolError as exc:
-                outcome = ToolOutcome(str(exc), is_error=True)
-        return outcome, int((trio.current_time() - started) * 1000)
-
-    def _tool_context(self, call_id: str) -> ToolContext:
-        sub_agents = self.services.sub_agents
-        agent, session_id = self.agent, self.session.record.id
-        workspace = self.workspace.resolve()  # HOME, and the path bubblewrap binds
-        sandbox = self.services.sandbox
-        confine: Callable[[Sequence[str]], list[str]] = list
-        if agent.sandbox and sandbox.bwrap is not None:
-            confine = partial(sandbox.wrap, workspace=workspace, network=agent.network)
-        return ToolContext(
-            session_id=session_id,
-            tool_call_id=call_id,
-            workspace=self.workspace,
-            emit_chunk=self._emit_tool_chunk,
-            default_timeout_s=agent.bash_timeout_s,
-            max_output_bytes=agent.bash_max_output_bytes,
-            agents=sub_agents(self, call_id) if sub_agents is not None else None,
-            env=tool_environment(agent, session_id, workspace),
-            confine=confine,
-        )
-
-    async def _approval(self, call_id: str, name: str, args: Any) -> ToolOutcome | None:
-        """Wait for a person's decision on this call (CONTRACT §9): None to run it, else
-        the error result. No engine or tool timeout runs meanwhile: the LLM call is
-        over and the tool has not started."""
-        timeout_s = self.agent.approval_timeout_s
-        approval = await self.services.approvals.wait_for(
-            ref=self.session.ref, turn_id=self.id, gate_closed=lambda: self.gate_closed,
-            publish=self._stream, tool_call_id=call_id, tool_name=name, arguments=args,
-            timeout_s=timeout_s,
-        )
-        if approval.decision == "allow":
-            return None
-        assert approval.decision is not None
-        return ToolOutcome(approvals.refusal(approval.decision, approval.reason, timeout_s),
-                           is_error=True)
-
-    def _emit_tool_chunk(
-        self, call_id: str, tool_name: str, content: str, stream: str, offset: int
-    ) -> None:
-        if self.gate_closed:
-            return
-        key = (call_id, tool_name, stream)
-        encoder = self._tool_encoders.get(key)
-        if encoder is None:
-            encoder = self._tool_encoders[key] = ev.ChunkEncoder(
-                self.session.ref, self.id, ev.TOOL_CHUNK, key)
-        self.services.bus.publish_chunk(encoder, content, offset)
+        return await self.toolbox.run(call_id, name, args)
 
     # -- the exit path --------------------------------------------------------------------
 
@@ -606,16 +510,16 @@ class Turn:
                 except Exception:
                     log.exception("could not persist the end of turn %s", self.id)
         if code is None:
-            self._plain("chat.response", {"event": {
+            self.publisher.plain("chat.response", {"event": {
                 "content": self.content, "toolCount": len(self.tool_calls),
                 "iterations": stats.iterations, "tokenUsage": ev.usage_wire(self.usage),
                 "timestamp": now_ms(),
             }})
-            self._stream(ev.DONE, ev.done_data(record, stats))
+            self.publisher.stream(ev.DONE, ev.done_data(record, stats))
         else:
-            self._stream(ev.ERROR, ev.error_data(code, message, details, record, stats))
+            self.publisher.stream(ev.ERROR, ev.error_data(code, message, details, record, stats))
         self.session.turn_ended(self)
-        self._plain("session.updated", {"session": ev.session_wire(record)})
+        self.publisher.plain("session.updated", {"session": ev.session_wire(record)})
         self.outcome = TurnOutcome(self.id, code, message, details, self.content, stats, record)
         self.finished.set()
 

@@ -1,0 +1,59 @@
+"""The one publisher of a turn's events (DESIGN: one publisher per turn).
+
+Every event of a turn goes out here: its `session.stream` events, its chunks — which
+are dropped once the turn's gate (its cancel scope, or an enclosing turn's) is shut,
+so that after `cancel()` returns no chunk of it reaches the bus — and the plain events
+that mirror them. Each kind of chunk has an encoder made once per turn (the constant
+part of its envelopes, CONTRACT §4): the per-token path encodes only the content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from daemon.runtime import events as ev
+from daemon.runtime.bus import Bus
+from daemon.runtime.state import SessionState
+
+
+class TurnPublisher:
+    def __init__(self, bus: Bus, session: SessionState, turn_id: str,
+                 gate_closed: Callable[[], bool]) -> None:
+        self._bus = bus
+        self._session = session
+        self._turn_id = turn_id
+        self._gate_closed = gate_closed
+        # By eventType, and for tool.chunk by (toolCallId, toolName, stream).
+        self._encoders: dict[str, ev.ChunkEncoder] = {}
+        self._tool_encoders: dict[tuple[str, str, str], ev.ChunkEncoder] = {}
+
+    def stream(self, event_type: str, data: dict[str, Any]) -> int:
+        """Publish one session.stream event of this turn; returns its seq."""
+        return self._bus.publish_stream(self._session.ref, self._turn_id, event_type,
+                                        data).seq
+
+    def chunk(self, event_type: str, content: str) -> None:
+        """A thinking or inference chunk, unless the gate is shut."""
+        if self._gate_closed():
+            return
+        encoder = self._encoders.get(event_type)
+        if encoder is None:
+            encoder = self._encoders[event_type] = ev.ChunkEncoder(
+                self._session.ref, self._turn_id, event_type)
+        self._bus.publish_chunk(encoder, content)
+
+    def tool_chunk(self, call_id: str, tool_name: str, content: str, stream: str,
+                   offset: int) -> None:
+        """A tool's live output (tools/base.py ChunkEmitter), unless the gate is shut."""
+        if self._gate_closed():
+            return
+        key = (call_id, tool_name, stream)
+        encoder = self._tool_encoders.get(key)
+        if encoder is None:
+            encoder = self._tool_encoders[key] = ev.ChunkEncoder(
+                self._session.ref, self._turn_id, ev.TOOL_CHUNK, key)
+        self._bus.publish_chunk(encoder, content, offset)
+
+    def plain(self, type: str, fields: dict[str, Any]) -> None:
+        self._bus.publish(type, self._session.ref, fields)

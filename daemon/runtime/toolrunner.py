@@ -1,0 +1,111 @@
+"""The tools of one turn: which its model is offered, and running one call of them —
+the approval it may wait for (CONTRACT §9), then the tool with its context: the
+session's workspace, the tool environment and the sandbox (§16), the turn's gated
+publisher for live output, and sub-agents as seen from that call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from daemon.runtime import approvals
+from daemon.toolenv import tool_environment
+from daemon.tools.base import Tool, ToolContext, ToolError, ToolOutcome
+
+if TYPE_CHECKING:
+    from daemon.runtime.turn import Turn
+
+
+class TurnTools:
+    def __init__(self, turn: Turn) -> None:
+        self._turn = turn
+        self._agent = turn.agent
+        self._services = turn.services
+
+    @property
+    def workspace(self) -> Path:
+        return self._services.workspaces / self._turn.session.record.id
+
+    def offered(self) -> dict[str, Tool]:
+        """The tools offered to the model, by name: a denied one is not."""
+        return {name: tool for name, tool in self._named().items()
+                if approvals.policy(self._agent, tool) != "deny"}
+
+    def _named(self) -> dict[str, Tool]:
+        """Every tool the agent names, by name (denied ones too)."""
+        known, mcp = self._services.tools, self._services.mcp
+        tools: dict[str, Tool] = {}
+        for name in self._agent.tools:
+            if name in known:
+                tools[name] = known[name]
+            elif mcp is not None and name.startswith("mcp:"):
+                tools.update(mcp.tools_for(name))
+        return tools
+
+    async def run(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
+        """One call: its outcome and how long it ran (ms; an approval's wait aside)."""
+        started = trio.current_time()
+        tool = self._named().get(name)
+        verdict = approvals.policy(self._agent, tool) if tool is not None else None
+        refused: ToolOutcome | None = None
+        if verdict == "approve" and isinstance(args, dict):
+            asked = trio.current_time()
+            refused = await self._approval(call_id, name, args)
+            started += trio.current_time() - asked  # durationMs: the run, not the wait
+        if tool is None:
+            outcome = ToolOutcome(f"unknown tool {name!r}", is_error=True)
+        elif verdict == "deny":
+            outcome = ToolOutcome(f"not run: tool {name!r} is denied for agent "
+                                  f"{self._agent.name!r} (deny)", is_error=True)
+        elif not isinstance(args, dict):
+            outcome = ToolOutcome("tool arguments must be a JSON object", is_error=True)
+        elif refused is not None:
+            outcome = refused
+        else:
+            try:
+                outcome = await tool.run(self._context(call_id), args)
+            except ToolError as exc:
+                outcome = ToolOutcome(str(exc), is_error=True)
+        return outcome, int((trio.current_time() - started) * 1000)
+
+    def _context(self, call_id: str) -> ToolContext:
+        turn, agent = self._turn, self._agent
+        sub_agents = self._services.sub_agents
+        session_id = turn.session.record.id
+        workspace = self.workspace.resolve()  # HOME, and the path bubblewrap binds
+        sandbox = self._services.sandbox
+        confine: Callable[[Sequence[str]], list[str]] = list
+        if agent.sandbox and sandbox.bwrap is not None:
+            confine = partial(sandbox.wrap, workspace=workspace, network=agent.network)
+        return ToolContext(
+            session_id=session_id,
+            tool_call_id=call_id,
+            workspace=self.workspace,
+            emit_chunk=turn.publisher.tool_chunk,
+            default_timeout_s=agent.bash_timeout_s,
+            max_output_bytes=agent.bash_max_output_bytes,
+            agents=sub_agents(turn, call_id) if sub_agents is not None else None,
+            env=tool_environment(agent, session_id, workspace),
+            confine=confine,
+        )
+
+    async def _approval(self, call_id: str, name: str, args: Any) -> ToolOutcome | None:
+        """Wait for a person's decision on this call (CONTRACT §9): None to run it, else
+        the error result. No engine or tool timeout runs meanwhile: the LLM call is
+        over and the tool has not started."""
+        turn = self._turn
+        timeout_s = self._agent.approval_timeout_s
+        approval = await self._services.approvals.wait_for(
+            ref=turn.session.ref, turn_id=turn.id, gate_closed=lambda: turn.gate_closed,
+            publish=turn.publisher.stream, tool_call_id=call_id, tool_name=name,
+            arguments=args, timeout_s=timeout_s,
+        )
+        if approval.decision == "allow":
+            return None
+        assert approval.decision is not None
+        return ToolOutcome(approvals.refusal(approval.decision, approval.reason, timeout_s),
+                           is_error=True)
