@@ -485,6 +485,17 @@ def _retries(r: _Reader) -> dict[str, Any]:
             "max_concurrent": r.positive_int("max_concurrent", 0, minimum=0)}
 
 
+def _check_provider(r: _Reader, key: str, what: str, engine: str, name: str,
+                    providers: Mapping[str, ProviderConfig]) -> None:
+    """`name` is a configured provider of a type `engine` speaks."""
+    if name not in providers:
+        raise r.fail(key, f"{what}no [providers.{name}] is configured")
+    kinds = ENGINE_PROVIDERS[engine]
+    if providers[name].type not in kinds:
+        raise r.fail(key, f"{what}the {engine} engine needs a provider of type "
+                          f"{' or '.join(kinds)}, [providers.{name}] is {providers[name].type}")
+
+
 def _fallback(r: _Reader, engine: str, providers: Mapping[str, ProviderConfig]
               ) -> tuple[tuple[str, str | None], ...]:
     """`fallback = ["PROVIDER", "PROVIDER:MODEL", …]`: each provider configured and of
@@ -495,15 +506,9 @@ def _fallback(r: _Reader, engine: str, providers: Mapping[str, ProviderConfig]
     out: list[tuple[str, str | None]] = []
     for entry in entries:
         name, sep, model = entry.partition(":")
-        if name not in providers:
-            raise r.fail("fallback", f"{entry!r}: no [providers.{name}] is configured")
         if sep and not model:
             raise r.fail("fallback", f"{entry!r}: expected PROVIDER or PROVIDER:MODEL")
-        kinds = ENGINE_PROVIDERS[engine]
-        if providers[name].type not in kinds:
-            raise r.fail("fallback", f"{entry!r}: the {engine} engine needs a provider of "
-                                     f"type {' or '.join(kinds)}, [providers.{name}] is "
-                                     f"{providers[name].type}")
+        _check_provider(r, "fallback", f"{entry!r}: ", engine, name, providers)
         out.append((name, model or None))
     return tuple(out)
 
@@ -622,13 +627,7 @@ def _agent(
     if engine in ENGINE_PROVIDERS:
         if provider is None:
             raise r.fail("provider", f"is required for the {engine} engine")
-        if provider not in providers:
-            raise r.fail("provider", f"no [providers.{provider}] is configured")
-        kinds = ENGINE_PROVIDERS[engine]
-        if providers[provider].type not in kinds:
-            raise r.fail("provider", f"the {engine} engine needs a provider of type "
-                                     f"{' or '.join(kinds)}, [providers.{provider}] is "
-                                     f"{providers[provider].type}")
+        _check_provider(r, "provider", "", engine, provider, providers)
     tools = r.get("tools", list, [])
     for tool in tools:
         _check_tool(r, tool, mcp or {})
