@@ -1,6 +1,7 @@
 """`veild chat`'s live view (CONTRACT §12): the turn and every sub-agent it spawns, each
 line labelled by agent and indented by depth under the tool call that spawned it,
-thinking dimmed, tool output as it streams, a final line with tokens, cost and duration.
+thinking dimmed, tool output as it streams, a provider's retries and fallbacks (CONTRACT
+§14) as lines of their own, a final line with tokens, cost and duration.
 
 The chat itself is an SSE request (it owns the turn's start and answers with its first
 frame, which names the session); the view comes from /ws filtered to that session and its
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from typing import Any
 
@@ -85,6 +87,54 @@ def _usage_line(event: str, data: dict[str, Any]) -> str:
             f"duration={seconds:.2f}s]")
 
 
+def _failure(data: dict[str, Any]) -> str:
+    """What went wrong, in a few words: from the status, else the error's gist (the same
+    words as Studio's, daemon/studio/js/retry.js)."""
+    status = data.get("status")
+    if status == 429:
+        return "rate limited"
+    if status in (503, 529):
+        return "overloaded"
+    if status:
+        return f"HTTP {status} failed"
+    error = str(data.get("error") or "")
+    if re.search(r"overload", error, re.I):
+        return "overloaded"
+    if re.search(r"rate.?limit", error, re.I):
+        return "rate limited"
+    if re.search(r"timed out|timeout|stalled|within \d", error, re.I):
+        return "timed out"
+    if re.search(r"refused|reset|connect", error, re.I):
+        return "connection failed"
+    gist = re.split(r"[:\n]", error.removeprefix("provider "))[0].strip()
+    return (gist[:59] + "…" if len(gist) > 60 else gist) or "failed"
+
+
+def _wait(ms: float) -> str:
+    """850 ms, 1.5 s, 12 s."""
+    if ms < 1000:
+        return f"{max(0, round(ms))} ms"
+    seconds = ms / 1000
+    return f"{seconds:.1f}".removesuffix(".0") + " s" if seconds < 10 else f"{round(seconds)} s"
+
+
+def retry_text(data: dict[str, Any], failed: str | None = None) -> str:
+    """A `provider.retry` in words: `rate limited by openai, retrying in 4 s — attempt 2 of
+    4`, or for a fallback (`failed`: the provider of the call's previous announcement)
+    `openai failed (HTTP 529): falling back to backup · backup-model`."""
+    provider = data.get("provider")
+    why = _failure(data)
+    if data.get("fallback"):
+        what = f"HTTP {data['status']}" if data.get("status") else why
+        return (f"{failed or 'the provider'} failed ({what}): falling back to {provider} · "
+                f"{data.get('model')}")
+    cause = (f"rate limited by {provider}" if why == "rate limited"
+             else f"{provider} overloaded" if why == "overloaded" else f"{provider}: {why}")
+    wait = data.get("waitMs") or 0
+    when = f"retrying in {_wait(wait)}" if wait > 0 else "retrying now"
+    return f"{cause}, {when} — attempt {data.get('attempt')} of {data.get('maxRetries')}"
+
+
 class ChatView:
     """Turns envelopes of the chat's tree into lines; knows when the chat's turn ended."""
 
@@ -95,6 +145,9 @@ class ChatView:
         self.view = TreeView(console, int(first.get("depth") or 0))
         self.exit_code: int | None = None
         self.marked = marked  # the unsandboxed agents: their sessions are marked
+        # Per session: the provider its running call was last announced on (a fallback
+        # names only the provider it goes to); a message ends the call.
+        self.routes: dict[str, str] = {}
         agent = first.get("agentName") or agent
         if agent in marked:  # the chat's own session has no head line to carry it
             self.view.line({}, f"{MARK} {agent} runs commands outside the sandbox "
@@ -130,6 +183,13 @@ class ChatView:
             mark = "✗" if data.get("isError") else "✓"
             v.line(env, f"[{agent} {mark} {data.get('toolName')} {data.get('durationMs', 0)}ms]",
                    "red" if data.get("isError") else "green")
+        elif kind == "provider.retry":
+            sid = env["sessionId"]
+            text = retry_text(data, self.routes.get(sid))
+            self.routes[sid] = str(data.get("provider"))
+            v.line(env, f"[{agent} ↻ {text}]", "yellow" if data.get("fallback") else "dim yellow")
+        elif kind == "message":
+            self.routes.pop(env["sessionId"], None)
         elif kind == "approval.request":
             v.line(env, f"[{data['toolName']} waits for approval: veild approve "
                         f"{env['sessionId']} {data['approvalId']} [--deny REASON]]", "bold yellow")

@@ -7,6 +7,7 @@
 import { markSandbox } from './agents.js';
 import { api } from './api.js';
 import { fmtCost, fmtTokens, h, shortId } from './dom.js';
+import { cause, fallbackText } from './retry.js';
 
 const TERMINAL_FETCH_CONCURRENCY = 4;
 const OVER_KEPT = 2000;
@@ -44,6 +45,7 @@ export class Tree {
         depth: wire.depth || 0, createdAt: wire.createdAt || 0, updatedAt: -1,
         status: 'idle', tokenUsage: { input: 0, output: 0, cache: 0, cost: 0 }, model: null,
         terminal: null, terminalKnown: false, live: null, approvals: new Map(),
+        retry: null,  // while its running call is retried: {fallback, text, provider}
         spawnToolCallId: spawnToolCallId || null, dom: null,
       };
       this.sessions.set(s.id, s);
@@ -57,7 +59,10 @@ export class Tree {
       if (wire.tokenUsage) s.tokenUsage = wire.tokenUsage;
       if (wire.model) s.model = wire.model;
       s.updatedAt = Math.max(s.updatedAt, wire.updatedAt || 0);
-      if (s.status !== 'running') s.live = null;
+      if (s.status !== 'running') {
+        s.live = null;
+        s.retry = null;
+      }
     }
     this.render(s);
     return s;
@@ -91,9 +96,24 @@ export class Tree {
       default: return;
     }
     const type = e.eventType;
-    if (type === 'inference.chunk' || type === 'thinking.chunk' || type === 'tool.chunk') return;
+    if (type === 'inference.chunk' || type === 'thinking.chunk' || type === 'tool.chunk') {
+      const s = this.sessions.get(e.sessionId);
+      if (s && s.retry) this.retried(s);  // the retried call streams
+      return;
+    }
     const s = this.ensure(e);
     const d = e.data;
+    if (type === 'provider.retry') {
+      // A subtle state of the row while the call is retried (the notice is in the view).
+      s.retry = {
+        fallback: Boolean(d.fallback),
+        text: d.fallback ? fallbackText(d, s.retry && s.retry.provider) : `${cause(d)}: retry ${d.attempt} of ${d.maxRetries}`,
+        provider: d.provider,
+      };
+      this.render(s);
+      return;
+    }
+    if (s.retry && type !== 'usage') this.retried(s);
     if (type === 'turn.start') {
       s.live = null;
     } else if (type === 'usage') {
@@ -117,6 +137,11 @@ export class Tree {
       this.isOver(d.approvalId);
       this.approvalsChanged(s);
     }
+  }
+
+  retried(s) {
+    s.retry = null;
+    this.render(s);
   }
 
   isOver(id) {
@@ -204,13 +229,14 @@ export class Tree {
     const badge = h('span.badge');
     const sandbox = h('span.sandbox-slot');  // the unsandboxed badge, when its agent is
     const approvals = h('span.approvals-badge', { title: 'waiting for approval' });
+    const retry = h('span.retry-badge');
     const tokens = h('span.tokens');
     const cost = h('span.cost');
-    row.append(caret, dot, h('span.names', {}, agent, sid), sandbox, approvals, badge,
+    row.append(caret, dot, h('span.names', {}, agent, sid), sandbox, retry, approvals, badge,
       h('span.meter', {}, tokens, cost));
     const kids = h('div.kids', { role: 'group' });
     const node = h('div.node', { 'data-node': s.id }, row, kids);
-    s.dom = { node, row, kids, badge, sandbox, approvals, tokens, cost, dot };
+    s.dom = { node, row, kids, badge, sandbox, approvals, retry, tokens, cost, dot };
     this.place(s);
     // Sessions that arrived before their parent move under it now.
     for (const other of this.sessions.values()) {
@@ -238,7 +264,7 @@ export class Tree {
   }
 
   render(s) {
-    const { row, badge, sandbox, approvals, tokens, cost, dot } = s.dom;
+    const { row, badge, sandbox, approvals, retry, tokens, cost, dot } = s.dom;
     row.dataset.status = s.status;
     markSandbox(sandbox, s.agentName);
     const t = s.terminal;
@@ -248,8 +274,12 @@ export class Tree {
     const pending = this.pendingApprovals(s);
     row.dataset.approvals = String(pending);
     approvals.textContent = pending ? `${pending} ⚑` : '';
-    dot.className = `status-dot ${s.status}`;
-    dot.title = s.status;
+    const r = s.retry;
+    row.dataset.retrying = r ? (r.fallback ? 'fallback' : 'retry') : '';
+    retry.textContent = r ? (r.fallback ? '⇢ fallback' : '↻ retrying') : '';
+    retry.title = r ? r.text : '';
+    dot.className = `status-dot ${s.status}${r ? ' retrying' : ''}`;
+    dot.title = r ? `${s.status} · ${r.text}` : s.status;
     if (t && t.terminal === 'error') {
       badge.className = `badge error${t.code === 'CANCELLED' ? ' cancelled' : ''}`;
       badge.textContent = t.reason || t.code;

@@ -5,12 +5,17 @@
 // once (markdown) and marked `done` (content-visibility: auto). A sub-agent's turn is a
 // ChildTurn inside the ToolCall that spawned it, with a Body of its own, so its own
 // tool calls (and their sub-agents) nest the same way.
+//
+// A provider's retry or fallback (`provider.retry`, CONTRACT §14) is a notice where the
+// call's answer would stream: live while it waits (a countdown), then a small past note
+// that stays above the answer (retry.js has the words).
 
 import { markSandbox } from './agents.js';
 import { api } from './api.js';
 import { fmtCost, fmtDuration, fmtTime, fmtTokens, h, shortId } from './dom.js';
 import { TextSink } from './flush.js';
 import { renderMarkdown } from './markdown.js';
+import { fallbackText, retryText } from './retry.js';
 
 const DELIVERY = /^\[veild delivery from (?:session (\S+) \(agent "([^"]*)"\)|outside[^\]]*)(?:: ([^\]]*))?\]$/;
 
@@ -186,6 +191,8 @@ class Body {
     this.open = null;
     this.prompted = false;
     this.approvals = new Map();
+    this.retrying = null;  // the live notice of the running call's retry
+    this.route = null;     // the provider of the running call's last announcement
   }
 
   finishOpen() {
@@ -205,6 +212,8 @@ class Body {
 
   apply(e) {
     const d = e.data || {};
+    // Anything of the call (or the turn's end) after a retry: the retry was made.
+    if (this.retrying && e.eventType !== 'provider.retry' && e.eventType !== 'usage') this.settle(e.eventType);
     switch (e.eventType) {
       case 'thinking.chunk': this.stream('thinking', d.content); break;
       case 'inference.chunk': this.stream('text', d.content); break;
@@ -214,7 +223,9 @@ class Body {
         break;
       case 'tool.chunk': this.view.toolCalls.get(d.toolCallId)?.chunk(d.stream, d.content); break;
       case 'tool.result': this.view.toolCalls.get(d.toolCallId)?.result(d); break;
+      case 'provider.retry': this.retry(e); break;
       case 'message':
+        this.route = null;  // a call ended: the next one starts at the agent's provider
         if (d.role === 'user') {
           this.finishOpen();
           this.el.append(userBubble(d.content, this.who));
@@ -291,6 +302,64 @@ class Body {
     }
   }
 
+  /** provider.retry: a live notice (a retry's countdown) or a fallback's note. */
+  retry(e) {
+    const d = e.data || {};
+    this.finishOpen();
+    this.settle('provider.retry');
+    const from = this.route;
+    this.route = d.provider;
+    const text = h('span.retry-text');
+    const el = h('div.provider-retry', {
+      'data-testid': 'provider-retry', 'data-provider': d.provider, 'data-model': d.model,
+      'data-attempt': d.attempt, 'data-max-retries': d.maxRetries, 'data-wait-ms': d.waitMs,
+      'data-status': d.status ?? '', 'data-fallback': String(Boolean(d.fallback)),
+      title: d.error || '',
+    });
+    this.el.append(el);
+    if (d.fallback) {
+      el.dataset.state = 'fallback';
+      el.classList.add('fallback');  // done at once: a note from the start
+      text.textContent = fallbackText(d, from);
+      el.append(h('span.retry-icon', { text: '⇢' }), text);
+      return;
+    }
+    el.dataset.state = 'waiting';
+    el.append(h('span.spinner'), text);
+    // From when the daemon announced it (a replayed notice counts down what is left).
+    const now = Date.now();
+    const notice = { el, text, d, start: Math.min(now, e.ts || now), timer: null };
+    this.retrying = notice;
+    this.tick(notice);
+  }
+
+  tick(notice) {
+    if (this.retrying !== notice || !notice.el.isConnected) return;
+    const left = (notice.d.waitMs || 0) - (Date.now() - notice.start);
+    notice.text.textContent = retryText(notice.d, 'waiting', left);
+    if (left > 0) {
+      // At the next whole second of the countdown (a wait under a second: at its end).
+      const next = notice.d.waitMs < 1000 ? left : left % 1000 || 1000;
+      notice.timer = setTimeout(() => this.tick(notice), next + 5);
+    } else {
+      notice.el.dataset.state = 'retrying';  // the request is being made again
+    }
+  }
+
+  /** The live notice becomes a past note: retried, or the turn ended during its wait. */
+  settle(kind) {
+    const notice = this.retrying;
+    if (!notice) return;
+    this.retrying = null;
+    clearTimeout(notice.timer);
+    const { el, text, d } = notice;
+    el.querySelector('.spinner')?.remove();
+    el.classList.add('past');
+    const ended = (kind === 'done' || kind === 'error') && el.dataset.state === 'waiting';
+    el.dataset.state = ended ? 'ended' : 'retried';
+    text.textContent = retryText(d, el.dataset.state);
+  }
+
   end() {
     this.finishOpen();
     for (const el of this.approvals.values()) el.remove();
@@ -358,7 +427,7 @@ class ChildTurn {
   status(s) {
     if (!s) return;
     this.el.dataset.status = s.status;
-    this.statusEl.className = `status-dot ${s.status}`;
+    this.statusEl.className = `status-dot ${s.status}${s.retry ? ' retrying' : ''}`;
     markSandbox(this.sandboxEl, this.agentName || s.agentName);
   }
 
