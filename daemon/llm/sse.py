@@ -9,6 +9,11 @@ What is refused (CONTRACT §5.8), each with a message naming what was wrong:
   `stall_timeout_s` before the response headers or mid-stream (per-read deadlines in
   either transport: they cost nothing per token);
 - a transport error or an oversized line.
+Each ProviderError says what a retry needs (CONTRACT §14): the status, a reason
+("connect", "reset", "timeout" are transient; "stall", "dropped", "malformed",
+"redirect", "content_type", "tls" are not — daemon.errors) and the wait the response
+asked for (`retry-after-ms`, else `Retry-After` in seconds or as an HTTP date).
+
 Whether the stream was *complete* is the caller's to judge (each API marks its end its
 own way).
 
@@ -24,9 +29,14 @@ discards the connection.
 
 from __future__ import annotations
 
+import email.utils
+import math
 import socket
+import ssl
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import aclosing
+from datetime import UTC
 from typing import Any
 
 import httpx
@@ -46,6 +56,57 @@ MERGE_MAX_CHARS = 64 * 1024
 LINE_MAX = 4 * 1024 * 1024
 EVENT_STREAM = "text/event-stream"
 JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def retry_after_s(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """The wait a response asks for, in seconds: `retry-after-ms` (milliseconds; taken
+    first), else `Retry-After` (seconds, integer or decimal, or an HTTP date: the time
+    from `now`, wall-clock, to it, never negative); None when neither is there or
+    readable."""
+    ms = _non_negative(headers.get("retry-after-ms"))
+    if ms is not None:
+        return ms / 1000
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    seconds = _non_negative(value)
+    if seconds is not None:
+        return seconds
+    try:
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # "-0000": UTC, by RFC 5322
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _non_negative(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value.strip())
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def error_event_reason(error: Any) -> str | None:
+    """"overloaded" or "rate_limit" when a provider's error event (an Anthropic `error`
+    event's `error`, an OpenAI-style chunk's `error`) says so by its type, code or
+    message; else None."""
+    if isinstance(error, dict):
+        parts = [error.get(key) for key in ("type", "code", "status", "message")]
+    else:
+        parts = [error]
+    text = " ".join(str(part) for part in parts if part is not None).lower()
+    words = text.replace(":", " ").split()
+    if "overload" in text or "529" in words:
+        return "overloaded"
+    if any(word in text for word in ("rate_limit", "rate limit", "ratelimit", "rate-limit",
+                                     "too many requests")) or "429" in words:
+        return "rate_limit"
+    return None
 
 
 def discard_connection(response: httpx.Response) -> None:
@@ -81,32 +142,33 @@ async def _refuse(status: int, headers: Mapping[str, str],
         location = headers.get("location", "(none)")
         raise ProviderError(
             f"provider answered HTTP {status}, a redirect to {location[:200]}: redirects "
-            f"are not followed (check base_url)", status=status)
+            f"are not followed (check base_url)", status=status, reason="redirect")
     if not 200 <= status < 300:
         raise ProviderError(f"provider answered HTTP {status}: {await body_piece()}",
-                            status=status)
+                            status=status, retry_after_s=retry_after_s(headers))
     content_type = headers.get("content-type", "")
     if content_type.split(";", 1)[0].strip().lower() != EVENT_STREAM:
         piece = (await body_piece())[:200]
         raise ProviderError(
             f"provider answered HTTP {status} with content type "
-            f"{content_type[:100] or '(none)'!r}, not {EVENT_STREAM}: {piece!r}", status=status)
+            f"{content_type[:100] or '(none)'!r}, not {EVENT_STREAM}: {piece!r}", status=status,
+            reason="content_type")
 
 
 def _stalled(seconds: float, headers_in: bool) -> ProviderError:
     where = "mid-stream" if headers_in else "before the response headers"
     return ProviderError(f"provider stalled: nothing received for {seconds:g}s {where} "
-                         f"(stall_timeout_s)")
+                         f"(stall_timeout_s)", reason="stall" if headers_in else "timeout")
 
 
 def _not_taken(seconds: float) -> ProviderError:
     return ProviderError(f"provider stalled: it took no part of the request for "
-                         f"{seconds:g}s (stall_timeout_s)")
+                         f"{seconds:g}s (stall_timeout_s)", reason="timeout")
 
 
 def _no_connect(seconds: float) -> ProviderError:
     return ProviderError(f"could not connect to the provider within {seconds:g}s "
-                         f"(connect_timeout_s)")
+                         f"(connect_timeout_s)", reason="timeout")
 
 
 def _translate(exc: httpx.HTTPError, timeout: httpx.Timeout, headers_in: bool) -> ProviderError:
@@ -118,8 +180,37 @@ def _translate(exc: httpx.HTTPError, timeout: httpx.Timeout, headers_in: bool) -
         return _not_taken(timeout.write or 0)
     if isinstance(exc, httpx.PoolTimeout):
         return ProviderError(f"no free connection to the provider within {timeout.pool:g}s: "
-                             f"every pooled connection is busy")
-    return ProviderError(f"provider connection failed: {type(exc).__name__}: {_reason(exc)}")
+                             f"every pooled connection is busy", reason="timeout")
+    return ProviderError(f"provider connection failed: {type(exc).__name__}: {_reason(exc)}",
+                         reason=_httpx_reason(exc, headers_in))
+
+
+def _httpx_reason(exc: httpx.HTTPError, headers_in: bool) -> str | None:
+    """What an httpx error that is not a timeout says, in ProviderError's words."""
+    if isinstance(exc, httpx.ConnectError):
+        return "tls" if _caused_by(exc, ssl.SSLError) else "connect"
+    if isinstance(exc, httpx.ReadError | httpx.WriteError):
+        return "dropped" if headers_in else "reset"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        # h11's words for a connection that ended early; anything else is not HTTP.
+        text = str(exc)
+        if "disconnected" in text or "peer closed" in text or "incomplete" in text:
+            return "dropped" if headers_in else "reset"
+        return "malformed"
+    if isinstance(exc, httpx.DecodingError):
+        return "malformed"
+    return None
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(6):
+        if seen is None:
+            return False
+        if isinstance(seen, kind):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _reason(exc: BaseException) -> str:
@@ -142,7 +233,7 @@ def _translate_lean(exc: TransportError, pool: LeanPool) -> ProviderError:
         if exc.writing:
             return _not_taken(pool.stall_timeout_s)
         return _stalled(pool.stall_timeout_s, exc.headers_in)
-    return ProviderError(f"provider connection failed: {exc}")
+    return ProviderError(f"provider connection failed: {exc}", reason=exc.reason)
 
 
 def split_payloads(buffer: bytearray, piece: bytes) -> list[bytes]:
@@ -159,7 +250,7 @@ def split_payloads(buffer: bytearray, piece: bytes) -> list[bytes]:
     if b"\n" not in piece:
         buffer += piece
         if len(buffer) > LINE_MAX:
-            raise ProviderError("provider sent an oversized line")
+            raise ProviderError("provider sent an oversized line", reason="malformed")
         return []
     lines = piece.split(b"\n")
     if buffer:
@@ -169,13 +260,14 @@ def split_payloads(buffer: bytearray, piece: bytes) -> list[bytes]:
     rest = lines.pop()
     if rest:
         if len(rest) > LINE_MAX:
-            raise ProviderError("provider sent an oversized line")
+            raise ProviderError("provider sent an oversized line", reason="malformed")
         buffer += rest
     out: list[bytes] = []
     for line in lines:
         if line.startswith(b"data:"):
             if len(line) > LINE_MAX:
-                raise ProviderError("provider sent an oversized line")
+                raise ProviderError("provider sent an oversized line",
+                                    reason="malformed")
             out.append(line[5:].strip())
     return out
 
@@ -254,7 +346,8 @@ def json_object(raw: str | bytes, what: str) -> dict[str, Any]:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise ProviderError(f"malformed {what}: {raw[:200]!r}") from exc
+        raise ProviderError(f"malformed {what}: {raw[:200]!r}", reason="malformed") from exc
     if not isinstance(value, dict):
-        raise ProviderError(f"malformed {what} (not a JSON object): {raw[:200]!r}")
+        raise ProviderError(f"malformed {what} (not a JSON object): {raw[:200]!r}",
+                            reason="malformed")
     return value
