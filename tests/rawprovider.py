@@ -206,6 +206,31 @@ def messages_text_start(text: str) -> bytes:
 
 
 
+async def held_open_with_pings(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """A whole answer, then the body held open: a keep-alive comment every
+    PING_EVERY_S, until the client goes away."""
+    await stream.send_all(STREAM_HEAD + _chunked(_answer_body(provider, "held")))
+    while True:
+        await stream.send_all(_chunked(b": ping\n\n"))
+        await trio.sleep(PING_EVERY_S)
+
+
+async def held_open_silent(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """A whole answer, then the body held open with nothing more, until the client goes
+    away."""
+    await stream.send_all(STREAM_HEAD + _chunked(_answer_body(provider, "held")))
+    await stream.receive_some(1)
+    return False
+
+
+async def end_in_a_write_of_its_own(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """A whole answer, and the end of the body in a second write (a segment later)."""
+    await stream.send_all(STREAM_HEAD + _chunked(_answer_body(provider, "apart")))
+    await trio.lowlevel.checkpoint()
+    await stream.send_all(LAST_CHUNK)
+    return True
+
+
 HUGE = 8 * 1024 * 1024
 
 

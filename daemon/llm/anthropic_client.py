@@ -7,7 +7,8 @@ JSON), and the message's end (stop reason, output usage). A stream is complete o
 or wrongly shaped event, or a stream that closes early raise ProviderError. An `error`
 event that says overloaded or rate-limited (`overloaded_error`, `rate_limit_error`)
 before the first content delta is transient (reason "overloaded" / "rate_limit"); any
-other, or one after a delta, is not ("error_event").
+other, or one after a delta, is not ("error_event"). At `message_stop` the call ends at
+once, whatever the server does with the body after it (sse.data_batches' `ended`).
 
 What one network read brought travels together: the deltas of one read that follow each
 other in the same block and of the same kind are yielded as one BlockDelta holding their
@@ -96,10 +97,8 @@ class AnthropicClient:
     async def stream_messages(self, body: dict[str, Any]) -> AsyncGenerator[Event, None]:
         state = _State()
         async with aclosing(data_batches(self._http, self._url, {**body, "stream": True},
-                                         self._headers)) as batches:
+                                         self._headers, state.ended)) as batches:
             async for batch in batches:
-                if state.stopped:
-                    continue  # read to the end: httpx cleans up exhausted generators
                 for event in state.read(batch):
                     yield event
                 if state.failure is not None:
@@ -143,6 +142,10 @@ class _State:
         if not self.said:
             self.said = any(isinstance(event, BlockDelta) for event in out)
         return out
+
+    def ended(self) -> bool:
+        """Whether the answer is complete (`message_stop` came): nothing more is read."""
+        return self.stopped
 
     def _error(self, error: Any) -> ProviderError:
         """An `error` event, in ProviderError's words."""

@@ -11,6 +11,9 @@ not JSON or not shaped like one, an `{"error": …}` chunk — raises ProviderEr
 is no partial success. An error chunk that says overloaded or rate-limited before the
 first delta (content, reasoning, tool call) is transient (reason "overloaded" /
 "rate_limit"); any other, or one after a delta, is not ("error_event").
+
+The stream is complete at `[DONE]`: the call ends there at once, whatever the server
+does with the body after it (sse.data_batches' `ended`).
 """
 
 from __future__ import annotations
@@ -100,13 +103,9 @@ class OpenAIClient:
     async def stream_chat(self, body: dict[str, Any]) -> AsyncGenerator[Delta, None]:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         state = _State()
-        async with aclosing(data_batches(self._http, self._url, body, self._headers)
-                            ) as batches:
+        async with aclosing(data_batches(self._http, self._url, body, self._headers,
+                                         state.ended)) as batches:
             async for batch in batches:
-                if state.done:
-                    # Read on to the end of the body rather than break: httpx's
-                    # generators are only cleaned up when exhausted.
-                    continue
                 for delta in state.read(batch):
                     yield delta
                 if state.failure is not None:
@@ -151,6 +150,10 @@ class _State:
         if not self.said:
             self.said = any(isinstance(delta, _SAID) for delta in out)
         return out
+
+    def ended(self) -> bool:
+        """Whether the answer is complete (`[DONE]` came): nothing more is read."""
+        return self.done
 
     def _error(self, error: Any) -> ProviderError:
         """An `{"error": …}` chunk, in ProviderError's words."""

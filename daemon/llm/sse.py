@@ -15,7 +15,10 @@ Each ProviderError says what a retry needs (CONTRACT §14): the status, a reason
 asked for (`retry-after-ms`, else `Retry-After` in seconds or as an HTTP date).
 
 Whether the stream was *complete* is the caller's to judge (each API marks its end its
-own way).
+own way), and the caller says so (`ended`): the answer then ends at once, whatever the
+server does with the body after it (holds it open, sends keep-alive comments, closes
+late). The body's own end is taken in only if it comes within END_GRACE_S and nothing
+else comes first; else the connection is closed, never pooled half-read.
 
 The bytes come through the provider's ProviderHTTP: the lean transport
 (daemon.llm.transport), or httpx (proxies, or `transport = "httpx"`); the same refusals
@@ -34,13 +37,14 @@ import math
 import socket
 import ssl
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from datetime import UTC
 from typing import Any
 
 import httpx
 import orjson
+import trio
 
 from daemon.errors import ProviderError
 from daemon.llm.provider_http import ProviderHTTP
@@ -56,6 +60,15 @@ MERGE_MAX_CHARS = 64 * 1024
 LINE_MAX = 4 * 1024 * 1024
 EVENT_STREAM = "text/event-stream"
 JSON_HEADERS = {"Content-Type": "application/json"}
+# Once the answer is in (`[DONE]`, `message_stop`), how long the end of the body may take
+# to come after it for the connection to serve again: a server sends it with the last
+# event or just after (a TCP segment later). Past this, or if anything else comes, the
+# connection is closed instead — the answer does not wait.
+END_GRACE_S = 0.05
+
+
+def _never() -> bool:
+    return False
 
 
 def retry_after_s(headers: Mapping[str, str], now: float | None = None) -> float | None:
@@ -273,16 +286,21 @@ def split_payloads(buffer: bytearray, piece: bytes) -> list[bytes]:
 
 
 def data_batches(
-    http: ProviderHTTP, url: str, body: dict[str, Any], headers: dict[str, str]
+    http: ProviderHTTP, url: str, body: dict[str, Any], headers: dict[str, str],
+    ended: Callable[[], bool] = _never,
 ) -> AsyncGenerator[list[bytes], None]:
     """The `data:` payloads of a streamed POST, in order, grouped by the read that
     completed them: what arrives together can travel together (one event per read, not
     per token), and nothing waits for a timer — each read's payloads are yielded at once.
-    Never yields an empty list."""
+    Never yields an empty list.
+
+    `ended` is asked once the caller has taken each batch: True when that batch held the
+    end of the answer. The generator then returns at once — the body's own end taken in
+    if it comes within END_GRACE_S and nothing else does, else its connection closed."""
     if http.lean is not None:
-        return _lean_batches(http.lean, url, body, headers)
+        return _lean_batches(http.lean, url, body, headers, ended)
     assert http.client is not None
-    return _httpx_batches(http.client, url, body, headers)
+    return _httpx_batches(http.client, url, body, headers, ended)
 
 
 def last_payloads(buffer: bytearray) -> list[bytes]:
@@ -291,7 +309,8 @@ def last_payloads(buffer: bytearray) -> list[bytes]:
 
 
 async def _lean_batches(
-    pool: LeanPool, url: str, body: dict[str, Any], headers: dict[str, str]
+    pool: LeanPool, url: str, body: dict[str, Any], headers: dict[str, str],
+    ended: Callable[[], bool],
 ) -> AsyncGenerator[list[bytes], None]:
     # The pool puts a connection back only if its body was read to a clean end.
     try:
@@ -303,6 +322,10 @@ async def _lean_batches(
                 payloads = split_payloads(buffer, piece)
                 if payloads:
                     yield payloads
+                    if ended():
+                        if not (buffer or _more_after(piece)):  # else: not read on
+                            await response.finish(END_GRACE_S)
+                        return
             if payloads := last_payloads(buffer):
                 yield payloads
     except TransportError as exc:
@@ -310,7 +333,8 @@ async def _lean_batches(
 
 
 async def _httpx_batches(
-    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str],
+    ended: Callable[[], bool],
 ) -> AsyncGenerator[list[bytes], None]:
     headers_in = False
     try:
@@ -327,6 +351,11 @@ async def _httpx_batches(
                         payloads = split_payloads(buffer, piece)
                         if payloads:
                             yield payloads
+                            if ended():
+                                clean = (not (buffer or _more_after(piece))
+                                         and await _httpx_body_ends(pieces)
+                                         and "content-length" not in response.headers)
+                                return
                 if payloads := last_payloads(buffer):
                     yield payloads
                 clean = "content-length" not in response.headers
@@ -335,6 +364,27 @@ async def _httpx_batches(
                     discard_connection(response)
     except httpx.HTTPError as exc:
         raise _translate(exc, http.timeout, headers_in) from exc
+
+
+def _more_after(piece: bytes) -> bool:
+    """Whether the read that brought the end of the answer holds more than blank lines
+    after its last `data:` line (a keep-alive comment: the body is being held open)."""
+    # No `data:` in it: the read began inside the last data line, which its first
+    # line ending ends.
+    end = piece.find(b"\n", max(piece.rfind(b"data:"), 0))
+    return end < 0 or bool(piece[end + 1:].strip())
+
+
+async def _httpx_body_ends(pieces: AsyncIterator[bytes]) -> bool:
+    """Whether the rest of a body is nothing, its end coming within END_GRACE_S."""
+    with trio.move_on_after(END_GRACE_S):
+        try:
+            async for _ in pieces:
+                return False
+        except httpx.HTTPError:
+            return False
+        return True
+    return False
 
 
 def dumps(value: Any) -> bytes:

@@ -375,6 +375,28 @@ class Response:
                 continue
             self._feed(read)
 
+    async def finish(self, grace_s: float) -> None:
+        """The answer in the body is complete (its last event is in): take in the end of
+        the body if it comes within `grace_s` — a server flushes it with, or just after,
+        the last event — so that the connection can serve again. A body that goes on (a
+        keep-alive comment, anything), stays silent or breaks is not waited for: the
+        response is then not `reusable`, and its connection is closed. Never raises a
+        TransportError: the answer is in, whatever the socket does now."""
+        decoder = self._decoder
+        if (self._complete or self._eof or self._close_delimited or self._body
+                or (decoder is not None and decoder.unconsumed_tail)):
+            return  # at its end, or it cannot serve again, or more body came already
+        with trio.move_on_after(grace_s):
+            try:
+                while not (self._complete or self._body):
+                    read = await self._receive()
+                    if not read:
+                        self._eof = True
+                        return
+                    self._feed(read)
+            except TransportError:
+                self._eof = True
+
     async def read_up_to(self, limit: int) -> bytes:
         """At most `limit` bytes of the body (an error page), reading no further."""
         out = b""
