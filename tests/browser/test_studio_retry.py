@@ -141,7 +141,9 @@ async def start_chat(tab: Tab, agent: str, message: str) -> str:
 async def test_retries_are_shown_live_then_stay_above_the_answer(
         chromium: BrowserThread, provider: Provider, rawp: RawProvider, tmp_path: Path) -> None:
     gate = Gate()
-    rawp.plan = [failing(429), failing(503), gate]
+    # The waits the provider asks for (retry-after-ms): what Studio counts down from.
+    rawp.plan = [failing(429, retry_after_ms="1500"), failing(503, retry_after_ms="1500"),
+                 gate]
     async with open_daemon(tmp_path, provider, extra=config(rawp, 1500)) as d, \
             open_recorder(d.ws_url) as rec:
         with trio.fail_after(90):
@@ -168,12 +170,12 @@ async def test_retries_are_shown_live_then_stay_above_the_answer(
                 # While it waited it said how long, counting down to "now".
                 texts = (await tab.eval("() => window.__retries"))[1]
                 assert texts[-1] == "retrying|raw overloaded, retrying now — attempt 2 of 4"
-                if waits[1] >= 500:  # (a shorter one may be over before it arrives)
-                    live = re.fullmatch(r"waiting\|raw overloaded, retrying in (\d+) (ms|s) "
-                                        r"— attempt 2 of 4", texts[0])
-                    assert live, texts
-                    shown = int(live[1]) * (1000 if live[2] == "s" else 1)
-                    assert 0 < shown <= max(waits[1], 1000 * -(-waits[1] // 1000)), texts
+                assert waits == [1500, 1500]
+                live = re.fullmatch(r"waiting\|raw overloaded, retrying in (\d+) (ms|s) "
+                                    r"— attempt 2 of 4", texts[0])
+                assert live, texts
+                shown = int(live[1]) * (1000 if live[2] == "s" else 1)
+                assert 0 < shown <= 2000, texts
                 row = await tab.row(sid)
                 assert row["retrying"] == "retry" and row["status"] == "running", row
                 await tab.screenshot("retry-waiting")
@@ -253,11 +255,10 @@ async def test_a_sub_agents_retry_is_shown_inside_its_spawn(
 
 async def test_a_wait_counts_down_and_a_stop_during_it_ends_the_notice(
         chromium: BrowserThread, provider: Provider, rawp: RawProvider, tmp_path: Path) -> None:
-    """A wait of up to an hour (full jitter: almost surely more than a few seconds)
-    counts down in whole seconds; Stop during it ends the turn, and the notice says the
-    retry was not made."""
+    """A wait of 100 s (the provider's Retry-After) counts down in whole seconds; Stop
+    during it ends the turn, and the notice says the retry was not made."""
     gate = Gate()  # never opened: the turn ends by its Stop
-    rawp.plan = [failing(429), gate]
+    rawp.plan = [failing(429, Retry_After="100"), gate]
     async with open_daemon(tmp_path, provider, extra=config(rawp, 3_600_000)) as d, \
             open_recorder(d.ws_url) as rec:
         with trio.fail_after(60):
@@ -265,27 +266,25 @@ async def test_a_wait_counts_down_and_a_stop_during_it_ends_the_notice(
                 turn = await start_chat(tab, "chat", "hello")
                 [live] = await notices_when(tab, turn, "ns.length === 1")
                 [wait] = [r["waitMs"] for r in retry_events(rec, turn)]
-                counting = wait > 10_000
-                if counting:
-                    said = re.fullmatch(r"rate limited by raw, retrying in (\d+) s "
-                                        r"— attempt 1 of 4", live["text"])
-                    assert said and live["state"] == "waiting", live
-                    assert int(said[1]) <= -(-wait // 1000)
-                    # A second later it says one second less.
-                    [later] = await notices_when(
-                        tab, turn, f"ns[0].text !== {json.dumps(live['text'])}")
-                    again = re.fullmatch(r"rate limited by raw, retrying in (\d+) s "
-                                         r"— attempt 1 of 4", later["text"])
-                    assert again and int(again[1]) == int(said[1]) - 1, (live, later)
-                    row = await tab.row(await tab.transcript_id())
-                    assert row["retrying"] == "retry", row
+                assert wait == 100_000
+                said = re.fullmatch(r"rate limited by raw, retrying in (\d+) s "
+                                    r"— attempt 1 of 4", live["text"])
+                assert said and live["state"] == "waiting", live
+                assert int(said[1]) <= -(-wait // 1000)
+                # A second later it says one second less.
+                [later] = await notices_when(
+                    tab, turn, f"ns[0].text !== {json.dumps(live['text'])}")
+                again = re.fullmatch(r"rate limited by raw, retrying in (\d+) s "
+                                     r"— attempt 1 of 4", later["text"])
+                assert again and int(again[1]) == int(said[1]) - 1, (live, later)
+                row = await tab.row(await tab.transcript_id())
+                assert row["retrying"] == "retry", row
                 await tab.click("[data-testid=stop-turn]")
                 await tab.turn_ended(turn, "error")
                 [ended] = await notices(tab, turn)
-                if counting:
-                    assert ended["state"] == "ended"
-                    assert ended["text"] == ("rate limited by raw, not retried: the turn "
-                                             "ended — attempt 1 of 4")
-                    assert len(rawp.targets) == 1  # (the daemon's side: no request after)
+                assert ended["state"] == "ended"
+                assert ended["text"] == ("rate limited by raw, not retried: the turn "
+                                         "ended — attempt 1 of 4")
+                assert len(rawp.targets) == 1  # (the daemon's side: no request after)
                 await tab.wait("(id) => window.__t.row(id)?.retrying === ''",
                                await tab.transcript_id())
