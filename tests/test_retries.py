@@ -9,6 +9,7 @@ call providers (openai, anthropic) and both transports.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -476,3 +477,41 @@ async def test_sse_carries_the_retries_exactly_as_the_bus(
             if e["eventType"] == "provider.retry"] == [503, 429]
     assert_one_terminal_last(sse_events)
     assert sse_events[-1]["eventType"] == "done"
+
+
+@pytest.mark.parametrize("transport", ["lean", "httpx"])
+@pytest.mark.parametrize(("fault", "reason"), [
+    (raw.reset, "reset"), (raw.close_mid_head, "reset"),
+    (raw.stall_before_headers, "timeout")])
+async def test_a_reset_or_a_silent_provider_is_retried(
+        tmp_path: Path, provider: Provider, rawp: RawProvider, engine: str, transport: str,
+        fault: Behaviour, reason: str) -> None:
+    setup = Setup(engine, transport)
+    rawp.plan = [fault, answer]
+    async with open_daemon(tmp_path, provider, extra=extra(
+            rawp, setup, more="stall_timeout_s = 0.5")) as d:
+        r, stream = await turn(d, setup.agent)
+        metrics = (await d.http.get("/metrics")).text
+    assert r.status_code == 200, r.text
+    [retry] = retries(stream)
+    assert "status" not in retry and retry["attempt"] == 1, retry
+    name = "raw" if engine == "openai" else "rawm"
+    assert f'veild_provider_retries_total{{provider="{name}",reason="{reason}"}} 1.0' in metrics
+    assert len(rawp.targets) == 2
+
+
+async def test_a_refused_connection_is_retried_then_reported(
+        tmp_path: Path, provider: Provider, engine: str) -> None:
+    """Nothing listens on the port: every attempt is refused (reason connect)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    nowhere = RawProvider(f"http://127.0.0.1:{port}/v1")
+    setup = Setup(engine, "lean")
+    async with open_daemon(tmp_path, provider, extra=extra(
+            nowhere, setup, more="max_retries = 2")) as d:
+        r, stream = await turn(d, setup.agent)
+    assert r.status_code == 502, r.text
+    details = stream[-1]["data"]["details"]
+    assert details["attempts"] == 3 and "status" not in details
+    assert len(retries(stream)) == 2
