@@ -14,7 +14,8 @@
     │   │   ├── BusUnavailable       ... the cluster's Redis cannot be reached
     │   │   └── NodeUnreachable      ... a session's owner node did not answer
     │   └── RemoteError          what an owner node answered a routed request with
-    ├── ProviderError        the LLM provider failed (HTTP status, dropped stream, garbage)
+    ├── ProviderError        the LLM provider failed (HTTP status, dropped stream, garbage);
+    │   │                    its status, reason and retry_after_s say if §14 retries it
     │   └── ModelCallFailed      ... and the call gave up (§14: provider, attempts)
     ├── MaxIterationsError   the turn used all its LLM calls
     └── StoreError           the database failed
@@ -101,11 +102,31 @@ class ServiceUnavailable(ApiError):
     code = "UNAVAILABLE"
 
 
-class ProviderError(VeildError):
-    """The provider answered 4xx/5xx, dropped the stream, or sent something malformed."""
+# What CONTRACT §14 retries: these statuses, and these reasons.
+TRANSIENT_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+TRANSIENT_REASONS = frozenset({"connect", "reset", "timeout", "overloaded", "rate_limit"})
 
-    def __init__(self, message: str, *, status: int | None = None, reason: str | None = None,
-                 retry_after_s: float | None = None) -> None:
+
+class ProviderError(VeildError):
+    """The provider answered 4xx/5xx, dropped the stream, or sent something malformed.
+
+    `status`: the HTTP status it answered, if that is what failed. `reason`: what went
+    wrong otherwise — transient (§14 retries them): "connect" (refused, unreachable, no
+    such host), "reset" (the connection reset or closed before any byte of an answer, or
+    inside its head), "timeout" (connecting, sending, or waiting for the response
+    headers took too long), "overloaded" / "rate_limit" (an error event saying so before
+    the first delta); never transient: "stall" (silence mid-stream), "dropped" (the
+    connection broke or closed inside the body), "malformed" (not HTTP, a chunk or event
+    that is not JSON or of the wrong shape, an oversized line), "redirect",
+    "content_type" (a 2xx that is not an event stream), "tls" (the handshake or the
+    certificate failed), "error_event" (any other error event, or one after a delta);
+    None for a failed status (the status says it). `retry_after_s`: the wait the
+    response asked for (`retry-after-ms`, else `Retry-After`), never negative; None if it
+    named none.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None,
+                 reason: str | None = None, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
@@ -114,9 +135,8 @@ class ProviderError(VeildError):
 
     @property
     def transient(self) -> bool:
-        """Worth another try (CONTRACT §14) when nothing of the call was published."""
-        return (self.status in (408, 409, 429, 500, 502, 503, 504, 529)
-                or self.reason in ("connect", "reset", "timeout", "overloaded", "rate_limit"))
+        """Whether CONTRACT §14 retries this failure (if nothing of the call was out)."""
+        return self.reason in TRANSIENT_REASONS or self.status in TRANSIENT_STATUSES
 
 
 class ModelCallFailed(ProviderError):

@@ -2,16 +2,19 @@
 
 Each request (parsed by hand: request line, headers, a Content-Length body) is answered
 by the next behaviour in `plan`, or, once the plan is empty, by a well-formed chunked
-event stream saying "fine" (connection kept). It records every request target and how
-many connections it accepted, so a test can tell a new connection from a reused one.
-Given a server-side SSL context it speaks TLS (tests make the certificates).
+event stream saying "fine" (connection kept) — a Messages API stream when the request
+went to `…/messages`. It records every request target and how many connections it
+accepted, so a test can tell a new connection from a reused one. Given a server-side SSL
+context it speaks TLS (tests make the certificates).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import socket
 import ssl
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -35,14 +38,48 @@ def sse_body(text: str = "fine") -> bytes:
         + b"data: [DONE]\n\n"
 
 
+def _event(kind: str, data: dict[str, object]) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def messages_body(text: str = "fine") -> bytes:
+    """A complete Messages API stream: one text block saying `text`, message_stop."""
+    return b"".join([
+        _event("message_start", {"type": "message_start", "message": {
+            "id": "msg_raw", "type": "message", "role": "assistant", "model": "raw-model",
+            "content": [], "usage": {"input_tokens": 3, "output_tokens": 1}}}),
+        _event("content_block_start", {"type": "content_block_start", "index": 0,
+                                       "content_block": {"type": "text", "text": ""}}),
+        _event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                       "delta": {"type": "text_delta", "text": text}}),
+        _event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        _event("message_delta", {"type": "message_delta",
+                                 "delta": {"stop_reason": "end_turn"},
+                                 "usage": {"output_tokens": 1}}),
+        _event("message_stop", {"type": "message_stop"}),
+    ])
+
+
 def _chunked(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
+def _answer_body(provider: RawProvider, text: str = "fine") -> bytes:
+    """A whole stream in the shape the current request's API speaks."""
+    if provider.targets and provider.targets[-1].split("?")[0].endswith("/messages"):
+        return messages_body(text)
+    return sse_body(text)
+
+
+STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n")
+LAST_CHUNK = b"0\r\n\r\n"
+# A behaviour's pause between writes (and between keep-alive comments).
+PING_EVERY_S = 0.05
+
+
 async def ok(provider: RawProvider, stream: trio.abc.Stream) -> bool:
-    await stream.send_all(
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-        b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(sse_body()) + b"0\r\n\r\n")
+    await stream.send_all(STREAM_HEAD + _chunked(_answer_body(provider)) + LAST_CHUNK)
     return True
 
 
@@ -97,14 +134,101 @@ async def past_content_length(provider: RawProvider, stream: trio.abc.Stream) ->
     return True
 
 
-def status_with_body(status: int, body: bytes) -> Behaviour:
-    """An error status with a JSON body of its own (Content-Length framed)."""
+def status_with_body(status: int, body: bytes,
+                     headers: dict[str, str] | None = None) -> Behaviour:
+    """An error status with a JSON body of its own (Content-Length framed), and more
+    `headers` (e.g. Retry-After)."""
+    more = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+
     async def answer(provider: RawProvider, stream: trio.abc.Stream) -> bool:
         await stream.send_all(
-            f"HTTP/1.1 {status} Error\r\nContent-Type: application/json\r\n"
+            f"HTTP/1.1 {status} Error\r\nContent-Type: application/json\r\n{more}"
             f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         return True
     return answer
+
+
+async def reset(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """Takes the request and resets the connection (SO_LINGER 0: an RST, not a FIN),
+    not a byte of answer sent."""
+    sock = getattr(stream, "socket", None)
+    if sock is None:  # TLS: the TCP stream under it
+        sock = stream.transport_stream.socket  # type: ignore[attr-defined]
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    return False
+
+
+async def close_mid_head(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """A piece of the status line and headers, then the connection closes."""
+    await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/ev")
+    return False
+
+
+def events_then_end(*events: bytes) -> Behaviour:
+    """A 200 event stream of exactly `events` (no [DONE] or message_stop unless given),
+    ended cleanly."""
+    async def answer(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+        await stream.send_all(STREAM_HEAD + b"".join(_chunked(e) for e in events)
+                              + LAST_CHUNK)
+        return True
+    return answer
+
+
+def events_apart(*events: bytes) -> Behaviour:
+    """As events_then_end, each event in a write of its own a moment after the last."""
+    async def answer(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+        await stream.send_all(STREAM_HEAD)
+        for event in events:
+            await stream.send_all(_chunked(event))
+            await trio.sleep(PING_EVERY_S)
+        await stream.send_all(LAST_CHUNK)
+        return True
+    return answer
+
+
+def chat_error(error: object) -> bytes:
+    """An OpenAI-style error chunk."""
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+
+
+def messages_error(kind: str, message: str = "scripted") -> bytes:
+    """A Messages API `error` event."""
+    return _event("error", {"type": "error", "error": {"type": kind, "message": message}})
+
+
+def chat_content(text: str) -> bytes:
+    return _chunk({"role": "assistant", "content": text})
+
+
+def messages_text_start(text: str) -> bytes:
+    """message_start, a text block and its first delta (`text`)."""
+    return messages_body(text).split(b"event: content_block_stop")[0]
+
+
+
+async def held_open_with_pings(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """A whole answer, then the body held open: a keep-alive comment every
+    PING_EVERY_S, until the client goes away."""
+    await stream.send_all(STREAM_HEAD + _chunked(_answer_body(provider, "held")))
+    while True:
+        await stream.send_all(_chunked(b": ping\n\n"))
+        await trio.sleep(PING_EVERY_S)
+
+
+async def held_open_silent(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """A whole answer, then the body held open with nothing more, until the client goes
+    away."""
+    await stream.send_all(STREAM_HEAD + _chunked(_answer_body(provider, "held")))
+    await stream.receive_some(1)
+    return False
+
+
+async def end_in_a_write_of_its_own(provider: RawProvider, stream: trio.abc.Stream) -> bool:
+    """A whole answer, and the end of the body in a second write (a segment later)."""
+    await stream.send_all(STREAM_HEAD + _chunked(_answer_body(provider, "apart")))
+    await trio.lowlevel.checkpoint()
+    await stream.send_all(LAST_CHUNK)
+    return True
 
 
 HUGE = 8 * 1024 * 1024
@@ -153,7 +277,7 @@ async def garbage(provider: RawProvider, stream: trio.abc.Stream) -> bool:
 
 
 async def content_length_framed(provider: RawProvider, stream: trio.abc.Stream) -> bool:
-    body = sse_body("by length")
+    body = _answer_body(provider, "by length")
     await stream.send_all(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)

@@ -4,7 +4,11 @@
 usage), each content block's start and deltas (text, thinking, signature, tool input
 JSON), and the message's end (stop reason, output usage). A stream is complete only at
 `message_stop`; an HTTP error status, a transport error, an `error` event, a malformed
-or wrongly shaped event, or a stream that closes early raise ProviderError.
+or wrongly shaped event, or a stream that closes early raise ProviderError. An `error`
+event that says overloaded or rate-limited (`overloaded_error`, `rate_limit_error`)
+before the first content delta is transient (reason "overloaded" / "rate_limit"); any
+other, or one after a delta, is not ("error_event"). At `message_stop` the call ends at
+once, whatever the server does with the body after it (sse.data_batches' `ended`).
 
 What one network read brought travels together: the deltas of one read that follow each
 other in the same block and of the same kind are yielded as one BlockDelta holding their
@@ -23,7 +27,7 @@ import msgspec
 from daemon.errors import ProviderError
 from daemon.llm.jsonload import load_object
 from daemon.llm.provider_http import ProviderHTTP
-from daemon.llm.sse import MERGE_MAX_CHARS, data_batches
+from daemon.llm.sse import MERGE_MAX_CHARS, data_batches, error_event_reason
 
 API_VERSION = "2023-06-01"
 
@@ -93,27 +97,28 @@ class AnthropicClient:
     async def stream_messages(self, body: dict[str, Any]) -> AsyncGenerator[Event, None]:
         state = _State()
         async with aclosing(data_batches(self._http, self._url, {**body, "stream": True},
-                                         self._headers)) as batches:
+                                         self._headers, state.ended)) as batches:
             async for batch in batches:
-                if state.stopped:
-                    continue  # read to the end: httpx cleans up exhausted generators
                 for event in state.read(batch):
                     yield event
                 if state.failure is not None:
                     raise state.failure
         if not state.stopped:
-            raise ProviderError("provider closed the stream before message_stop")
+            raise ProviderError("provider closed the stream before message_stop",
+                                reason="dropped")
 
 
 class _State:
     """One stream's parse: whether it stopped, and the current read's run of deltas."""
 
-    __slots__ = ("failure", "out", "run", "run_chars", "run_index", "run_kind", "stopped")
+    __slots__ = ("failure", "out", "run", "run_chars", "run_index", "run_kind", "said",
+                 "stopped")
 
     def __init__(self) -> None:
         # What went wrong in the current read, raised once what came before it is out.
         self.failure: ProviderError | None = None
         self.stopped = False
+        self.said = False  # a content delta came (in an earlier read)
         self.out: list[Event] = []
         self.run: list[str] = []
         self.run_index = -1
@@ -129,10 +134,28 @@ class _State:
                 if payload:
                     self._event(payload)
         except ProviderError as exc:
+            if exc.reason is None:  # an event that is not JSON (jsonload)
+                exc.reason = "malformed"
             self.failure = exc
         self._end_run()
         out, self.out = self.out, []
+        if not self.said:
+            self.said = any(isinstance(event, BlockDelta) for event in out)
         return out
+
+    def ended(self) -> bool:
+        """Whether the answer is complete (`message_stop` came): nothing more is read."""
+        return self.stopped
+
+    def _error(self, error: Any) -> ProviderError:
+        """An `error` event, in ProviderError's words."""
+        said = (self.said or bool(self.run)
+                or any(isinstance(event, BlockDelta) for event in self.out))
+        reason = None if said else error_event_reason(error)
+        kind, message = ((error.get("type"), error.get("message")) if isinstance(error, dict)
+                         else (None, error))
+        return ProviderError(f"provider reported an error mid-stream: {kind}: {message}",
+                             reason=reason or "error_event")
 
     def _end_run(self) -> None:
         if self.run:
@@ -192,11 +215,8 @@ class _State:
             elif kind == "message_stop":
                 self.stopped = True
             elif kind == "error":
-                error = event.get("error") or {}
-                raise ProviderError(
-                    f"provider reported an error mid-stream: "
-                    f"{error.get('type')}: {error.get('message')}")
+                raise self._error(event.get("error") or {})
             # ping and content_block_stop carry nothing we need
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProviderError(f"provider sent an event of the wrong shape: "
-                                f"{payload[:200]!r}") from exc
+                                f"{payload[:200]!r}", reason="malformed") from exc

@@ -7,7 +7,13 @@ and each read's deltas are yielded as soon as it is parsed — nothing waits for
 
 Anything that is not a whole, well-formed stream — an HTTP error status, a transport
 error, a connection closed before `[DONE]` (or before a finish_reason), a chunk that is
-not JSON or not shaped like one — raises ProviderError. There is no partial success.
+not JSON or not shaped like one, an `{"error": …}` chunk — raises ProviderError. There
+is no partial success. An error chunk that says overloaded or rate-limited before the
+first delta (content, reasoning, tool call) is transient (reason "overloaded" /
+"rate_limit"); any other, or one after a delta, is not ("error_event").
+
+The stream is complete at `[DONE]`: the call ends there at once, whatever the server
+does with the body after it (sse.data_batches' `ended`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import msgspec
 from daemon.errors import ProviderError
 from daemon.llm.jsonload import load_object
 from daemon.llm.provider_http import ProviderHTTP
-from daemon.llm.sse import MERGE_MAX_CHARS, data_batches
+from daemon.llm.sse import MERGE_MAX_CHARS, data_batches, error_event_reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +63,8 @@ class ModelDelta:
 
 
 Delta = ContentDelta | ReasoningDelta | ToolCallDelta | UsageDelta | ModelDelta
+# What the model said: an error after one of these is no longer "before the first delta".
+_SAID = (ContentDelta, ReasoningDelta, ToolCallDelta)
 
 
 # The hot path's view of a chunk: msgspec decodes straight into these, skipping every
@@ -95,30 +103,29 @@ class OpenAIClient:
     async def stream_chat(self, body: dict[str, Any]) -> AsyncGenerator[Delta, None]:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         state = _State()
-        async with aclosing(data_batches(self._http, self._url, body, self._headers)
-                            ) as batches:
+        async with aclosing(data_batches(self._http, self._url, body, self._headers,
+                                         state.ended)) as batches:
             async for batch in batches:
-                if state.done:
-                    # Read on to the end of the body rather than break: httpx's
-                    # generators are only cleaned up when exhausted.
-                    continue
                 for delta in state.read(batch):
                     yield delta
                 if state.failure is not None:
                     raise state.failure
         if not state.finished:
-            raise ProviderError("provider closed the stream before it finished")
+            raise ProviderError("provider closed the stream before it finished",
+                                reason="dropped")
 
 
 class _State:
     """One stream's parse: what it has seen, and the runs of text of the current read."""
 
-    __slots__ = ("done", "failure", "finished", "kind", "model", "out", "run", "run_chars")
+    __slots__ = ("done", "failure", "finished", "kind", "model", "out", "run", "run_chars",
+                 "said")
 
     def __init__(self) -> None:
         # What went wrong in the current read, raised once what came before it is out.
         self.failure: ProviderError | None = None
         self.finished = self.done = False
+        self.said = False  # a delta of what the model said came (in an earlier read)
         self.model: str | None = None
         self.out: list[Delta] = []
         self.kind: type[ContentDelta] | type[ReasoningDelta] | None = None
@@ -135,10 +142,27 @@ class _State:
                 if payload:
                     self._payload(payload)
         except ProviderError as exc:
+            if exc.reason is None:  # a chunk that is not JSON (jsonload)
+                exc.reason = "malformed"
             self.failure = exc
         self._end_run()
         out, self.out = self.out, []
+        if not self.said:
+            self.said = any(isinstance(delta, _SAID) for delta in out)
         return out
+
+    def ended(self) -> bool:
+        """Whether the answer is complete (`[DONE]` came): nothing more is read."""
+        return self.done
+
+    def _error(self, error: Any) -> ProviderError:
+        """An `{"error": …}` chunk, in ProviderError's words."""
+        message = error.get("message") if isinstance(error, dict) else error
+        said = (self.said or self.kind is not None
+                or any(isinstance(delta, _SAID) for delta in self.out))
+        reason = None if said else error_event_reason(error)
+        return ProviderError(f"provider reported an error mid-stream: {message}",
+                             reason=reason or "error_event")
 
     def _text(self, kind: type[ContentDelta] | type[ReasoningDelta], text: str) -> None:
         if kind is not self.kind or self.run_chars + len(text) > MERGE_MAX_CHARS:
@@ -189,6 +213,8 @@ class _State:
 
     def _chunk(self, chunk: dict[str, Any]) -> None:
         """The general path: any chunk, as a dict."""
+        if "error" in chunk:
+            raise self._error(chunk["error"])
         model = chunk.get("model")
         if model and model != self.model and isinstance(model, str):
             self.model = model
@@ -209,14 +235,16 @@ class _State:
             if usage:
                 self._usage(usage)
         except (AttributeError, TypeError, ValueError) as exc:
-            raise ProviderError(f"provider sent a chunk of the wrong shape: {exc}") from exc
+            raise ProviderError(f"provider sent a chunk of the wrong shape: {exc}",
+                                reason="malformed") from exc
 
     @staticmethod
     def _shaped(part: Callable[[Any], None], value: Any) -> None:
         try:
             part(value)
         except (AttributeError, TypeError, ValueError) as exc:
-            raise ProviderError(f"provider sent a chunk of the wrong shape: {exc}") from exc
+            raise ProviderError(f"provider sent a chunk of the wrong shape: {exc}",
+                                reason="malformed") from exc
 
     def _tool_calls(self, calls: Any) -> None:
         for tc in calls:
@@ -239,9 +267,4 @@ class _State:
 
 
 def _parse_chunk(payload: bytes) -> dict[str, Any]:
-    chunk = load_object(payload, "chunk from the provider")
-    if "error" in chunk:
-        err = chunk["error"]
-        message = err.get("message") if isinstance(err, dict) else err
-        raise ProviderError(f"provider reported an error mid-stream: {message}")
-    return chunk
+    return load_object(payload, "chunk from the provider")

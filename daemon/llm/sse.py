@@ -9,8 +9,16 @@ What is refused (CONTRACT §5.8), each with a message naming what was wrong:
   `stall_timeout_s` before the response headers or mid-stream (per-read deadlines in
   either transport: they cost nothing per token);
 - a transport error or an oversized line.
+Each ProviderError says what a retry needs (CONTRACT §14): the status, a reason
+("connect", "reset", "timeout" are transient; "stall", "dropped", "malformed",
+"redirect", "content_type", "tls" are not — daemon.errors) and the wait the response
+asked for (`retry-after-ms`, else `Retry-After` in seconds or as an HTTP date).
+
 Whether the stream was *complete* is the caller's to judge (each API marks its end its
-own way).
+own way), and the caller says so (`ended`): the answer then ends at once, whatever the
+server does with the body after it (holds it open, sends keep-alive comments, closes
+late). The body's own end is taken in only if it comes within END_GRACE_S and nothing
+else comes first; else the connection is closed, never pooled half-read.
 
 The bytes come through the provider's ProviderHTTP: the lean transport
 (daemon.llm.transport), or httpx (proxies, or `transport = "httpx"`); the same refusals
@@ -24,13 +32,19 @@ discards the connection.
 
 from __future__ import annotations
 
+import email.utils
+import math
 import socket
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+import ssl
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
+from datetime import UTC
 from typing import Any
 
 import httpx
 import orjson
+import trio
 
 from daemon.errors import ProviderError
 from daemon.llm.provider_http import ProviderHTTP
@@ -46,6 +60,66 @@ MERGE_MAX_CHARS = 64 * 1024
 LINE_MAX = 4 * 1024 * 1024
 EVENT_STREAM = "text/event-stream"
 JSON_HEADERS = {"Content-Type": "application/json"}
+# Once the answer is in (`[DONE]`, `message_stop`), how long the end of the body may take
+# to come after it for the connection to serve again: a server sends it with the last
+# event or just after (a TCP segment later). Past this, or if anything else comes, the
+# connection is closed instead — the answer does not wait.
+END_GRACE_S = 0.05
+
+
+def _never() -> bool:
+    return False
+
+
+def retry_after_s(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """The wait a response asks for, in seconds: `retry-after-ms` (milliseconds; taken
+    first), else `Retry-After` (seconds, integer or decimal, or an HTTP date: the time
+    from `now`, wall-clock, to it, never negative); None when neither is there or
+    readable."""
+    ms = _non_negative(headers.get("retry-after-ms"))
+    if ms is not None:
+        return ms / 1000
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    seconds = _non_negative(value)
+    if seconds is not None:
+        return seconds
+    try:
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # "-0000": UTC, by RFC 5322
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _non_negative(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value.strip())
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def error_event_reason(error: Any) -> str | None:
+    """"overloaded" or "rate_limit" when a provider's error event (an Anthropic `error`
+    event's `error`, an OpenAI-style chunk's `error`) says so by its type, code or
+    message; else None."""
+    if isinstance(error, dict):
+        parts = [error.get(key) for key in ("type", "code", "status", "message")]
+    else:
+        parts = [error]
+    text = " ".join(str(part) for part in parts if part is not None).lower()
+    words = text.replace(":", " ").split()
+    if "overload" in text or "529" in words:
+        return "overloaded"
+    if any(word in text for word in ("rate_limit", "rate limit", "ratelimit", "rate-limit",
+                                     "too many requests")) or "429" in words:
+        return "rate_limit"
+    return None
 
 
 def discard_connection(response: httpx.Response) -> None:
@@ -81,32 +155,33 @@ async def _refuse(status: int, headers: Mapping[str, str],
         location = headers.get("location", "(none)")
         raise ProviderError(
             f"provider answered HTTP {status}, a redirect to {location[:200]}: redirects "
-            f"are not followed (check base_url)", status=status)
+            f"are not followed (check base_url)", status=status, reason="redirect")
     if not 200 <= status < 300:
         raise ProviderError(f"provider answered HTTP {status}: {await body_piece()}",
-                            status=status)
+                            status=status, retry_after_s=retry_after_s(headers))
     content_type = headers.get("content-type", "")
     if content_type.split(";", 1)[0].strip().lower() != EVENT_STREAM:
         piece = (await body_piece())[:200]
         raise ProviderError(
             f"provider answered HTTP {status} with content type "
-            f"{content_type[:100] or '(none)'!r}, not {EVENT_STREAM}: {piece!r}", status=status)
+            f"{content_type[:100] or '(none)'!r}, not {EVENT_STREAM}: {piece!r}", status=status,
+            reason="content_type")
 
 
 def _stalled(seconds: float, headers_in: bool) -> ProviderError:
     where = "mid-stream" if headers_in else "before the response headers"
     return ProviderError(f"provider stalled: nothing received for {seconds:g}s {where} "
-                         f"(stall_timeout_s)")
+                         f"(stall_timeout_s)", reason="stall" if headers_in else "timeout")
 
 
 def _not_taken(seconds: float) -> ProviderError:
     return ProviderError(f"provider stalled: it took no part of the request for "
-                         f"{seconds:g}s (stall_timeout_s)")
+                         f"{seconds:g}s (stall_timeout_s)", reason="timeout")
 
 
 def _no_connect(seconds: float) -> ProviderError:
     return ProviderError(f"could not connect to the provider within {seconds:g}s "
-                         f"(connect_timeout_s)")
+                         f"(connect_timeout_s)", reason="timeout")
 
 
 def _translate(exc: httpx.HTTPError, timeout: httpx.Timeout, headers_in: bool) -> ProviderError:
@@ -118,8 +193,37 @@ def _translate(exc: httpx.HTTPError, timeout: httpx.Timeout, headers_in: bool) -
         return _not_taken(timeout.write or 0)
     if isinstance(exc, httpx.PoolTimeout):
         return ProviderError(f"no free connection to the provider within {timeout.pool:g}s: "
-                             f"every pooled connection is busy")
-    return ProviderError(f"provider connection failed: {type(exc).__name__}: {_reason(exc)}")
+                             f"every pooled connection is busy", reason="timeout")
+    return ProviderError(f"provider connection failed: {type(exc).__name__}: {_reason(exc)}",
+                         reason=_httpx_reason(exc, headers_in))
+
+
+def _httpx_reason(exc: httpx.HTTPError, headers_in: bool) -> str | None:
+    """What an httpx error that is not a timeout says, in ProviderError's words."""
+    if isinstance(exc, httpx.ConnectError):
+        return "tls" if _caused_by(exc, ssl.SSLError) else "connect"
+    if isinstance(exc, httpx.ReadError | httpx.WriteError):
+        return "dropped" if headers_in else "reset"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        # h11's words for a connection that ended early; anything else is not HTTP.
+        text = str(exc)
+        if "disconnected" in text or "peer closed" in text or "incomplete" in text:
+            return "dropped" if headers_in else "reset"
+        return "malformed"
+    if isinstance(exc, httpx.DecodingError):
+        return "malformed"
+    return None
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(6):
+        if seen is None:
+            return False
+        if isinstance(seen, kind):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _reason(exc: BaseException) -> str:
@@ -142,7 +246,7 @@ def _translate_lean(exc: TransportError, pool: LeanPool) -> ProviderError:
         if exc.writing:
             return _not_taken(pool.stall_timeout_s)
         return _stalled(pool.stall_timeout_s, exc.headers_in)
-    return ProviderError(f"provider connection failed: {exc}")
+    return ProviderError(f"provider connection failed: {exc}", reason=exc.reason)
 
 
 def split_payloads(buffer: bytearray, piece: bytes) -> list[bytes]:
@@ -159,7 +263,7 @@ def split_payloads(buffer: bytearray, piece: bytes) -> list[bytes]:
     if b"\n" not in piece:
         buffer += piece
         if len(buffer) > LINE_MAX:
-            raise ProviderError("provider sent an oversized line")
+            raise ProviderError("provider sent an oversized line", reason="malformed")
         return []
     lines = piece.split(b"\n")
     if buffer:
@@ -169,28 +273,34 @@ def split_payloads(buffer: bytearray, piece: bytes) -> list[bytes]:
     rest = lines.pop()
     if rest:
         if len(rest) > LINE_MAX:
-            raise ProviderError("provider sent an oversized line")
+            raise ProviderError("provider sent an oversized line", reason="malformed")
         buffer += rest
     out: list[bytes] = []
     for line in lines:
         if line.startswith(b"data:"):
             if len(line) > LINE_MAX:
-                raise ProviderError("provider sent an oversized line")
+                raise ProviderError("provider sent an oversized line",
+                                    reason="malformed")
             out.append(line[5:].strip())
     return out
 
 
 def data_batches(
-    http: ProviderHTTP, url: str, body: dict[str, Any], headers: dict[str, str]
+    http: ProviderHTTP, url: str, body: dict[str, Any], headers: dict[str, str],
+    ended: Callable[[], bool] = _never,
 ) -> AsyncGenerator[list[bytes], None]:
     """The `data:` payloads of a streamed POST, in order, grouped by the read that
     completed them: what arrives together can travel together (one event per read, not
     per token), and nothing waits for a timer — each read's payloads are yielded at once.
-    Never yields an empty list."""
+    Never yields an empty list.
+
+    `ended` is asked once the caller has taken each batch: True when that batch held the
+    end of the answer. The generator then returns at once — the body's own end taken in
+    if it comes within END_GRACE_S and nothing else does, else its connection closed."""
     if http.lean is not None:
-        return _lean_batches(http.lean, url, body, headers)
+        return _lean_batches(http.lean, url, body, headers, ended)
     assert http.client is not None
-    return _httpx_batches(http.client, url, body, headers)
+    return _httpx_batches(http.client, url, body, headers, ended)
 
 
 def last_payloads(buffer: bytearray) -> list[bytes]:
@@ -199,7 +309,8 @@ def last_payloads(buffer: bytearray) -> list[bytes]:
 
 
 async def _lean_batches(
-    pool: LeanPool, url: str, body: dict[str, Any], headers: dict[str, str]
+    pool: LeanPool, url: str, body: dict[str, Any], headers: dict[str, str],
+    ended: Callable[[], bool],
 ) -> AsyncGenerator[list[bytes], None]:
     # The pool puts a connection back only if its body was read to a clean end.
     try:
@@ -211,6 +322,10 @@ async def _lean_batches(
                 payloads = split_payloads(buffer, piece)
                 if payloads:
                     yield payloads
+                    if ended():
+                        if not (buffer or _more_after(piece)):  # else: not read on
+                            await response.finish(END_GRACE_S)
+                        return
             if payloads := last_payloads(buffer):
                 yield payloads
     except TransportError as exc:
@@ -218,7 +333,8 @@ async def _lean_batches(
 
 
 async def _httpx_batches(
-    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str],
+    ended: Callable[[], bool],
 ) -> AsyncGenerator[list[bytes], None]:
     headers_in = False
     try:
@@ -235,6 +351,11 @@ async def _httpx_batches(
                         payloads = split_payloads(buffer, piece)
                         if payloads:
                             yield payloads
+                            if ended():
+                                clean = (not (buffer or _more_after(piece))
+                                         and await _httpx_body_ends(pieces)
+                                         and "content-length" not in response.headers)
+                                return
                 if payloads := last_payloads(buffer):
                     yield payloads
                 clean = "content-length" not in response.headers
@@ -243,6 +364,27 @@ async def _httpx_batches(
                     discard_connection(response)
     except httpx.HTTPError as exc:
         raise _translate(exc, http.timeout, headers_in) from exc
+
+
+def _more_after(piece: bytes) -> bool:
+    """Whether the read that brought the end of the answer holds more than blank lines
+    after its last `data:` line (a keep-alive comment: the body is being held open)."""
+    # No `data:` in it: the read began inside the last data line, which its first
+    # line ending ends.
+    end = piece.find(b"\n", max(piece.rfind(b"data:"), 0))
+    return end < 0 or bool(piece[end + 1:].strip())
+
+
+async def _httpx_body_ends(pieces: AsyncIterator[bytes]) -> bool:
+    """Whether the rest of a body is nothing, its end coming within END_GRACE_S."""
+    with trio.move_on_after(END_GRACE_S):
+        try:
+            async for _ in pieces:
+                return False
+        except httpx.HTTPError:
+            return False
+        return True
+    return False
 
 
 def dumps(value: Any) -> bytes:
@@ -254,7 +396,8 @@ def json_object(raw: str | bytes, what: str) -> dict[str, Any]:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise ProviderError(f"malformed {what}: {raw[:200]!r}") from exc
+        raise ProviderError(f"malformed {what}: {raw[:200]!r}", reason="malformed") from exc
     if not isinstance(value, dict):
-        raise ProviderError(f"malformed {what} (not a JSON object): {raw[:200]!r}")
+        raise ProviderError(f"malformed {what} (not a JSON object): {raw[:200]!r}",
+                            reason="malformed")
     return value

@@ -11,9 +11,15 @@ chooses).
 A connection goes back to the pool only when its response was read to its very end,
 the server allows keep-alive, and not a byte came after the response; a pooled
 connection that has become readable while idle (the server closed it, or sent bytes
-nobody asked for) is closed instead of reused.
+nobody asked for) is closed instead of reused. A request that meets a pooled connection
+the server had closed (the send breaks, or the answer is an end of file or EPIPE with
+not a byte before it) goes out once more on a new connection: the server never took it.
+A reset (ECONNRESET) is not taken for that: the server (or something on the way) threw
+the request out, and that is the caller's to judge.
 
-Errors (sse.py turns them into ProviderError):
+Errors (sse.py turns them into ProviderError), each with a `reason` (ProviderError's
+vocabulary: "connect", "reset", "timeout", "stall", "dropped", "malformed", "tls", or
+None for a request this client will not write):
 
     TransportError           the connection failed, or the server broke HTTP/1.1
      ├── ConnectTimeout      connecting (TCP and TLS) took longer than connect_timeout_s
@@ -49,20 +55,41 @@ DECODED_MAX = 256 * 1024
 class TransportError(Exception):
     """The connection failed or the server did not speak HTTP/1.1 we can read."""
 
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+
 
 class ConnectTimeout(TransportError):
-    pass
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="timeout")
 
 
 class _Unanswered(TransportError):
-    """Nothing at all came back: on a pooled connection, the server had closed it."""
+    """Nothing at all came back, the way a pooled connection the server had closed
+    answers: on such a one, the request goes out again on a new connection."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="reset")
 
 
 class StallTimeout(TransportError):
     def __init__(self, message: str, *, headers_in: bool, writing: bool = False) -> None:
-        super().__init__(message)
+        super().__init__(message, reason="stall" if headers_in else "timeout")
         self.headers_in = headers_in
         self.writing = writing
+
+
+def _was_reset(exc: BaseException) -> bool:
+    """Whether a connection error is a reset (ECONNRESET), not an end or a broken pipe."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionResetError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 @dataclass(frozen=True)
@@ -218,7 +245,7 @@ class Response:
             self._decoder = zlib.decompressobj()
         elif encoding != "identity":
             raise TransportError(f"the response is encoded as {encoding[:50]!r}, "
-                                 "which this client does not decode")
+                                 "which this client does not decode", reason="malformed")
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
@@ -235,15 +262,21 @@ class Response:
         return (self._complete and not self._extra and not self._close_delimited
                 and self._keep_alive)
 
+    def _broke(self, cause: BaseException) -> TransportError:
+        return TransportError(f"the connection broke: {cause}",
+                              reason="dropped" if self._headers_in else "reset")
+
     async def _receive(self) -> bytes | bytearray:
         connection = self._connection
         with trio.move_on_after(self._stall_s):
-            if connection.plain:
-                return await self._receive_plain(connection)
             try:
+                if connection.plain:
+                    return await self._receive_plain(connection)
                 return await connection.stream.receive_some(READ_SIZE)
             except trio.BrokenResourceError as exc:
-                raise TransportError(f"the connection broke: {exc.__cause__ or exc}") from exc
+                raise self._broke(exc.__cause__ or exc) from exc
+            except OSError as exc:
+                raise self._broke(exc) from exc
         where = "mid-stream" if self._headers_in else "before the response headers"
         raise StallTimeout(f"no byte for {self._stall_s:g}s {where}",
                            headers_in=self._headers_in)
@@ -256,15 +289,13 @@ class Response:
         sock = connection.raw.socket
         fd = sock.fileno()
         if fd < 0:
-            raise TransportError("the connection is closed")
+            raise OSError("the connection is closed")
         if not connection.drained:
             await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 data = os.read(fd, READ_SIZE)
             except BlockingIOError:
                 pass
-            except OSError as exc:
-                raise TransportError(f"the connection broke: {exc}") from exc
             else:
                 connection.drained = len(data) < READ_SIZE
                 # Shielded, as trio's own: a cancel here must not lose what was read.
@@ -276,8 +307,6 @@ class Response:
                 data = os.read(fd, READ_SIZE)
             except BlockingIOError:
                 continue
-            except OSError as exc:
-                raise TransportError(f"the connection broke: {exc}") from exc
             connection.drained = len(data) < READ_SIZE
             return data
 
@@ -287,16 +316,18 @@ class Response:
         except httptools.HttpParserCallbackError as exc:
             if isinstance(exc.__context__, TransportError):
                 raise exc.__context__ from None
-            raise TransportError(f"malformed HTTP response: {exc}") from exc
+            raise TransportError(f"malformed HTTP response: {exc}",
+                                 reason="malformed") from exc
         except httptools.HttpParserError as exc:
             if self._complete:  # junk after a complete response spoils only the socket
                 self._extra = True
                 return
-            raise TransportError(f"malformed HTTP response: {exc}") from exc
+            raise TransportError(f"malformed HTTP response: {exc}",
+                                 reason="malformed") from exc
         if not self._headers_in:
             self._head_size += len(data)
             if self._head_size > HEAD_MAX:
-                raise TransportError("the response head is too large")
+                raise TransportError("the response head is too large", reason="malformed")
 
     async def read_head(self) -> None:
         """Read until the status and headers are in."""
@@ -307,13 +338,13 @@ class Response:
             except StallTimeout:
                 raise
             except TransportError as exc:
-                if received:
+                if received or _was_reset(exc):
                     raise
                 raise _Unanswered(str(exc)) from exc
             if not data:
                 if received:
                     raise TransportError("the server closed the connection inside the "
-                                         "response head")
+                                         "response head", reason="reset")
                 raise _Unanswered("the server closed the connection without answering")
             received = True
             self._feed(data)
@@ -340,9 +371,31 @@ class Response:
                 self._eof = True
                 if not self._close_delimited:
                     raise TransportError("the server closed the connection before the end "
-                                         "of the response body")
+                                         "of the response body", reason="dropped")
                 continue
             self._feed(read)
+
+    async def finish(self, grace_s: float) -> None:
+        """The answer in the body is complete (its last event is in): take in the end of
+        the body if it comes within `grace_s` — a server flushes it with, or just after,
+        the last event — so that the connection can serve again. A body that goes on (a
+        keep-alive comment, anything), stays silent or breaks is not waited for: the
+        response is then not `reusable`, and its connection is closed. Never raises a
+        TransportError: the answer is in, whatever the socket does now."""
+        decoder = self._decoder
+        if (self._complete or self._eof or self._close_delimited or self._body
+                or (decoder is not None and decoder.unconsumed_tail)):
+            return  # at its end, or it cannot serve again, or more body came already
+        with trio.move_on_after(grace_s):
+            try:
+                while not (self._complete or self._body):
+                    read = await self._receive()
+                    if not read:
+                        self._eof = True
+                        return
+                    self._feed(read)
+            except TransportError:
+                self._eof = True
 
     async def read_up_to(self, limit: int) -> bytes:
         """At most `limit` bytes of the body (an error page), reading no further."""
@@ -379,7 +432,7 @@ class LeanPool:
                 raw = await open_tcp(origin.host, origin.port)
             except OSError as exc:
                 raise TransportError(f"could not connect to {origin.host_header}: "
-                                     f"{exc}") from exc
+                                     f"{exc}", reason="connect") from exc
             if origin.scheme == "http":
                 return _Connection(raw, raw)
             context = self._ssl or ssl.create_default_context()
@@ -389,8 +442,11 @@ class LeanPool:
                 await tls.do_handshake()
             except trio.BrokenResourceError as exc:
                 await trio.aclose_forcefully(raw)
+                # A certificate or protocol failure is the TLS's; a connection that broke
+                # during the handshake could not connect.
+                reason = "tls" if isinstance(exc.__cause__, ssl.SSLError) else "connect"
                 raise TransportError(f"TLS with {origin.host_header} failed: "
-                                     f"{exc.__cause__ or exc}") from exc
+                                     f"{exc.__cause__ or exc}", reason=reason) from exc
             except BaseException:
                 await trio.aclose_forcefully(raw)
                 raise

@@ -5,7 +5,8 @@ chat (tool_result blocks count as tool messages, so "the N-th call after the scr
 user message" means the same thing), and the answer is streamed as the real API does:
 message_start, content blocks (thinking with a signature, text, tool_use with its input
 in input_json_delta pieces), message_delta with the usage and stop reason, message_stop.
-Failures (status, drop, garbage, hang) behave as on the Chat Completions face.
+Failures (status, drop, garbage, hang, `fail`'s list) behave as on the Chat Completions
+face; a scripted error event is the API's `event: error`.
 """
 
 from __future__ import annotations
@@ -130,6 +131,17 @@ def whole(spec: CallSpec, model: str, messages: list[dict[str, Any]]) -> dict[st
             "model": model, "content": content,
             "stop_reason": "tool_use" if spec.tools else "end_turn", "stop_sequence": None,
             "usage": usage(messages, completion_tokens(spec))}
+
+
+ERROR_TYPES = {"overloaded": "overloaded_error", "rate_limit": "rate_limit_error"}
+
+
+def error_event(kind: str) -> bytes:
+    """The `error` event a stream sends for a scripted `errorEvent` ("overloaded",
+    "rate_limit", or an error type as it is)."""
+    kind = ERROR_TYPES.get(kind, kind)
+    return _sse("error", {"type": "error", "error": {"type": kind,
+                                                     "message": f"scripted {kind}"}})
 
 
 def error_body(status: int) -> dict[str, Any]:

@@ -3,7 +3,11 @@
 It streams like the real thing (role chunk, reasoning and content deltas one word each,
 tool calls whose arguments arrive in pieces, a finish chunk, a usage chunk, `[DONE]`)
 and can misbehave on request: an HTTP error status, a dropped connection mid-stream,
-a malformed chunk, or silence. What it says is decided by daemon.mock.script. The same
+a malformed chunk, or silence; a call that fails N times (statuses with Retry-After,
+resets, error events, no answer) before it is answered; a body held open after its end.
+What it says is decided by daemon.mock.script; the one state it keeps is how often each
+scripted call was asked (for `fail`) and how many LLM requests are in flight (its log
+records that number for each request, so tests can check a concurrency cap). The same
 scripts drive its Anthropic Messages API face (`POST /v1/messages`, daemon.mock.anthropic).
 """
 
@@ -12,9 +16,11 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import socket
+import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from json.encoder import encode_basestring_ascii as _escape  # what json.dumps does to a str
 from pathlib import Path
@@ -24,7 +30,7 @@ import h11
 import trio
 
 from daemon.mock import anthropic
-from daemon.mock.script import CallSpec, plan
+from daemon.mock.script import CallSpec, call_key, plan
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +38,12 @@ MAX_REQUEST = 16 * 1024 * 1024
 READ_SIZE = 64 * 1024
 # Without a delay, this many SSE events go out in one write.
 BURST = 256
+# `holdOpen`: a keep-alive comment this often after the end, for at most HOLD_OPEN_S.
+PING_EVERY_S = 0.05
+HOLD_OPEN_S = 300.0
+PING = b": ping\n\n"
+# How many calls' `fail` counts the mock keeps (the oldest forgotten first).
+ASKED_MAX = 65536
 
 
 def _offered(body: dict[str, Any]) -> frozenset[str]:
@@ -48,6 +60,10 @@ def _offered(body: dict[str, Any]) -> frozenset[str]:
 
 class _Abort(Exception):
     """Stop answering this connection (the script asked for a drop)."""
+
+
+class _Reset(_Abort):
+    """Reset this connection (RST) instead of closing it."""
 
 
 def _chunk(model: str, cid: str, delta: dict[str, Any] | None, finish: str | None = None,
@@ -197,19 +213,22 @@ class _Conn:
             else:
                 raise _Abort()
 
-    async def json_response(self, status: int, body: dict[str, Any]) -> None:
+    async def json_response(self, status: int, body: dict[str, Any],
+                            headers: list[tuple[str, str]] | None = None) -> None:
         data = json.dumps(body).encode()
         await self.send(h11.Response(status_code=status, headers=[
             ("content-type", "application/json"), ("content-length", str(len(data))),
+            *(headers or ()),
         ]))
         await self.send(h11.Data(data=data))
         await self.send(h11.EndOfMessage())
 
 
+STREAM_HEADERS = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
+
+
 async def _stream(conn: _Conn, spec: CallSpec, events: Iterator[bytes]) -> None:
-    await conn.send(h11.Response(status_code=200, headers=[
-        ("content-type", "text/event-stream"), ("cache-control", "no-cache"),
-    ]))
+    await conn.send(h11.Response(status_code=200, headers=STREAM_HEADERS))
     pending: list[bytes] = []
     for n, event in enumerate(events):
         if spec.drop_after is not None and n >= spec.drop_after:
@@ -240,6 +259,13 @@ async def _stream(conn: _Conn, spec: CallSpec, events: Iterator[bytes]) -> None:
             pending = []
     if pending:
         await conn.send(h11.Data(data=b"".join(pending)))
+    if spec.hold_open:
+        # The answer is complete; the body is not: keep-alive comments until the client
+        # goes away (a send then fails) or HOLD_OPEN_S has passed.
+        with trio.move_on_after(HOLD_OPEN_S):
+            while True:
+                await conn.send(h11.Data(data=PING))
+                await trio.sleep(PING_EVERY_S)
     await conn.send(h11.EndOfMessage())
 
 
@@ -253,10 +279,96 @@ class Served:
     thinking: dict[str, Any] | None = None  # what a Messages API request asked for
     tools: list[dict[str, Any]] | None = None  # the tools a Chat Completions request offered
     messages: list[dict[str, Any]] | None = None  # the conversation it was sent (ditto)
+    # The scripted failure it got (`fail`): "429", "reset", "errorEvent:overloaded",
+    # "hang"; None when it was answered as scripted.
+    fault: str | None = None
+    # LLM requests in flight at the mock when this one came, itself included (the peak
+    # of all of them is the most the mock ever had at once).
+    in_flight: int = 1
 
 
-async def _answer_messages(conn: _Conn, target: str, raw: bytes,
-                           log: list[Served] | None) -> None:
+@dataclass
+class _Mock:
+    """What one mock provider keeps: its log, how often each call failing by `fail` was
+    asked, and how many LLM requests it is answering."""
+
+    log: list[Served] | None = None
+    asked: dict[str, int] = field(default_factory=dict)
+    in_flight: int = 0
+
+    def failure(self, api: str, body: dict[str, Any], spec: CallSpec,
+                conversation: Any) -> dict[str, Any] | None:
+        """The failure this request of a call gets (its `fail` list, in order), if any."""
+        requested = str(body.get("model") or "")
+        if not spec.fail or spec.fail_model not in (None, requested):
+            return None
+        key = call_key(api, requested, conversation, spec)
+        asked = self.asked.pop(key, 0)
+        if len(self.asked) >= ASKED_MAX:
+            del self.asked[next(iter(self.asked))]
+        self.asked[key] = asked + 1
+        return spec.fail[asked] if asked < len(spec.fail) else None
+
+    def record(self, served: Served) -> None:
+        if self.log is not None:
+            self.log.append(served)
+
+
+def _fault_name(failure: dict[str, Any]) -> str:
+    if failure.get("reset"):
+        return "reset"
+    if failure.get("hang"):
+        return "hang"
+    if failure.get("errorEvent"):
+        return f"errorEvent:{failure['errorEvent']}"
+    return str(failure.get("status", 500))
+
+
+def _fault_status(failure: dict[str, Any]) -> int:
+    if failure.get("reset") or failure.get("hang"):
+        return 0
+    return 200 if failure.get("errorEvent") else int(failure.get("status", 500))
+
+
+def _chat_error(kind: str) -> dict[str, Any]:
+    """An OpenAI-style error object for an `errorEvent` (and its HTTP bodies)."""
+    if kind == "overloaded":
+        return {"message": "scripted: the engine is overloaded", "type": "overloaded_error",
+                "code": "overloaded"}
+    if kind == "rate_limit":
+        return {"message": "scripted: rate limit reached", "type": "rate_limit_error",
+                "code": "rate_limit_exceeded"}
+    return {"message": f"scripted {kind}", "type": kind}
+
+
+async def _fail(conn: _Conn, failure: dict[str, Any], api: str) -> None:
+    """Answer a request with its scripted failure."""
+    if failure.get("reset"):
+        raise _Reset()
+    if failure.get("hang"):
+        await conn.stream.receive_some(1)  # until the client goes away
+        raise _Abort()
+    kind = failure.get("errorEvent")
+    if kind:
+        kind = str(kind)
+        event = (anthropic.error_event(kind) if api == "messages" else
+                 b"data: " + json.dumps({"error": _chat_error(kind)}).encode() + b"\n\n")
+        await conn.send(h11.Response(status_code=200, headers=STREAM_HEADERS))
+        await conn.send(h11.Data(data=event))
+        await conn.send(h11.EndOfMessage())
+        return
+    status = int(failure.get("status", 500))
+    headers = []
+    if failure.get("retryAfter") is not None:
+        headers.append(("retry-after", str(failure["retryAfter"])))
+    if failure.get("retryAfterMs") is not None:
+        headers.append(("retry-after-ms", str(failure["retryAfterMs"])))
+    body = (anthropic.error_body(status) if api == "messages" else
+            {"error": {"message": f"scripted failure {status}", "type": "server_error"}})
+    await conn.json_response(status, body, headers)
+
+
+async def _answer_messages(conn: _Conn, target: str, raw: bytes, mock: _Mock) -> None:
     """The Anthropic Messages API face (daemon.mock.anthropic)."""
     try:
         body = json.loads(raw)
@@ -270,11 +382,17 @@ async def _answer_messages(conn: _Conn, target: str, raw: bytes,
         return
     spec = plan(messages, _offered(body))
     model = spec.model or str(body.get("model") or "mock-1")
-    if log is not None:
-        u = anthropic.usage(messages, anthropic.completion_tokens(spec))
-        log.append(Served(model, {"prompt_tokens": u["input_tokens"],
-                                  "completion_tokens": u["output_tokens"]}, spec.status or 200,
-                          body.get("thinking")))
+    failure = mock.failure("messages", body, spec,
+                           {"system": body.get("system"), "messages": body.get("messages")})
+    if failure is not None:
+        mock.record(Served(model, None, _fault_status(failure), body.get("thinking"),
+                           fault=_fault_name(failure), in_flight=mock.in_flight))
+        await _fail(conn, failure, "messages")
+        return
+    u = anthropic.usage(messages, anthropic.completion_tokens(spec))
+    mock.record(Served(model, {"prompt_tokens": u["input_tokens"],
+                               "completion_tokens": u["output_tokens"]}, spec.status or 200,
+                       body.get("thinking"), in_flight=mock.in_flight))
     if spec.status:
         await conn.json_response(spec.status, anthropic.error_body(spec.status))
     elif body.get("stream"):
@@ -283,11 +401,16 @@ async def _answer_messages(conn: _Conn, target: str, raw: bytes,
         await conn.json_response(200, anthropic.whole(spec, model, messages))
 
 
-async def _answer(conn: _Conn, request: h11.Request, raw: bytes, log: list[Served] | None) -> None:
+async def _answer(conn: _Conn, request: h11.Request, raw: bytes, mock: _Mock) -> None:
     target = request.target.decode().split("?")[0].rstrip("/")
     if request.method == b"POST" and (target.endswith("/messages")
                                       or target.endswith("/messages/count_tokens")):
-        await _answer_messages(conn, target, raw, log)
+        counted = not target.endswith("/count_tokens")  # an LLM request, not a side one
+        mock.in_flight += counted
+        try:
+            await _answer_messages(conn, target, raw, mock)
+        finally:
+            mock.in_flight -= counted
         return
     if request.method == b"GET" and target.rstrip("/").endswith("/models"):
         await conn.json_response(200, {"object": "list", "data": [
@@ -296,6 +419,14 @@ async def _answer(conn: _Conn, request: h11.Request, raw: bytes, log: list[Serve
     if request.method != b"POST" or not target.rstrip("/").endswith("/chat/completions"):
         await conn.json_response(404, {"error": {"message": f"no route {target}"}})
         return
+    mock.in_flight += 1
+    try:
+        await _answer_chat(conn, raw, mock)
+    finally:
+        mock.in_flight -= 1
+
+
+async def _answer_chat(conn: _Conn, raw: bytes, mock: _Mock) -> None:
     try:
         body = json.loads(raw)
         messages = list(body["messages"])
@@ -305,10 +436,16 @@ async def _answer(conn: _Conn, request: h11.Request, raw: bytes, log: list[Serve
     spec = plan(messages, _offered(body))
     model = spec.model or str(body.get("model") or "mock-1")
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    if log is not None:
-        usage = _usage(messages, _completion_tokens(spec)) if spec.usage and include_usage else None
-        log.append(Served(model, usage, spec.status or 200, tools=body.get("tools"),
-                          messages=messages))
+    failure = mock.failure("chat", body, spec, messages)
+    if failure is not None:
+        mock.record(Served(model, None, _fault_status(failure), tools=body.get("tools"),
+                           messages=messages, fault=_fault_name(failure),
+                           in_flight=mock.in_flight))
+        await _fail(conn, failure, "chat")
+        return
+    usage = _usage(messages, _completion_tokens(spec)) if spec.usage and include_usage else None
+    mock.record(Served(model, usage, spec.status or 200, tools=body.get("tools"),
+                       messages=messages, in_flight=mock.in_flight))
     if spec.status:
         await conn.json_response(spec.status, {"error": {
             "message": f"scripted failure {spec.status}", "type": "server_error"}})
@@ -319,17 +456,20 @@ async def _answer(conn: _Conn, request: h11.Request, raw: bytes, log: list[Serve
         await conn.json_response(200, _whole(spec, model, messages))
 
 
-async def _handle(stream: trio.SocketStream, log: list[Served] | None = None) -> None:
+async def _handle(stream: trio.SocketStream, mock: _Mock) -> None:
     conn = _Conn(stream)
     try:
         while True:
             got = await conn.read_request()
             if got is None:
                 return
-            await _answer(conn, *got, log)
+            await _answer(conn, *got, mock)
             if conn.h11.our_state is h11.MUST_CLOSE or conn.h11.their_state is h11.MUST_CLOSE:
                 return
             conn.h11.start_next_cycle()
+    except _Reset:
+        # SO_LINGER 0: the close below sends an RST, not a FIN.
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     except (_Abort, h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
         pass
     finally:
@@ -346,7 +486,7 @@ async def serve_mock_provider(
     bound = listeners[0].socket.getsockname()[1]
     try:
         task_status.started(bound)
-        await trio.serve_listeners(partial(_handle, log=log), listeners)
+        await trio.serve_listeners(partial(_handle, mock=_Mock(log)), listeners)
     finally:
         for listener in listeners:
             listener.socket.close()

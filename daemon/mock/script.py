@@ -1,4 +1,5 @@
-"""What the mock provider answers, decided from the conversation alone (no state).
+"""What the mock provider answers, decided from the conversation (and, for `fail`, from
+how often the same call was asked before).
 
 A user message may carry a script on a line of its own:
 
@@ -26,6 +27,36 @@ A call spec:
     stamp            true: each `say` word carries the wall-clock time (time.time_ns())
                      at which the mock wrote it, as `word7@1764590000123456789` (Chat
                      Completions only; `make bench` measures emit -> receipt with it)
+    fail             [failure, ...]: fail N times, then answer. The first request for
+                     this call gets the first failure, the next request (a retry sends
+                     the same messages again) the second, and so on; past the list the
+                     call is answered as scripted. A failure is one of
+                       {"status": 429, "retryAfter": "2", "retryAfterMs": 50}
+                           that HTTP status with the API's error body; `retryAfter`
+                           is sent as the Retry-After header as given (seconds, or an
+                           HTTP date), `retryAfterMs` as retry-after-ms (both optional)
+                       {"reset": true}   the connection reset (RST), no byte answered
+                       {"errorEvent": "overloaded"}   a 200 event stream whose first
+                           event is the API's error event ("overloaded", "rate_limit",
+                           or any other error type, sent as it is), then its end
+                       {"hang": true}    no answer at all (not even the headers) until
+                           the client goes away
+                     and may carry "times": N (that failure N times in a row).
+    failModel        only requests for this model (the request's `model`) fail; others
+                     are answered at once (e.g. a fallback's)
+    key              what names this call for `fail`'s count (with the call's place in
+                     the script, the API and the requested model); without it, a digest
+                     of the request's conversation (messages, system) does. Two turns
+                     that send the very same conversation share a count unless they
+                     carry different keys (or different words)
+    holdOpen         true: after `[DONE]` / `message_stop` the body is held open, a
+                     keep-alive comment (`: ping`) sent every 50 ms, until the client
+                     goes away (or 300 s)
+`key`, `fail`, `failModel` and `holdOpen` may also stand at the top of a `calls` script,
+for every call of it that does not say otherwise.
+
+The mock's log (daemon.mock.provider.Served) records each request, its `fault`, and
+how many LLM requests were in flight at the mock when it came (itself included).
 
 Without a script the demo behaviour applies, paced so that a person can watch it:
   - when the request offers `agent_spawn`, spawn the `helper` agent (wait) with a task,
@@ -40,6 +71,7 @@ like any user message.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,12 +124,26 @@ class CallSpec:
     pause_until: str | None = None
     usage: bool = True
     stamp: bool = False
+    fail: list[dict[str, Any]] = field(default_factory=list)
+    fail_model: str | None = None
+    key: str | None = None
+    hold_open: bool = False
+    call: int = 0  # which call of its script this is (0: the first)
 
 
 def _words(value: Any, stem: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return " ".join(f"{stem}{i}" for i in range(value))
     return str(value or "")
+
+
+def _failures(raw: Any) -> list[dict[str, Any]]:
+    """`fail`'s list, each failure repeated its `times`."""
+    out: list[dict[str, Any]] = []
+    for failure in raw if isinstance(raw, list) else ():
+        if isinstance(failure, dict):
+            out.extend([failure] * max(0, int(failure.get("times", 1))))
+    return out
 
 
 def _spec(raw: dict[str, Any]) -> CallSpec:
@@ -116,7 +162,15 @@ def _spec(raw: dict[str, Any]) -> CallSpec:
         pause_until=raw.get("pause_until"),
         usage=bool(raw.get("usage", True)),
         stamp=bool(raw.get("stamp", False)),
+        fail=_failures(raw.get("fail")),
+        fail_model=raw.get("failModel"),
+        key=None if raw.get("key") is None else str(raw["key"]),
+        hold_open=bool(raw.get("holdOpen", False)),
     )
+
+
+# What a `calls` script's top level may say for each of its calls.
+SHARED_KEYS = ("fail", "failModel", "key", "holdOpen")
 
 
 def _find_script(messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any] | None]:
@@ -184,7 +238,10 @@ def plan(messages: list[dict[str, Any]], tools: frozenset[str] = frozenset()) ->
     elif script is None:
         calls, loop = DEMO_CALLS, False
     elif "calls" in script:
-        calls, loop = list(script["calls"]), bool(script.get("loop"))
+        shared = {k: script[k] for k in SHARED_KEYS if k in script}
+        calls = [{**shared, **call} if isinstance(call, dict) else call
+                 for call in script["calls"]]
+        loop = bool(script.get("loop"))
     else:
         calls, loop = [script], bool(script.get("loop"))
     model = script.get("model") if script else None
@@ -198,6 +255,19 @@ def plan(messages: list[dict[str, Any]], tools: frozenset[str] = frozenset()) ->
         if script is None:  # the demo's last word, at the demo's pace
             raw["delay_ms"] = DEMO_DELAY_MS
     spec = _spec(raw)
+    spec.call = calls_made
     if spec.model is None:
         spec.model = model
     return spec
+
+
+def call_key(api: str, model: str, conversation: Any, spec: CallSpec) -> str:
+    """What names one call of a script for `fail`'s count: the API, the requested model,
+    and the script's `key` with the call's place, or else a digest of the conversation
+    the request sends (a retry sends it again; the next call of a turn sends more)."""
+    if spec.key is not None:
+        named = f"key={spec.key}#{spec.call}"
+    else:
+        text = json.dumps(conversation, sort_keys=True, default=str, ensure_ascii=False)
+        named = hashlib.sha256(text.encode()).hexdigest()
+    return f"{api}|{model}|{named}"
