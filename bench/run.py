@@ -13,11 +13,13 @@ a target that does not hold is a `NO` in the table, not an exit status.
   P4      bench/cancel.py         P5  bench/slow.py and bench/publish.py (in-process Bus)
   C1-C3   bench/cluster.py (a two-node cluster against the embedded default)
   S1-S4   bench/sandbox.py (the bubblewrap sandbox of a bash call against none)
+  R1-R4   bench/chaos.py (turns against a provider that answers 429 and resets, against
+          the same turns without faults; `--no-resets`: only the 429s)
   peers   bench/peers.py          extras  bench/extras.py, bench/publish.py (durable log)
 
 `python -m bench.run --only p1,p3` runs only those phases (p1 p2 p3 p4 p5 extras
-publish durable cluster sandbox peers), `--repeat N` runs them N times and prints each table: a
-quicker loop while working on one row. `make bench` runs everything once.
+publish durable cluster sandbox chaos peers), `--repeat N` runs them N times and prints
+each table: a quicker loop while working on one row. `make bench` runs everything once.
 """
 
 from __future__ import annotations
@@ -35,14 +37,25 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import cancel, children, cluster, extras, peers, publish, sandbox, slow, throughput
+from bench import (
+    cancel,
+    chaos,
+    children,
+    cluster,
+    extras,
+    peers,
+    publish,
+    sandbox,
+    slow,
+    throughput,
+)
 from bench.procs import open_daemon, open_mock
 from bench.table import Ledger, Row, render
 
 Phase = Callable[[], Awaitable[list[Row]]]
 PHASE_LIMIT_S = 600
 PHASES = ("p1", "p2", "p3", "p4", "p5", "extras", "publish", "durable", "cluster", "sandbox",
-          "peers")
+          "chaos", "peers")
 
 
 async def _phase(name: str, run: Phase, ledger: Ledger, rows: list[Row]) -> None:
@@ -86,6 +99,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--only", default=",".join(PHASES),
                         help=f"comma-separated phases: {' '.join(PHASES)}")
     parser.add_argument("--repeat", type=int, default=1, help="run them this many times")
+    parser.add_argument("--no-resets", action="store_true",
+                        help="chaos: no connection resets, only the 429s")
     args = parser.parse_args()
     args.only = {name.strip().lower() for name in args.only.split(",") if name.strip()}
     unknown = args.only - set(PHASES)
@@ -98,11 +113,11 @@ async def main() -> int:
     args = _arguments()
     status = 0
     for _ in range(max(1, args.repeat)):
-        status = max(status, await _run(args.only))
+        status = max(status, await _run(args.only, resets=not args.no_resets))
     return status
 
 
-async def _run(only: set[str]) -> int:
+async def _run(only: set[str], resets: bool = True) -> int:
     header = _header()
     ledger = Ledger()
     rows: list[Row] = []
@@ -139,6 +154,8 @@ async def _run(only: set[str]) -> int:
                          rows)
         if "sandbox" in only:
             await _phase("sandbox", lambda: sandbox.sandbox_rows(ledger), ledger, rows)
+        if "chaos" in only:
+            await _phase("chaos", lambda: chaos.chaos_rows(ledger, resets), ledger, rows)
         if "peers" in only:
             await _phase("peers", lambda: peers.peer_rows(mock.url, ledger, rows), ledger,
                          rows)
