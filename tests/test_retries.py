@@ -515,3 +515,50 @@ async def test_a_refused_connection_is_retried_then_reported(
     details = stream[-1]["data"]["details"]
     assert details["attempts"] == 3 and "status" not in details
     assert len(retries(stream)) == 2
+
+
+SCRIPTED = """
+[providers.scripted]
+type = "openai"
+base_url = "{url}"
+retry_initial_ms = 1
+retry_max_ms = 2
+
+[providers.scriptedm]
+type = "anthropic"
+base_url = "{root}"
+retry_initial_ms = 1
+retry_max_ms = 2
+
+[agents.schat]
+engine = "openai"
+provider = "scripted"
+model = "s-chat"
+tools = ["bash"]
+
+[agents.smessages]
+engine = "anthropic"
+provider = "scriptedm"
+model = "s-messages"
+tools = ["bash"]
+"""
+
+
+@pytest.mark.parametrize("event", ["overloaded", "rate_limit"])
+async def test_an_error_event_before_the_first_delta_is_retried(
+        tmp_path: Path, provider: Provider, engine: str, event: str) -> None:
+    """The scripted provider's faults, on every call of a two-call turn (bash between):
+    each call is retried on its own, and the turn's stream is whole."""
+    agent = "schat" if engine == "openai" else "smessages"
+    script = mock(fail=[{"errorEvent": event}, {"status": 529}], calls=[
+        {"say": "first", "tools": [{"name": "bash", "arguments": {"command": "echo hi"}}]},
+        {"say": "second"}])
+    cfg = SCRIPTED.format(url=provider.url, root=provider.url.removesuffix("/v1"))
+    async with open_daemon(tmp_path, provider, extra=cfg) as d:
+        r, stream = await turn(d, agent, script)
+    assert r.status_code == 200, r.text
+    assert r.json()["content"].endswith("second")
+    found = [(x["attempt"], x.get("status")) for x in retries(stream)]
+    assert found == [(1, None), (2, 529)] * 2, found  # each of the two calls
+    chunks = "".join(e["data"]["content"] for e in stream if e["eventType"] == "inference.chunk")
+    assert chunks == "firstsecond"  # nothing of a failed attempt was published
