@@ -48,7 +48,14 @@ import trio
 
 from daemon.errors import ProviderError
 from daemon.llm.provider_http import ProviderHTTP
-from daemon.llm.transport import ConnectTimeout, LeanPool, Response, StallTimeout, TransportError
+from daemon.llm.transport import (
+    ConnectTimeout,
+    LeanPool,
+    Response,
+    StallTimeout,
+    TransportError,
+    caused_by,
+)
 
 # How much of an error body we keep for the message.
 ERROR_BODY_MAX = 2048
@@ -201,7 +208,7 @@ def _translate(exc: httpx.HTTPError, timeout: httpx.Timeout, headers_in: bool) -
 def _httpx_reason(exc: httpx.HTTPError, headers_in: bool) -> str | None:
     """What an httpx error that is not a timeout says, in ProviderError's words."""
     if isinstance(exc, httpx.ConnectError):
-        return "tls" if _caused_by(exc, ssl.SSLError) else "connect"
+        return "tls" if caused_by(exc, ssl.SSLError) else "connect"
     if isinstance(exc, httpx.ReadError | httpx.WriteError):
         return "dropped" if headers_in else "reset"
     if isinstance(exc, httpx.RemoteProtocolError):
@@ -213,17 +220,6 @@ def _httpx_reason(exc: httpx.HTTPError, headers_in: bool) -> str | None:
     if isinstance(exc, httpx.DecodingError):
         return "malformed"
     return None
-
-
-def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
-    seen: BaseException | None = exc
-    for _ in range(6):
-        if seen is None:
-            return False
-        if isinstance(seen, kind):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 def _reason(exc: BaseException) -> str:

@@ -80,16 +80,21 @@ class StallTimeout(TransportError):
         self.writing = writing
 
 
-def _was_reset(exc: BaseException) -> bool:
-    """Whether a connection error is a reset (ECONNRESET), not an end or a broken pipe."""
+def caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether `exc`, or what it was raised from (a few links down), is a `kind`."""
     seen: BaseException | None = exc
-    for _ in range(5):
+    for _ in range(6):
         if seen is None:
             return False
-        if isinstance(seen, ConnectionResetError):
+        if isinstance(seen, kind):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _was_reset(exc: BaseException) -> bool:
+    """Whether a connection error is a reset (ECONNRESET), not an end or a broken pipe."""
+    return caused_by(exc, ConnectionResetError)
 
 
 @dataclass(frozen=True)
