@@ -74,7 +74,7 @@ async def test_turns_count_with_their_outcome_tokens_and_durations(daemon: Runni
         {"tools": [{"name": "bash", "arguments": {"command": "echo hi"}}]},
         {"say": "ran it"},
     ]))).json()
-    failed = await daemon.chat(mock(status=500))
+    failed = await daemon.chat(mock(status=400))  # not retried (CONTRACT §14): one request
     assert failed.status_code == 502
     async with open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
         nursery.start_soon(daemon.chat, mock(say=50, delay_ms=1, hang_after=5))
@@ -107,7 +107,7 @@ async def test_turns_count_with_their_outcome_tokens_and_durations(daemon: Runni
         reported = done["tokenUsage"][kind] + tool["tokenUsage"][kind]
         assert reported > 0
         assert value(samples, "veild_tokens_total", agent="assistant", kind=kind) == reported
-    # One request per LLM call: 1 + 2 + 1 (the 500) + 1 (the cancelled one).
+    # One request per LLM call: 1 + 2 + 1 (the 400) + 1 (the cancelled one).
     assert value(samples, "veild_provider_request_duration_seconds_count",
                  provider="mock") == 5
     # The bus's own counter, read at scrape time (nothing publishes between).
