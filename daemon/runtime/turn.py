@@ -302,7 +302,16 @@ class Turn:
             raise StoreError(f"could not store the start of turn {self.id} in time")
 
     async def _append(self, message: MessageRecord, iteration: int) -> None:
-        await self.services.store.append_message(self.session.record.id, message, self.id)
+        # Not to be cut short by a cancel: a write the store has taken commits anyway
+        # (and one it has not may or may not be taken), so a cancel landing here left
+        # a message stored that was never published, and an inbox entry consumed in the
+        # store that this turn then handed back as unconsumed (the next turn's write of
+        # it failed). Shielded, the write is done or failed when it returns, and what
+        # follows it here runs before the cancel is seen. Bounded by the store's own
+        # store_busy_timeout_s (StoreUnavailable past it).
+        with trio.CancelScope(shield=True):
+            await self.services.store.append_message(self.session.record.id, message,
+                                                     self.id)
         if message.inbox_ids:
             self.inbox_hold.consume(message.inbox_ids)
         data: dict[str, Any] = {"role": message.role, "content": message.content}
