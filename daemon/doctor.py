@@ -20,7 +20,7 @@ import trio
 from daemon.cli_http import error_line, headers
 from daemon.config import Config, load_config, resolve_config_path
 from daemon.errors import ConfigError
-from daemon.sandbox import INSTALL_HINT, probe
+from daemon.sandbox import INSTALL_HINT, find_bwrap, opted_out
 
 CONNECT_TIMEOUT_S = 3.0
 
@@ -80,14 +80,12 @@ def sandbox_line(config: Config) -> tuple[str, bool]:
     that is a failure: only `bwrap` that does not work is; `auto` falling back to
     none is a warning that says how to install it."""
     mode = config.server.sandbox
-    unsandboxed = sorted(a.name for a in config.agents.values()
-                         if "bash" in a.tools and not a.sandbox)
+    unsandboxed = opted_out(config.agents.values())
     tail = (f"; agents with sandbox = false (bash unsandboxed): {', '.join(unsandboxed)}"
             if unsandboxed else "")
     if mode == "none":
         return f'sandbox: none ([server] sandbox = "none": bash runs unsandboxed){tail}', False
-    bwrap = shutil.which("bwrap")
-    why = "bwrap is not on PATH" if bwrap is None else trio.run(probe, bwrap)
+    bwrap, why = trio.run(find_bwrap)
     if why is None:
         return f"sandbox: ok (bwrap: {bwrap}){tail}", False
     if mode == "bwrap":

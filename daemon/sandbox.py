@@ -41,7 +41,7 @@ from pathlib import Path
 
 import trio
 
-from daemon.config import Config
+from daemon.config import AgentConfig, Config
 from daemon.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -162,26 +162,36 @@ async def probe(bwrap: str) -> str | None:
     return None
 
 
+async def find_bwrap() -> tuple[str | None, str | None]:
+    """bubblewrap on PATH and working here: (its path, None), else (None, why not)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return None, "bwrap is not on PATH"
+    why = await probe(bwrap)
+    return (bwrap, None) if why is None else (None, why)
+
+
+def opted_out(agents: Iterable[AgentConfig]) -> list[str]:
+    """The agents whose bash runs unsandboxed by their own `sandbox = false`."""
+    return sorted(a.name for a in agents if not a.sandbox and "bash" in a.tools)
+
+
 async def open_sandbox(config: Config) -> Sandbox:
     """`[server] sandbox` in force: `auto` tries bubblewrap once and falls back to none
     with one WARNING; `bwrap` that does not work is a ConfigError (exit 2)."""
     mode = config.server.sandbox
     if mode == "none":
         return Sandbox(why_none='[server] sandbox = "none"')
-    bwrap = shutil.which("bwrap")
-    why = "bwrap is not on PATH" if bwrap is None else await probe(bwrap)
-    if why is not None:
+    bwrap, why = await find_bwrap()
+    if bwrap is None:
         if mode == "bwrap":
             raise ConfigError(str(config.path), "server.sandbox",
                               f'"bwrap" does not work here: {why}; {INSTALL_HINT}')
         log.warning("sandbox: none: bash calls run unsandboxed (%s); %s", why, INSTALL_HINT)
         return Sandbox(why_none=why)
-    assert bwrap is not None
     sandbox = Sandbox(bwrap, hidden_paths(config), empty=_empty_file(config.server.data_dir))
     log.info("sandbox: bwrap (%s); hidden: %s", bwrap,
              ", ".join(str(p) for p in sandbox.hide))
-    for agent in config.agents.values():
-        if not agent.sandbox and "bash" in agent.tools:
-            log.warning("sandbox: agent %s runs its bash unsandboxed (sandbox = false)",
-                        agent.name)
+    for name in opted_out(config.agents.values()):
+        log.warning("sandbox: agent %s runs its bash unsandboxed (sandbox = false)", name)
     return sandbox

@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import trio
+import trio.testing
 
 # A behaviour answers one request on `stream`; it returns whether to keep the connection.
 Behaviour = Callable[["RawProvider", trio.abc.Stream], Awaitable[bool]]
@@ -175,12 +176,15 @@ def events_then_end(*events: bytes) -> Behaviour:
 
 
 def events_apart(*events: bytes) -> Behaviour:
-    """As events_then_end, each event in a write of its own a moment after the last."""
+    """As events_then_end, each event in a write of its own, sent once the client (in
+    this process) has taken the last and waits for more: one read each."""
     async def answer(provider: RawProvider, stream: trio.abc.Stream) -> bool:
         await stream.send_all(STREAM_HEAD)
         for event in events:
             await stream.send_all(_chunked(event))
-            await trio.sleep(PING_EVERY_S)
+            # Every task blocked for a moment: the reader has had the bytes (the cushion
+            # lets the I/O poll hand them over) and is waiting for the next read.
+            await trio.testing.wait_all_tasks_blocked(cushion=0.01)
         await stream.send_all(LAST_CHUNK)
         return True
     return answer

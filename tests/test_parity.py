@@ -116,3 +116,38 @@ async def test_same_stream_for_sub_agent_and_inbox_triggers(daemon: Running) -> 
         assert assert_one_terminal_last(stream)["eventType"] == "done"
         shapes[name] = shape(stream)
     assert all(s == EXPECTED for s in shapes.values()), shapes
+
+
+def retried_script(key: str) -> str:
+    """SCRIPT whose every call fails once (a 529, waited out for 1 ms) before it answers;
+    `key` keeps each turn's count of failures its own."""
+    return mock(key=key, fail=[{"status": 529, "retryAfterMs": 1}], calls=[
+        {"think": 4, "say": 5, "tools": [{"name": "bash", "arguments": {"command": "echo out"}}]},
+        {"say": 3},
+    ])
+
+
+# EXPECTED with each call's provider.retry before its first event.
+EXPECTED_RETRIED = [
+    "turn.start", "message", "provider.retry", "thinking.chunk", "inference.chunk", "usage",
+    "message", "inference.tool", "tool.chunk", "tool.result", "message", "provider.retry",
+    "inference.chunk", "usage", "message", "done",
+]
+
+
+async def test_retries_stream_alike_for_a_chat_and_a_spawned_child(daemon: Running) -> None:
+    """CONTRACT §14 inside §5.1: a retry is announced the same way whoever started the
+    turn — a JSON chat, or an agent_spawn (waiting) of another turn."""
+    async with open_recorder(daemon.ws_url) as rec:
+        chat_turn = (await daemon.chat(retried_script("parity-chat"))).json()["turnId"]
+        parent = (await daemon.chat(mock(calls=[
+            {"tools": [spawn("assistant", retried_script("parity-child"))]},
+            {"say": "done"}]))).json()
+        child_start = await rec.wait_for(lambda evs: next((
+            e for e in evs if e.get("eventType") == "turn.start"
+            and e.get("parentSessionId") == parent["sessionId"]), None))
+        await rec.terminal(child_start["turnId"])
+    for turn_id in (chat_turn, child_start["turnId"]):
+        stream = rec.stream(turn_id)
+        assert_one_terminal_last(stream)
+        assert shape(stream) == EXPECTED_RETRIED, (turn_id, shape(stream))

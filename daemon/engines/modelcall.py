@@ -39,6 +39,8 @@ from daemon.engines.base import (
 from daemon.errors import ModelCallFailed, ProviderError
 
 C = TypeVar("C")
+# What reaching the turn makes a call "published": a chunk (after it, no retry).
+PUBLISHED = (ContentDelta, ThinkingDelta)
 
 # (provider, in flight now) after each change; (provider, reason) for each retry.
 InFlightGauge = Callable[[str, int], None]
@@ -133,7 +135,8 @@ class ModelCall(Generic[C]):
                     async with route.slots.held():
                         async with aclosing(attempt(route)) as events:
                             async for event in events:
-                                if isinstance(event, ContentDelta | ThinkingDelta):
+                                # Per event on the hot path: once published, one bool.
+                                if not published and isinstance(event, PUBLISHED):
                                     published = True
                                 yield event
                     return
