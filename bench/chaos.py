@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.clients import p99
 from bench.procs import Proc, open_daemon
-from bench.table import Ledger, Row
+from bench.table import Ledger, Row, print_report
 
 SEED = 23
 TURNS = 200
@@ -443,7 +443,6 @@ async def chaos_rows(ledger: Ledger, resets: bool = True) -> list[Row]:
 async def main() -> int:
     """`python -m bench.chaos [--no-resets]`: only these rows, in make bench's table."""
     from bench.run import _header
-    from bench.table import render
 
     parser = argparse.ArgumentParser(prog="python -m bench.chaos")
     parser.add_argument("--no-resets", action="store_true",
@@ -452,11 +451,7 @@ async def main() -> int:
     header = _header()
     ledger = Ledger()
     rows = await chaos_rows(ledger, resets=not args.no_resets)
-    print(render(rows, header))
-    for loss in ledger.losses[:30]:
-        print(f"LOST: {loss}")
-    print(f"{ledger.turns:,} turns checked, {ledger.tokens:,} tokens")
-    return 1 if ledger.losses else 0
+    return print_report(rows, header, ledger)
 
 
 if __name__ == "__main__":

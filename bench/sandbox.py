@@ -64,7 +64,7 @@ from bench.mcp_call import (
     p90,
     script,
 )
-from bench.table import Ledger, Row
+from bench.table import Ledger, Row, print_report
 from daemon.config import load_config
 from daemon.sandbox import Sandbox, hidden_paths
 from daemon.tools.bash import SUPERVISOR
@@ -289,16 +289,11 @@ async def sandbox_rows(ledger: Ledger) -> list[Row]:
 async def main() -> int:
     """`python -m bench.sandbox`: only these rows, in make bench's table."""
     from bench.run import _header
-    from bench.table import render
 
     header = _header()
     ledger = Ledger()
     rows = await sandbox_rows(ledger)
-    print(render(rows, header))
-    for loss in ledger.losses[:30]:
-        print(f"LOST: {loss}")
-    print(f"{ledger.turns:,} turns checked")
-    return 1 if ledger.losses else 0
+    return print_report(rows, header, ledger)
 
 
 if __name__ == "__main__":

@@ -104,3 +104,13 @@ def render(rows: list[Row], header: str) -> str:
             out.append(" " * 4 + r.note)
     out.append(line)
     return "\n".join(out)
+
+
+def print_report(rows: list[Row], header: str, ledger: Ledger) -> int:
+    """A phase run on its own (`python -m bench.X`): its table, what it lost, and the
+    exit status (1 when anything was lost)."""
+    print(render(rows, header))
+    for loss in ledger.losses[:30]:
+        print(f"LOST: {loss}")
+    print(f"{ledger.turns:,} turns checked, {ledger.tokens:,} tokens")
+    return 1 if ledger.losses else 0
