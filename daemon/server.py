@@ -340,7 +340,7 @@ async def _serve(
             # A service (it stops after the turns it started have ended `shutdown`,
             # so it records their outcome); its turns run in the session manager.
             scheduler = Scheduler(config.schedules, store, SessionLauncher(sessions),
-                                  SystemClock())
+                                  SystemClock(), stop=turn_services.stop)
             if cluster is None:
                 await services.start(scheduler.serve)
             else:  # a schedule ticks on one node of the cluster (CONTRACT §13.5)

@@ -97,6 +97,18 @@ class ProviderRetried:
 
 
 @dataclass(frozen=True, slots=True)
+class ProviderQueued:
+    """A call waits for one of its provider's `max_concurrent` slots (`waited_ms` None),
+    or got one after waiting (`waited_ms`: how long). Only a call that must wait says so."""
+
+    provider: str
+    model: str
+    limit: int
+    waiting: int  # calls waiting for the provider, this one included
+    waited_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     content: str
     iterations: int
@@ -106,6 +118,7 @@ class Finished:
 EngineEvent = (
     ThinkingDelta | ContentDelta | ModelNamed | UsageReport | ToolStarted | ToolFinished
     | ToolOutput | EngineSessionNamed | MessageAppended | Finished | ProviderRetried
+    | ProviderQueued
 )
 
 

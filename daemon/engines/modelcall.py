@@ -33,6 +33,7 @@ from daemon.engines.base import (
     ContentDelta,
     EngineEvent,
     ModelNamed,
+    ProviderQueued,
     ProviderRetried,
     ThinkingDelta,
 )
@@ -56,6 +57,20 @@ class ProviderSlots:
         self._limiter = trio.CapacityLimiter(limit) if limit > 0 else None
         self._gauge = gauge
         self.in_flight = 0
+
+    @property
+    def limit(self) -> int:
+        return int(self._limiter.total_tokens) if self._limiter is not None else 0
+
+    @property
+    def waiting(self) -> int:
+        """Calls waiting for a slot now."""
+        return self._limiter.statistics().tasks_waiting if self._limiter is not None else 0
+
+    def full(self) -> bool:
+        """Whether a call would wait for a slot (the limiter is fair: while any slot is
+        free nobody waits)."""
+        return self._limiter is not None and self._limiter.available_tokens == 0
 
     @asynccontextmanager
     async def held(self) -> AsyncIterator[None]:
@@ -131,8 +146,20 @@ class ModelCall(Generic[C]):
             while True:
                 attempts += 1
                 published = False
+                # A call that must wait for the provider says so (issue 24): queued,
+                # then admitted, rather than silently late.
+                slots = route.slots
+                queued = slots.full()
+                if queued:
+                    yield ProviderQueued(provider.name, route.model, slots.limit,
+                                         slots.waiting + 1)
+                    queued_at = trio.current_time()
                 try:
-                    async with route.slots.held():
+                    async with slots.held():
+                        if queued:
+                            yield ProviderQueued(
+                                provider.name, route.model, slots.limit, slots.waiting,
+                                round((trio.current_time() - queued_at) * 1000))
                         async with aclosing(attempt(route)) as events:
                             async for event in events:
                                 # Per event on the hot path: once published, one bool.

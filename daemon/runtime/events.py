@@ -29,6 +29,10 @@ INFERENCE_TOOL: Final = "inference.tool"
 TOOL_CHUNK: Final = "tool.chunk"
 TOOL_RESULT: Final = "tool.result"
 PROVIDER_RETRY: Final = "provider.retry"  # CONTRACT §14: before a retry's wait
+# A turn (or its LLM call) waits for a slot (max_running_turns, a provider's
+# max_concurrent), and then got it: docs/bursts.md.
+TURN_QUEUED: Final = "turn.queued"
+TURN_ADMITTED: Final = "turn.admitted"
 MESSAGE: Final = "message"
 USAGE: Final = "usage"
 APPROVAL_REQUEST: Final = "approval.request"  # CONTRACT §9

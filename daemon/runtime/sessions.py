@@ -178,6 +178,8 @@ class SessionManager:
     async def shutdown(self) -> None:
         """Refuse new turns, cancel running ones with `shutdown`, wait for terminals."""
         self.closing = True
+        # From here, the store writes turns shield get the grace and no more.
+        self.services.stop.begin(self.services.grace_s)
         turns = [s.running for s in self._sessions.values() if s.running is not None]
         for turn in turns:
             turn.cancel("shutdown")

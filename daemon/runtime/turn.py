@@ -52,6 +52,7 @@ from daemon.runtime.inbox import TurnHold
 from daemon.runtime.ports import Store
 from daemon.runtime.publisher import TurnPublisher
 from daemon.runtime.state import SessionState
+from daemon.runtime.stopbound import StopBound
 from daemon.runtime.toolrunner import TurnTools
 from daemon.sandbox import Sandbox
 from daemon.store.models import (
@@ -94,6 +95,9 @@ class TurnServices:
     metrics: Metrics | None = None
     # CONTRACT §16: the sandbox each bash call runs in (none by default).
     sandbox: Sandbox = field(default_factory=Sandbox)
+    # The one bound on the store writes a cancel must not cut short: the daemon's stop
+    # (runtime/stopbound.py). Under load they wait as long as the store's queue takes.
+    stop: StopBound = field(default_factory=StopBound)
 
 
 @dataclass(frozen=True)
@@ -246,7 +250,7 @@ class Turn:
             try:
                 await self._begin()
                 if slots is not None:
-                    await slots.acquire()
+                    await self._take_slot(slots)
                     holding = True
                 async with trio.open_nursery() as nursery:
                     self.nursery = nursery
@@ -286,8 +290,9 @@ class Turn:
         start_seq = self.services.bus.latest_seq + 1
         self.publisher.stream(ev.TURN_START, start)
         # Shielded: a turn stopped at once still keeps what it was asked in the history
-        # (and a drain consumes what it took), so a stop never loses a message.
-        with trio.move_on_after(self.services.grace_s, shield=True) as persisting:
+        # (and a drain consumes what it took), so a stop never loses a message. However
+        # long the store's queue (a burst): only the daemon's stop bounds the wait.
+        with self.services.stop.shielded() as persisting:
             await self.services.store.start_turn(TurnRecord(
                 self.id, self.session.record.id, self.trigger, now_ms(), self.reply_to,
                 self.from_session_id, start_seq, self.schedule,
@@ -299,7 +304,26 @@ class Turn:
             if self.fresh:  # as the store would read it back
                 self._history = [replace(message, inbox_ids=(), turn_id=self.id)]
         if persisting.cancelled_caught:
-            raise StoreError(f"could not store the start of turn {self.id} in time")
+            raise StoreError(f"could not store the start of turn {self.id} before the "
+                             "daemon stopped")
+
+    async def _take_slot(self, slots: trio.CapacityLimiter) -> None:
+        """One of max_running_turns' slots: a turn that must wait for it says so on the
+        bus (`turn.queued`, then `turn.admitted`) rather than being silently late."""
+        try:
+            slots.acquire_nowait()
+            return
+        except trio.WouldBlock:
+            pass
+        limit = int(slots.total_tokens)
+        self.publisher.stream(ev.TURN_QUEUED, {
+            "reason": "max_running_turns", "limit": limit,
+            "waiting": slots.statistics().tasks_waiting + 1})
+        queued_at = trio.current_time()
+        await slots.acquire()
+        self.publisher.stream(ev.TURN_ADMITTED, {
+            "reason": "max_running_turns", "limit": limit,
+            "waitedMs": round((trio.current_time() - queued_at) * 1000)})
 
     async def _append(self, message: MessageRecord, iteration: int) -> None:
         # Not to be cut short by a cancel: a write the store has taken commits anyway
@@ -307,11 +331,15 @@ class Turn:
         # a message stored that was never published, and an inbox entry consumed in the
         # store that this turn then handed back as unconsumed (the next turn's write of
         # it failed). Shielded, the write is done or failed when it returns, and what
-        # follows it here runs before the cancel is seen. Bounded by the store's own
-        # store_busy_timeout_s (StoreUnavailable past it).
-        with trio.CancelScope(shield=True):
+        # follows it here runs before the cancel is seen. It waits for a store that is
+        # getting through its queue; a stuck one raises StoreUnavailable, and the
+        # daemon's stop ends the wait.
+        with self.services.stop.shielded() as persisting:
             await self.services.store.append_message(self.session.record.id, message,
                                                      self.id)
+        if persisting.cancelled_caught:
+            raise StoreError(f"could not store a message of turn {self.id} before the "
+                             "daemon stopped")
         if message.inbox_ids:
             self.inbox_hold.consume(message.inbox_ids)
         data: dict[str, Any] = {"role": message.role, "content": message.content}
@@ -402,6 +430,15 @@ class Turn:
                 if event.fallback:
                     data["fallback"] = True
                 self.publisher.stream(ev.PROVIDER_RETRY, data)
+            case eng.ProviderQueued():
+                queue: dict[str, Any] = {
+                    "reason": "max_concurrent", "limit": event.limit,
+                    "provider": event.provider, "model": event.model}
+                if event.waited_ms is None:
+                    self.publisher.stream(ev.TURN_QUEUED, {**queue, "waiting": event.waiting})
+                else:
+                    self.publisher.stream(ev.TURN_ADMITTED, {**queue,
+                                                             "waitedMs": event.waited_ms})
             case eng.Finished():
                 self.content = event.content
                 self.iterations = max(self.iterations, event.iterations)
@@ -489,7 +526,7 @@ class Turn:
 
     async def _end(self, failure: BaseException | None, started: float) -> None:
         if self.before_end:
-            with trio.move_on_after(self.services.grace_s, shield=True):
+            with self.services.stop.shielded():
                 for turn in self.before_end:
                     await turn.finished.wait()
         code, message, details = self._classify(failure)
@@ -506,7 +543,7 @@ class Turn:
         # A turn whose start never reached the store has no row to close: unless it owes
         # replies, it does not wait for a store that just failed it a second time.
         if self.start_stored or replies or quiet:
-            with trio.move_on_after(self.services.grace_s, shield=True):
+            with self.services.stop.shielded():
                 try:
                     self.delivered = await self.services.store.end_turn(
                         self.id, code or "done", now_ms(), record, replies, quiet,

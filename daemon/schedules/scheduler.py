@@ -34,13 +34,12 @@ import trio
 from daemon.clock import Clock
 from daemon.config import ScheduleConfig
 from daemon.errors import Conflict, NotFound, StoreError, Unavailable
+from daemon.runtime.stopbound import StopBound
 from daemon.schedules.timing import Every
 from daemon.store.models import ScheduleRecord
 
 log = logging.getLogger(__name__)
 
-# How long recording a run's outcome may hold up a stop (it is written under a shield).
-_RECORD_S = 1.0
 
 
 class ScheduledRun(Protocol):
@@ -101,8 +100,11 @@ class _Entry:
 
 class Scheduler:
     def __init__(self, schedules: Mapping[str, ScheduleConfig], states: ScheduleStates,
-                 launcher: Launcher, clock: Clock) -> None:
+                 launcher: Launcher, clock: Clock, stop: StopBound | None = None) -> None:
         self._configs: dict[str, ScheduleConfig] = dict(schedules)
+        # Recording a run's outcome is shielded: it waits for a busy store as long as
+        # the daemon runs, and holds up its stop by the turns' grace at most.
+        self._stop = stop if stop is not None else StopBound()
         self._states = states
         self._launcher = launcher
         self.clock = clock
@@ -215,8 +217,8 @@ class Scheduler:
     async def _watch(self, entry: _Entry, run: ScheduledRun) -> None:
         outcome = await run.wait_outcome()
         entry.record = replace(entry.record, last_outcome=outcome)
-        # Also when the daemon is stopping (a run ended `shutdown`): bounded.
-        with trio.move_on_after(_RECORD_S, shield=True):
+        # Also when the daemon is stopping (a run ended `shutdown`): bounded by its grace.
+        with self._stop.shielded():
             await self._save_logged(entry)
 
     async def _save(self, entry: _Entry) -> None:

@@ -19,7 +19,8 @@ touches what is its own. Where two nodes race, row locks decide:
   - claim_session is a compare-and-set (`UPDATE … WHERE owner IS NULL`);
   - start_turn locks the session's row and refuses (OwnedElsewhere) one another node owns.
 
-Errors: a pool with no connection free within `busy_timeout_s`, a statement that runs
+Errors: a call queued while no call has finished for `busy_timeout_s` (a queue that
+moves is waited for: store/queueing.py), a statement that runs
 past it (statement_timeout), a lost connection or an unreachable server raise
 StoreUnavailable (503 UNAVAILABLE); other database errors StoreError. A deadlock or a
 serialization failure is retried (a fresh transaction) a few times first. Messages name
@@ -63,6 +64,7 @@ from daemon.store.models import (
     TurnHistory,
     TurnRecord,
 )
+from daemon.store.queueing import Progress, acquire_while_moving
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -247,6 +249,7 @@ class PostgresStore:
         self._busy_timeout_s = busy_timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._limiter = trio.CapacityLimiter(_POOL_MAX)
+        self._progress = Progress()  # calls finished: a queue that moves, or stuck?
         self.migrated = tuple(migrated)  # the migrations this open applied
 
     @property
@@ -332,20 +335,18 @@ class PostgresStore:
         raise AssertionError("unreachable")
 
     async def _run(self, fn: Callable[[Conn], T], *, write: bool, tx: bool) -> T:
-        deadline = trio.current_time() + self._busy_timeout_s
-        with trio.move_on_at(deadline) as waiting:
-            await self._limiter.acquire()
-        if waiting.cancelled_caught:
-            raise StoreUnavailable(
-                f"the database is busy: no connection was free within "
-                f"{self._busy_timeout_s:g}s (store_busy_timeout_s)")
+        # Queued behind calls that keep finishing, a call waits (store/queueing.py).
+        deadline = await acquire_while_moving(self._limiter, self._progress,
+                                              self._busy_timeout_s, "the connection pool")
         try:
             # A read may be abandoned when its caller is cancelled (its result is not
             # needed); a write is waited for, so that its caller never leaves while a
             # transaction it started may still commit.
             wait_s = max(_MIN_WAIT_S, deadline - trio.current_time())
-            return await trio.to_thread.run_sync(self._work, fn, write, tx, wait_s,
-                                                 abandon_on_cancel=not write)
+            result = await trio.to_thread.run_sync(self._work, fn, write, tx, wait_s,
+                                                   abandon_on_cancel=not write)
+            self._progress.tick()
+            return result
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self._database, self._busy_timeout_s) from exc
         finally:

@@ -7,10 +7,12 @@ so a read does not queue behind a write that waits for a lock another process ho
 Messages are one row each; chunks are never stored. Schema changes are numbered files
 in migrations/, tracked by `PRAGMA user_version`.
 
-Busy: a call may wait `busy_timeout_s` in all — for its connection's turn, then for
-SQLite's locks (the busy timeout of each call is what is left) — and then raises
-StoreUnavailable, which the API answers 503 UNAVAILABLE. So does an I/O error, a full
-disk or a read-only file; other sqlite3 errors are StoreError.
+Busy: a call waits for its connection's turn as long as the calls ahead of it keep
+finishing (a burst is a queue, not a failure: store/queueing.py); once none has for
+`busy_timeout_s`, or SQLite's lock is held by another connection for that long (the
+busy timeout each call is given), it raises StoreUnavailable, which the API answers
+503 UNAVAILABLE. So does an I/O error, a full disk or a read-only file; other sqlite3
+errors are StoreError.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from daemon.store.models import (
     TurnHistory,
     TurnRecord,
 )
+from daemon.store.queueing import Progress, acquire_while_moving
 
 T = TypeVar("T")
 
@@ -133,6 +136,7 @@ class _Lane:
         self.conn = conn
         self.limiter = trio.CapacityLimiter(1)
         self.busy_ms = -1  # the busy timeout last set on the connection
+        self.progress = Progress()  # calls finished on it: queued, or stuck?
 
 
 class _Write:
@@ -205,13 +209,8 @@ class Store:
         return await self._on(self._reader, fn, *args)
 
     async def _on(self, lane: _Lane, fn: Callable[..., T], *args: Any) -> T:
-        deadline = trio.current_time() + self._busy_timeout_s
-        with trio.move_on_at(deadline) as waiting:
-            await lane.limiter.acquire()
-        if waiting.cancelled_caught:
-            raise StoreUnavailable(
-                f"the database is busy: its connection was not free within "
-                f"{self._busy_timeout_s:g}s (store_busy_timeout_s)")
+        deadline = await acquire_while_moving(lane.limiter, lane.progress,
+                                              self._busy_timeout_s, "its connection")
         try:
             busy_ms = max(_MIN_BUSY_MS, int((deadline - trio.current_time()) * 1000))
             return await trio.to_thread.run_sync(self._run, lane, busy_ms, fn, *args)
@@ -226,7 +225,9 @@ class Store:
         if abs(busy_ms - lane.busy_ms) > 50:
             lane.conn.execute(f"PRAGMA busy_timeout={busy_ms}")
             lane.busy_ms = busy_ms
-        return fn(*args)
+        result = fn(*args)
+        lane.progress.tick()
+        return result
 
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn(conn)` in a transaction on the writer's connection — shared with
@@ -236,30 +237,25 @@ class Store:
         its own caller; the others find their write done and return at once. A burst of
         1,000 spawns is a few commits, not 3,000 thread hops in a queue.
 
-        A caller cancelled (or out of time) before a leader took its write withdraws
-        it: it never runs. Once taken it runs; the caller waits for it to end."""
+        A write waits its turn as long as the writes ahead of it keep committing
+        (store/queueing.py). A caller cancelled (or given up as stuck) before a leader
+        took its write withdraws it: it never runs. Once taken it runs; the caller
+        waits for it to end."""
         op = _Write(fn)
         self._pending.append(op)
         lane = self._writer
-        deadline = trio.current_time() + self._busy_timeout_s
         try:
-            with trio.move_on_at(deadline) as waiting:
-                await lane.limiter.acquire()
-        except BaseException:
+            deadline = await acquire_while_moving(lane.limiter, lane.progress,
+                                                  self._busy_timeout_s, "the writer")
+        except BaseException as exc:
             if not op.taken:
                 op.abandoned = True
                 raise
             with trio.CancelScope(shield=True):  # bounded: the leader's thread ends
                 await op.done.wait()
-            raise
-        if waiting.cancelled_caught:
-            if not op.taken:
-                op.abandoned = True
-                raise StoreUnavailable(
-                    f"the database is busy: its connection was not free within "
-                    f"{self._busy_timeout_s:g}s (store_busy_timeout_s)")
-            with trio.CancelScope(shield=True):
-                await op.done.wait()
+            if not isinstance(exc, StoreUnavailable):
+                raise  # Cancelled: the write a leader had taken ran regardless
+            # Given up as stuck just as a leader took it: its outcome is the answer.
         else:
             try:
                 if not op.taken:
@@ -308,6 +304,7 @@ class Store:
                     o.error = _translate(exc, self._busy_timeout_s) \
                         if isinstance(exc, sqlite3.Error) else exc
                 conn.execute("RELEASE write")
+                lane.progress.tick()  # the queue behind this batch is moving
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             # The transaction itself failed (a commit that could not be written, or an

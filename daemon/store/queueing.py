@@ -1,0 +1,54 @@
+"""Waiting for a store connection: queued is not stuck (CONTRACT §3, issue 24).
+
+A burst (1,000 spawns in one answer, 1,000 chats at once) makes a long queue in front of
+the store's connections. That queue is work the store is getting through, and a call in
+it waits — cancellably — however long it takes. What `store_busy_timeout_s` bounds is a
+store that is *stuck*: no call on the connections a caller waits for has finished for
+that long (another process holds the lock, the disk hangs). Then the caller gets
+StoreUnavailable, which the API answers 503 and a turn ends `store_unavailable` with.
+
+`Progress` counts calls that finished on a lane (from the worker thread too: an int's
+`+=` under the GIL is enough, the count is only compared for change). A waiter that has
+waited `busy_timeout_s` looks whether the count moved meanwhile: if it did, the queue is
+moving and it waits another period; if not, the store is stuck.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from daemon.errors import StoreUnavailable
+
+
+class Progress:
+    """How many calls have finished on one lane of a store (a counter, never reset)."""
+
+    __slots__ = ("finished",)
+
+    def __init__(self) -> None:
+        self.finished = 0
+
+    def tick(self) -> None:
+        self.finished += 1
+
+
+async def acquire_while_moving(limiter: trio.CapacityLimiter, progress: Progress,
+                               busy_timeout_s: float, what: str) -> float:
+    """Acquire `limiter`, waiting as long as calls keep finishing on it; StoreUnavailable
+    once none has for `busy_timeout_s`. Returns the deadline for the call itself (for
+    SQLite's busy timeout, or the pool's wait). Got within its first period, the call
+    has what is left of it: a store stuck on a lock then fails the calls queued behind
+    the stuck one about together, not one period each. Got after the queue moved, it
+    has a whole period from now: it waited for work that was getting done."""
+    moved = False
+    while True:
+        seen = progress.finished
+        deadline = trio.current_time() + busy_timeout_s
+        with trio.move_on_at(deadline):
+            await limiter.acquire()
+            return trio.current_time() + busy_timeout_s if moved else deadline
+        moved = True
+        if progress.finished == seen:
+            raise StoreUnavailable(
+                f"the database is busy: {what} made no progress for "
+                f"{busy_timeout_s:g}s (store_busy_timeout_s)")
