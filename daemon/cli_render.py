@@ -118,6 +118,19 @@ def _wait(ms: float) -> str:
     return f"{seconds:.1f}".removesuffix(".0") + " s" if seconds < 10 else f"{round(seconds)} s"
 
 
+def queue_text(data: dict[str, Any], state: str) -> str:
+    """A `turn.queued` (state `waiting`) or `turn.admitted` (`admitted`) in words, the
+    same as Studio's (daemon/studio/js/queue.js): `queued: waiting for a turn slot
+    (max_running_turns = 4, 3 waiting)`, `waited 1.2 s for openai`."""
+    provider = data.get("reason") == "max_concurrent"
+    what = (data.get("provider") or "the provider") if provider else "a turn slot"
+    if state == "admitted":
+        return f"waited {_wait(data.get('waitedMs') or 0)} for {what}"
+    bound = "max_concurrent" if provider else "max_running_turns"
+    waiting = f", {data['waiting']} waiting" if data.get("waiting") else ""
+    return f"queued: waiting for {what} ({bound} = {data.get('limit')}{waiting})"
+
+
 def retry_text(data: dict[str, Any], failed: str | None = None) -> str:
     """A `provider.retry` in words: `rate limited by openai, retrying in 4 s — attempt 2 of
     4`, or for a fallback (`failed`: the provider of the call's previous announcement)
@@ -188,6 +201,9 @@ class ChatView:
             text = retry_text(data, self.routes.get(sid))
             self.routes[sid] = str(data.get("provider"))
             v.line(env, f"[{agent} ↻ {text}]", "yellow" if data.get("fallback") else "dim yellow")
+        elif kind in ("turn.queued", "turn.admitted"):
+            state = "waiting" if kind == "turn.queued" else "admitted"
+            v.line(env, f"[{agent} ⏸ {queue_text(data, state)}]", "dim")
         elif kind == "message":
             self.routes.pop(env["sessionId"], None)
         elif kind == "approval.request":

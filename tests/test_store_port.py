@@ -134,6 +134,29 @@ async def test_messages_consume_inbox_in_one_transaction(store: Store) -> None:
     assert await store.messages("other") == []
 
 
+async def test_messages_appended_together_keep_their_order_all_or_none(store: Store) -> None:
+    s = session("s")
+    await store.create_session(s)
+    await store.start_turn(TurnRecord("t1", "s", "chat", 3000), running(s, 3000))
+    taken = await store.deliver(delivery("s", "taken"))
+    await store.append_message("s", MessageRecord("user", "hi", created_at=3001,
+                                                  inbox_ids=(taken.id,)), turn_id="t1")
+    results = [MessageRecord("tool", f"result {i}", tool_call_id=f"c{i}", created_at=3002)
+               for i in range(300)]
+    await store.append_messages("s", results, turn_id="t1")
+    got = await store.messages("s")
+    assert [(m.role, m.content, m.tool_call_id, m.turn_id) for m in got[1:]] == [
+        ("tool", f"result {i}", f"c{i}", "t1") for i in range(300)]
+
+    # One that fails (an entry consumed already) stores none of them.
+    with pytest.raises(StoreError):
+        await store.append_messages("s", [
+            MessageRecord("tool", "first", tool_call_id="x1", created_at=3003),
+            MessageRecord("user", "again", created_at=3004, inbox_ids=(taken.id,)),
+        ], turn_id="t1")
+    assert len(await store.messages("s")) == 301
+
+
 async def test_turn_start_end_with_deliveries_and_quiet(store: Store) -> None:
     parent, child = session("p"), session("c", at=1001)
     await store.create_session(parent)

@@ -59,6 +59,17 @@ class ToolFinished:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolResults:
+    """Calls that ran together (one tool round's group), each finished, and their result
+    messages in call order: the turn stores the messages in one write, then publishes
+    each call's `tool.result` and `message` in order."""
+
+    finished: tuple[ToolFinished, ...]
+    messages: tuple[MessageRecord, ...]
+    iteration: int
+
+
+@dataclass(frozen=True, slots=True)
 class ToolOutput:
     """Output of a tool the engine ran itself (an agent CLI with its own tools)."""
 
@@ -118,7 +129,7 @@ class Finished:
 EngineEvent = (
     ThinkingDelta | ContentDelta | ModelNamed | UsageReport | ToolStarted | ToolFinished
     | ToolOutput | EngineSessionNamed | MessageAppended | Finished | ProviderRetried
-    | ProviderQueued
+    | ProviderQueued | ToolResults
 )
 
 

@@ -26,6 +26,7 @@ from daemon.engines.base import (
     Finished,
     MessageAppended,
     ToolFinished,
+    ToolResults,
     ToolStarted,
 )
 from daemon.engines.modelcall import ModelCall, Route
@@ -77,14 +78,11 @@ async def run_tool_calls(
             async with trio.open_nursery() as nursery:
                 for i in group:
                     nursery.start_soon(_run_into, ctx, calls[i], results, i)
-        for i in group:
-            call = calls[i]
-            outcome, duration_ms = results[i]
-            yield ToolFinished(call["id"], call["name"], call["arguments"], outcome,
-                               duration_ms)
-            yield MessageAppended(
-                MessageRecord("tool", outcome.content, None, call["id"], now_ms()),
-                iteration)
+        finished = tuple(ToolFinished(calls[i]["id"], calls[i]["name"], calls[i]["arguments"],
+                                      *results[i]) for i in group)
+        yield ToolResults(finished, tuple(
+            MessageRecord("tool", f.outcome.content, None, f.call_id, now_ms())
+            for f in finished), iteration)
         index = group[-1] + 1
 
 
@@ -149,7 +147,7 @@ async def tool_loop(
         results: list[ToolFinished] = []
         async with aclosing(run_tool_calls(ctx, answer.calls, iteration)) as round_:
             async for step in round_:
-                if isinstance(step, ToolFinished):
-                    results.append(step)
+                if isinstance(step, ToolResults):
+                    results.extend(step.finished)
                 yield step
         conversation.add_results(results)

@@ -52,6 +52,9 @@ class Store(Protocol):
     # messages: stored with the inbox entries they consume, in one transaction
     async def append_message(self, session_id: str, m: MessageRecord,
                              turn_id: str | None = None) -> None: ...
+    # several, in order, all or none (a tool round's results)
+    async def append_messages(self, session_id: str, ms: Sequence[MessageRecord],
+                              turn_id: str | None = None) -> None: ...
     async def messages(self, session_id: str) -> list[MessageRecord]: ...
 
     # turns: the start marks the session running; the end records the replies it owes

@@ -38,7 +38,6 @@ from daemon.errors import (
     MaxIterationsError,
     ModelCallFailed,
     ProviderError,
-    StoreError,
     StoreUnavailable,
 )
 from daemon.mcp.manager import McpManager
@@ -304,8 +303,8 @@ class Turn:
             if self.fresh:  # as the store would read it back
                 self._history = [replace(message, inbox_ids=(), turn_id=self.id)]
         if persisting.cancelled_caught:
-            raise StoreError(f"could not store the start of turn {self.id} before the "
-                             "daemon stopped")
+            raise StoreUnavailable(f"could not store the start of turn {self.id} before "
+                                   "the daemon stopped")
 
     async def _take_slot(self, slots: trio.CapacityLimiter) -> None:
         """One of max_running_turns' slots: a turn that must wait for it says so on the
@@ -326,22 +325,35 @@ class Turn:
             "waitedMs": round((trio.current_time() - queued_at) * 1000)})
 
     async def _append(self, message: MessageRecord, iteration: int) -> None:
-        # Not to be cut short by a cancel: a write the store has taken commits anyway
-        # (and one it has not may or may not be taken), so a cancel landing here left
-        # a message stored that was never published, and an inbox entry consumed in the
-        # store that this turn then handed back as unconsumed (the next turn's write of
-        # it failed). Shielded, the write is done or failed when it returns, and what
-        # follows it here runs before the cancel is seen. It waits for a store that is
-        # getting through its queue; a stuck one raises StoreUnavailable, and the
-        # daemon's stop ends the wait.
+        await self._store((message,))
+        self._publish_message(message, iteration)
+
+    async def _store(self, messages: Sequence[MessageRecord]) -> None:
+        """Store messages of this turn (several: in one write), consuming the inbox
+        entries they carry.
+
+        Not to be cut short by a cancel: a write the store has taken commits anyway
+        (and one it has not may or may not be taken), so a cancel landing here left
+        a message stored that was never published, and an inbox entry consumed in the
+        store that this turn then handed back as unconsumed (the next turn's write of
+        it failed). Shielded, the write is done or failed when it returns, and what
+        follows it runs before the cancel is seen. It waits for a store that is getting
+        through its queue; a stuck one raises StoreUnavailable, and the daemon's stop
+        ends the wait."""
+        store, sid = self.services.store, self.session.record.id
         with self.services.stop.shielded() as persisting:
-            await self.services.store.append_message(self.session.record.id, message,
-                                                     self.id)
+            if len(messages) == 1:
+                await store.append_message(sid, messages[0], self.id)
+            else:
+                await store.append_messages(sid, messages, self.id)
         if persisting.cancelled_caught:
-            raise StoreError(f"could not store a message of turn {self.id} before the "
-                             "daemon stopped")
-        if message.inbox_ids:
-            self.inbox_hold.consume(message.inbox_ids)
+            raise StoreUnavailable(f"could not store a message of turn {self.id} before "
+                                   "the daemon stopped")
+        for message in messages:
+            if message.inbox_ids:
+                self.inbox_hold.consume(message.inbox_ids)
+
+    def _publish_message(self, message: MessageRecord, iteration: int) -> None:
         data: dict[str, Any] = {"role": message.role, "content": message.content}
         if message.tool_calls:
             data["toolCalls"] = message.tool_calls
@@ -393,18 +405,15 @@ class Turn:
                     "name": event.name, "timestamp": now_ms(),
                 }})
             case eng.ToolFinished():
-                log.info("tool call %s", event.name, extra={
-                    "tool": event.name, "toolCallId": event.call_id,
-                    "isError": event.outcome.is_error, "durationMs": event.duration_ms})
-                self.tool_calls.append(ev.ToolCallStat(
-                    event.call_id, event.name, event.arguments, event.outcome.is_error,
-                    event.duration_ms,
-                ))
-                self.publisher.stream(ev.TOOL_RESULT, {
-                    "toolCallId": event.call_id, "toolName": event.name,
-                    "isError": event.outcome.is_error, "content": event.outcome.content,
-                    "durationMs": event.duration_ms,
-                })
+                self._tool_finished(event)
+            case eng.ToolResults():
+                # One write for the group's result messages (1,000 spawns of one answer
+                # would be 1,000 writes one after another), then each call's events.
+                self.iterations = max(self.iterations, event.iteration)
+                await self._store(event.messages)
+                for finished, message in zip(event.finished, event.messages, strict=True):
+                    self._tool_finished(finished)
+                    self._publish_message(message, event.iteration)
             case eng.ToolOutput():
                 offset = self._tool_offsets.get(event.call_id, 0)
                 self._tool_offsets[event.call_id] = offset + len(event.text.encode())
@@ -446,6 +455,20 @@ class Turn:
                     self.usage = self.usage + TokenUsage(cost=event.cost)
             case _:
                 assert_never(event)  # a new engine event must be handled here
+
+    def _tool_finished(self, event: eng.ToolFinished) -> None:
+        log.info("tool call %s", event.name, extra={
+            "tool": event.name, "toolCallId": event.call_id,
+            "isError": event.outcome.is_error, "durationMs": event.duration_ms})
+        self.tool_calls.append(ev.ToolCallStat(
+            event.call_id, event.name, event.arguments, event.outcome.is_error,
+            event.duration_ms,
+        ))
+        self.publisher.stream(ev.TOOL_RESULT, {
+            "toolCallId": event.call_id, "toolName": event.name,
+            "isError": event.outcome.is_error, "content": event.outcome.content,
+            "durationMs": event.duration_ms,
+        })
 
     @property
     def workspace(self) -> Path:

@@ -236,6 +236,17 @@ async def connect(url: str, *, timeout_s: float) -> Conn:
         await trio.sleep(_RETRY_EVERY_S)  # a retry's pace, not synchronisation
 
 
+_INSERT_MESSAGE = (
+    "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
+    "created_at, turn_id) VALUES (%s,%s,%s,%s,%s,%s,%s)")
+
+
+def _message_row(session_id: str, m: MessageRecord, turn_id: str | None) -> tuple[Any, ...]:
+    return (session_id, m.role, m.content,
+            json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id,
+            m.created_at, turn_id)
+
+
 class PostgresStore:
     """The Store port (runtime/ports.py) and the cluster's ClusterStore on PostgreSQL."""
 
@@ -445,15 +456,25 @@ class PostgresStore:
             if m.inbox_ids:
                 assert turn_id is not None
                 _consume_inbox(conn, m.inbox_ids, turn_id)
-            conn.execute(
-                "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
-                "created_at, turn_id) VALUES (%s,%s,%s,%s,%s,%s,%s)",
-                (session_id, m.role, m.content,
-                 json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id,
-                 m.created_at, turn_id))
+            conn.execute(_INSERT_MESSAGE, _message_row(session_id, m, turn_id))
 
         # Most messages consume nothing: one statement, no transaction around it.
         await (self._write if m.inbox_ids else self._statement)(_append)
+
+    async def append_messages(self, session_id: str, ms: Sequence[MessageRecord],
+                              turn_id: str | None = None) -> None:
+        """Store messages in order, all or none, in one transaction (a tool round's
+        results: one round trip's worth of work, not one transaction each)."""
+        def _append_all(conn: Conn) -> None:
+            consuming = [m for m in ms if m.inbox_ids]
+            for m in consuming:
+                assert turn_id is not None
+                _consume_inbox(conn, m.inbox_ids, turn_id)
+            with conn.cursor() as cursor:
+                cursor.executemany(_INSERT_MESSAGE,
+                                   [_message_row(session_id, m, turn_id) for m in ms])
+
+        await self._write(_append_all)
 
     async def messages(self, session_id: str) -> list[MessageRecord]:
         rows = await self._rows(

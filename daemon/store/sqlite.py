@@ -102,6 +102,20 @@ def _consume_inbox(conn: sqlite3.Connection, ids: Sequence[int], turn_id: str) -
             raise StoreError(f"inbox entry {inbox_id} was already consumed or does not exist")
 
 
+def _insert_message(conn: sqlite3.Connection, session_id: str, m: MessageRecord,
+                    turn_id: str | None) -> None:
+    if m.inbox_ids:
+        assert turn_id is not None
+        _consume_inbox(conn, m.inbox_ids, turn_id)
+    conn.execute(
+        "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
+        "created_at, turn_id) VALUES (?,?,?,?,?,?,?)",
+        (session_id, m.role, m.content,
+         json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id,
+         m.created_at, turn_id),
+    )
+
+
 def _session(row: tuple[Any, ...]) -> SessionRecord:
     return SessionRecord(
         id=row[0], agent_name=row[1], parent_session_id=row[2], root_session_id=row[3],
@@ -402,20 +416,17 @@ class Store:
         self, session_id: str, m: MessageRecord, turn_id: str | None = None
     ) -> None:
         """Store a message; with `inbox_ids`, consume those entries in the same transaction."""
+        await self._write(lambda conn: _insert_message(conn, session_id, m, turn_id))
 
-        def _append(conn: sqlite3.Connection) -> None:
-            if m.inbox_ids:
-                assert turn_id is not None
-                _consume_inbox(conn, m.inbox_ids, turn_id)
-            conn.execute(
-                "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
-                "created_at, turn_id) VALUES (?,?,?,?,?,?,?)",
-                (session_id, m.role, m.content,
-                 json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id,
-                 m.created_at, turn_id),
-            )
+    async def append_messages(self, session_id: str, ms: Sequence[MessageRecord],
+                              turn_id: str | None = None) -> None:
+        """Store messages in order, all or none, in one write (a tool round's results:
+        a burst of 1,000 spawns is one write here, not 1,000 one after another)."""
+        def _append_all(conn: sqlite3.Connection) -> None:
+            for m in ms:
+                _insert_message(conn, session_id, m, turn_id)
 
-        await self._write(_append)
+        await self._write(_append_all)
 
     async def messages(self, session_id: str) -> list[MessageRecord]:
         def _messages() -> list[MessageRecord]:

@@ -7,6 +7,7 @@
 import { markSandbox } from './agents.js';
 import { api } from './api.js';
 import { fmtCost, fmtTokens, h, shortId } from './dom.js';
+import { queueText } from './queue.js';
 import { cause, fallbackText } from './retry.js';
 
 const TERMINAL_FETCH_CONCURRENCY = 4;
@@ -46,6 +47,7 @@ export class Tree {
         status: 'idle', tokenUsage: { input: 0, output: 0, cache: 0, cost: 0 }, model: null,
         terminal: null, terminalKnown: false, live: null, approvals: new Map(),
         retry: null,  // while its running call is retried: {fallback, text, provider}
+        queued: null,  // while its turn (or call) waits for a slot: the words
         spawnToolCallId: spawnToolCallId || null, dom: null,
       };
       this.sessions.set(s.id, s);
@@ -62,6 +64,7 @@ export class Tree {
       if (s.status !== 'running') {
         s.live = null;
         s.retry = null;
+        s.queued = null;
       }
     }
     this.render(s);
@@ -114,6 +117,11 @@ export class Tree {
       return;
     }
     if (s.retry && type !== 'usage') this.retried(s);
+    if (type === 'turn.queued' || type === 'turn.admitted') {
+      s.queued = type === 'turn.queued' ? queueText(d, 'waiting') : null;
+      this.render(s);
+      return;
+    }
     if (type === 'turn.start') {
       s.live = null;
     } else if (type === 'usage') {
@@ -124,6 +132,7 @@ export class Tree {
         : { terminal: 'error', code: d.code || '', reason: (d.details && d.details.reason) || '' };
       s.terminalKnown = true;
       s.live = null;
+      s.queued = null;
       for (const [id, turnId] of s.approvals) if (turnId === e.turnId) s.approvals.delete(id);
       this.isOver(e.turnId);
       if (d.session) this.upsert(d.session);
@@ -230,13 +239,14 @@ export class Tree {
     const sandbox = h('span.sandbox-slot');  // the unsandboxed badge, when its agent is
     const approvals = h('span.approvals-badge', { title: 'waiting for approval' });
     const retry = h('span.retry-badge');
+    const queued = h('span.queued-badge', { 'data-testid': 'queued-badge' });
     const tokens = h('span.tokens');
     const cost = h('span.cost');
-    row.append(caret, dot, h('span.names', {}, agent, sid), sandbox, retry, approvals, badge,
+    row.append(caret, dot, h('span.names', {}, agent, sid), sandbox, queued, retry, approvals, badge,
       h('span.meter', {}, tokens, cost));
     const kids = h('div.kids', { role: 'group' });
     const node = h('div.node', { 'data-node': s.id }, row, kids);
-    s.dom = { node, row, kids, badge, sandbox, approvals, retry, tokens, cost, dot };
+    s.dom = { node, row, kids, badge, sandbox, approvals, retry, queued, tokens, cost, dot };
     this.place(s);
     // Sessions that arrived before their parent move under it now.
     for (const other of this.sessions.values()) {
@@ -264,7 +274,7 @@ export class Tree {
   }
 
   render(s) {
-    const { row, badge, sandbox, approvals, retry, tokens, cost, dot } = s.dom;
+    const { row, badge, sandbox, approvals, retry, queued, tokens, cost, dot } = s.dom;
     row.dataset.status = s.status;
     markSandbox(sandbox, s.agentName);
     const t = s.terminal;
@@ -274,12 +284,15 @@ export class Tree {
     const pending = this.pendingApprovals(s);
     row.dataset.approvals = String(pending);
     approvals.textContent = pending ? `${pending} ⚑` : '';
+    row.dataset.queued = s.queued ? 'true' : '';
+    queued.textContent = s.queued ? '⏸ queued' : '';
+    queued.title = s.queued || '';
     const r = s.retry;
     row.dataset.retrying = r ? (r.fallback ? 'fallback' : 'retry') : '';
     retry.textContent = r ? (r.fallback ? '⇢ fallback' : '↻ retrying') : '';
     retry.title = r ? r.text : '';
-    dot.className = `status-dot ${s.status}${r ? ' retrying' : ''}`;
-    dot.title = r ? `${s.status} · ${r.text}` : s.status;
+    dot.className = `status-dot ${s.status}${r ? ' retrying' : ''}${s.queued ? ' queued' : ''}`;
+    dot.title = r ? `${s.status} · ${r.text}` : s.queued ? `${s.status} · ${s.queued}` : s.status;
     if (t && t.terminal === 'error') {
       badge.className = `badge error${t.code === 'CANCELLED' ? ' cancelled' : ''}`;
       badge.textContent = t.reason || t.code;

@@ -8,13 +8,15 @@
 //
 // A provider's retry or fallback (`provider.retry`, CONTRACT §14) is a notice where the
 // call's answer would stream: live while it waits (a countdown), then a small past note
-// that stays above the answer (retry.js has the words).
+// that stays above the answer (retry.js has the words). A turn or call that waits for a
+// slot (`turn.queued`, then `turn.admitted`) is a notice the same way (queue.js).
 
 import { markSandbox } from './agents.js';
 import { api } from './api.js';
 import { fmtCost, fmtDuration, fmtTime, fmtTokens, h, shortId } from './dom.js';
 import { TextSink } from './flush.js';
 import { renderMarkdown } from './markdown.js';
+import { queueText } from './queue.js';
 import { fallbackText, retryText } from './retry.js';
 
 const DELIVERY = /^\[veild delivery from (?:session (\S+) \(agent "([^"]*)"\)|outside[^\]]*)(?:: ([^\]]*))?\]$/;
@@ -192,6 +194,7 @@ class Body {
     this.prompted = false;
     this.approvals = new Map();
     this.retrying = null;  // the live notice of the running call's retry
+    this.queued = null;  // the live notice of a wait for a slot: {el, text, d}
     this.route = null;     // the provider of the running call's last announcement
   }
 
@@ -224,6 +227,8 @@ class Body {
       case 'tool.chunk': this.view.toolCalls.get(d.toolCallId)?.chunk(d.stream, d.content); break;
       case 'tool.result': this.view.toolCalls.get(d.toolCallId)?.result(d); break;
       case 'provider.retry': this.retry(e); break;
+      case 'turn.queued': this.queue(e.data || {}); break;
+      case 'turn.admitted': this.admitted(e.data || {}); break;
       case 'message':
         this.route = null;  // a call ended: the next one starts at the agent's provider
         if (d.role === 'user') {
@@ -235,9 +240,34 @@ class Body {
         break;
       case 'approval.request': this.approval(e); break;
       case 'approval.result': this.decided(d); break;
-      case 'done': case 'error': this.end(); break;
+      case 'done': case 'error': this.admitted(null); this.end(); break;
       default: break;
     }
+  }
+
+  /** turn.queued: a live notice while the turn (or its call) waits for a slot. */
+  queue(d) {
+    this.finishOpen();
+    this.admitted(null);
+    const text = h('span.queue-text', { text: queueText(d, 'waiting') });
+    const el = h('div.turn-queued', {
+      'data-testid': 'turn-queued', 'data-reason': d.reason || '', 'data-state': 'waiting',
+      'data-provider': d.provider || '',
+    }, h('span.spinner'), text);
+    this.el.append(el);
+    this.queued = { el, text, d };
+  }
+
+  /** turn.admitted (d), or the turn's end while it waited (null): the notice stays as a
+   * past note. */
+  admitted(d) {
+    const notice = this.queued;
+    if (!notice) return;
+    this.queued = null;
+    notice.el.querySelector('.spinner')?.remove();
+    notice.el.classList.add('past');
+    notice.el.dataset.state = d ? 'admitted' : 'ended';
+    notice.text.textContent = queueText(d ? { ...notice.d, ...d } : notice.d, notice.el.dataset.state);
   }
 
   approval(e) {
