@@ -373,8 +373,7 @@ async def _serve(
                 if http_server is not None:
                     http_server.stop_accepting()
                 if sessions is not None:
-                    with trio.move_on_at(deadline - 1.0):  # leave connections a second
-                        await sessions.shutdown()
+                    await sessions.shutdown(deadline - 1.0)  # leave connections a second
                 if cluster is not None:
                     with trio.move_on_at(deadline - 0.5):
                         await cluster.leave()  # its sessions are free for other nodes

@@ -86,6 +86,7 @@ class Seen:
         self.seen = 0
         self.parent: str | None = None
         self.children_started = 0
+        self.children_streaming: set[str] = set()
         self.children_ended = 0
         self.parent_started: set[str] = set()
         self.parent_ended: set[str] = set()
@@ -102,6 +103,8 @@ class Seen:
                     self.parent_ended.add(e["turnId"])
             elif e["eventType"] == "turn.start":
                 self.children_started += 1
+            elif e["eventType"] == "inference.chunk":
+                self.children_streaming.add(e["turnId"])
             elif e["eventType"] in TERMINALS:
                 self.children_ended += 1
         self.seen = len(events)
@@ -172,7 +175,7 @@ async def test_shutdown_during_a_burst_on_a_slow_store(tmp_path: Path,
 
                 def midway(events: list[dict[str, Any]]) -> bool:
                     seen.update(events)
-                    return seen.children_started >= CHILDREN // 3
+                    return len(seen.children_streaming) >= CHILDREN // 3
 
                 with trio.fail_after(120):
                     await rec.wait_for(midway)

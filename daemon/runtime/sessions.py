@@ -175,15 +175,20 @@ class SessionManager:
         self._forget_if_idle(state)
         return delivered
 
-    async def shutdown(self) -> None:
-        """Refuse new turns, cancel running ones with `shutdown`, wait for terminals."""
+    async def shutdown(self, until: float | None = None) -> None:
+        """Refuse new turns, cancel running ones with `shutdown`, wait for terminals —
+        until `until` (trio time; default: the grace and a second more). A turn's own
+        store writes end within the grace, but one a batch has taken ends with its batch
+        (a slow disk): the stop budget, not the grace, says how long that may be."""
         self.closing = True
         # From here, the store writes turns shield get the grace and no more.
         self.services.stop.begin(self.services.grace_s)
         turns = [s.running for s in self._sessions.values() if s.running is not None]
         for turn in turns:
             turn.cancel("shutdown")
-        with trio.move_on_after(self.config.server.shutdown_grace_s + 1):
+        if until is None:
+            until = trio.current_time() + self.config.server.shutdown_grace_s + 1
+        with trio.move_on_at(until):
             for turn in turns:
                 await turn.finished.wait()
         if self._nursery is not None:

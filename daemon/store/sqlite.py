@@ -18,6 +18,7 @@ errors are StoreError.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -156,10 +157,11 @@ class _Lane:
 class _Write:
     """One write waiting for the writer's connection (group commit, `Store._write`)."""
 
-    __slots__ = ("abandoned", "done", "error", "fn", "result", "taken")
+    __slots__ = ("abandoned", "done", "error", "fn", "queued_at", "result", "taken")
 
-    def __init__(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
+    def __init__(self, fn: Callable[[sqlite3.Connection], Any], queued_at: float) -> None:
         self.fn = fn
+        self.queued_at = queued_at
         self.taken = False  # a leader has it in its batch: it will run
         self.abandoned = False  # its caller gave up before any leader took it
         self.done = trio.Event()
@@ -172,6 +174,9 @@ class Store:
                  *, busy_timeout_s: float = 5.0) -> None:
         self._conn = conn
         self._pending: list[_Write] = []  # writes waiting for the next group commit
+        self._leading = False  # a batch of them is being taken or run
+        self._batch_ended = trio.Event()  # set (and replaced) as each batch ends
+        self._moved_at = -math.inf  # when a batch last committed a write (trio time)
         self._writer = _Lane(conn)
         self._reader = _Lane(reader) if reader is not None else self._writer
         self._busy_timeout_s = busy_timeout_s
@@ -245,22 +250,29 @@ class Store:
 
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn(conn)` in a transaction on the writer's connection — shared with
-        every write waiting at that moment (group commit). Whoever gets the connection
-        runs all the writes waiting for it in one thread hop and one transaction, each
-        in its own SAVEPOINT so that one that fails is rolled back alone and raises for
-        its own caller; the others find their write done and return at once. A burst of
-        1,000 spawns is a few commits, not 3,000 thread hops in a queue.
+        every write waiting at that moment (group commit). Whoever finds no batch
+        running leads: it runs all the writes waiting in one thread hop and one
+        transaction, each in its own SAVEPOINT so that one that fails is rolled back
+        alone and raises for its own caller. The others wait for that batch to end —
+        all woken at once, not handed the connection one by one (1,000 callers whose
+        writes were done each waited a loop tick for their turn at it: 20 s of
+        nothing under a loaded loop) — and those whose write it did not hold elect the
+        next leader. A burst of 1,000 spawns is a few commits.
 
-        A write waits its turn as long as the writes ahead of it keep committing
-        (store/queueing.py). A caller cancelled (or given up as stuck) before a leader
-        took its write withdraws it: it never runs. Once taken it runs; the caller
-        waits for it to end."""
-        op = _Write(fn)
+        A write waits as long as the writes ahead of it keep committing; once none has
+        for `busy_timeout_s` since it came (or since the queue last moved) it is given
+        up as stuck: StoreUnavailable (store/queueing.py). A caller cancelled (or given
+        up) before a leader took its write withdraws it: it never runs. Once taken it
+        runs; the caller waits for it to end."""
+        op = _Write(fn, trio.current_time())
         self._pending.append(op)
-        lane = self._writer
         try:
-            deadline = await acquire_while_moving(lane.limiter, lane.progress,
-                                                  self._busy_timeout_s, "the writer")
+            while not op.taken:
+                if self._leading:
+                    await self._wait_for_batch(op)
+                else:
+                    await self._lead(op)
+            await op.done.wait()
         except BaseException as exc:
             if not op.taken:
                 op.abandoned = True
@@ -270,30 +282,66 @@ class Store:
             if not isinstance(exc, StoreUnavailable):
                 raise  # Cancelled: the write a leader had taken ran regardless
             # Given up as stuck just as a leader took it: its outcome is the answer.
-        else:
-            try:
-                if not op.taken:
-                    batch = [o for o in self._pending if not o.abandoned]
-                    self._pending = []
-                    for o in batch:
-                        o.taken = True
-                    busy_ms = max(_MIN_BUSY_MS, int((deadline - trio.current_time()) * 1000))
-                    try:
-                        # Shielded: taken writes run (their callers wait for them), also
-                        # when this leader is cancelled while every thread token is busy
-                        # — else the batch would be "done" without having run.
-                        with trio.CancelScope(shield=True):
-                            await trio.to_thread.run_sync(self._run_batch, lane, busy_ms,
-                                                          batch)
-                    finally:
-                        for o in batch:
-                            o.done.set()
-            finally:
-                lane.limiter.release()
         if op.error is not None:
             raise op.error
         result: T = op.result
         return result
+
+    def _stuck_after(self, op: _Write) -> float:
+        """When `op` is given up if nothing commits: a period after it came or after
+        the queue last moved, whichever is later."""
+        return max(op.queued_at, self._moved_at) + self._busy_timeout_s
+
+    async def _wait_for_batch(self, op: _Write) -> None:
+        """Until the running batch ends; StoreUnavailable if no write finished (on the
+        writer's connection) within `op`'s period."""
+        lane = self._writer
+        seen = lane.progress.finished
+        with trio.move_on_at(self._stuck_after(op)):
+            await self._batch_ended.wait()
+            return
+        if lane.progress.finished == seen:
+            raise StoreUnavailable(
+                f"the database is busy: no write committed for {self._busy_timeout_s:g}s "
+                f"(store_busy_timeout_s)")
+        self._moved_at = trio.current_time()  # a long batch, still committing writes
+
+    async def _lead(self, op: _Write) -> None:
+        """Take the writer's connection, then every write waiting (op's among them),
+        and run them as one batch."""
+        lane = self._writer
+        self._leading = True  # before any await: one leader at a time
+        try:
+            deadline = await acquire_while_moving(lane.limiter, lane.progress,
+                                                  self._busy_timeout_s, "the writer")
+            try:
+                batch = [o for o in self._pending if not o.abandoned]
+                self._pending = []
+                for o in batch:
+                    o.taken = True
+                # SQLite's busy timeout: what is left of the leader's period (a store
+                # that is stuck on another connection's lock fails the writes queued
+                # behind the stuck one together, not a period each).
+                until = max(deadline, self._stuck_after(op))
+                busy_ms = max(_MIN_BUSY_MS, int((until - trio.current_time()) * 1000))
+                seen = lane.progress.finished
+                try:
+                    # Shielded: taken writes run (their callers wait for them), also
+                    # when this leader is cancelled while every thread token is busy —
+                    # else the batch would be "done" without having run.
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(self._run_batch, lane, busy_ms, batch)
+                finally:
+                    if lane.progress.finished != seen:
+                        self._moved_at = trio.current_time()
+                    for o in batch:
+                        o.done.set()
+            finally:
+                lane.limiter.release()
+        finally:
+            self._leading = False
+            self._batch_ended.set()  # the waiters: done, or one of them leads next
+            self._batch_ended = trio.Event()
 
     def _run_batch(self, lane: _Lane, busy_ms: int, batch: list[_Write]) -> None:
         # In the worker thread. Errors are handed to each write's caller, never raised.
