@@ -15,7 +15,7 @@ from pathlib import Path
 
 import trio
 
-CHILDREN_MAX = 1000  # P3's largest fan-out from one answer
+CHILDREN_MAX = 3000  # P3x's fan-out from one answer (P3's largest is 1,000)
 
 
 @dataclass

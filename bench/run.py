@@ -10,6 +10,8 @@ The exit status is 1 when any run lost a token or a terminal, or a measurement f
 a target that does not hold is a `NO` in the table, not an exit status.
 
   P1, P2  bench/throughput.py     P3  bench/children.py (on a fresh daemon: its peak RSS)
+  P3x     bench/children.py (3,000 children, on a fresh daemon of its own; no target)
+  chats   bench/bursts.py (1,000 chats at once beside 200 /ws watchers; /health latency)
   P4      bench/cancel.py         P5  bench/slow.py and bench/publish.py (in-process Bus)
   C1-C3   bench/cluster.py (a two-node cluster against the embedded default)
   S1-S4   bench/sandbox.py (the bubblewrap sandbox of a bash call against none)
@@ -17,9 +19,11 @@ a target that does not hold is a `NO` in the table, not an exit status.
           the same turns without faults; `--no-resets`: only the 429s)
   peers   bench/peers.py          extras  bench/extras.py, bench/publish.py (durable log)
 
-`python -m bench.run --only p1,p3` runs only those phases (p1 p2 p3 p4 p5 extras
-publish durable cluster sandbox chaos peers), `--repeat N` runs them N times and prints
-each table: a quicker loop while working on one row. `make bench` runs everything once.
+`python -m bench.run --only p1,p3` runs only those phases (p1 p2 p3 p3x chats p4 p5
+extras publish durable cluster sandbox chaos peers), `--repeat N` runs them N times and
+prints each table: a quicker loop while working on one row. `--burn N` runs N CPU-burning
+processes (busy loops at the bench's own niceness) during each phase, as on a shared
+machine. `make bench` runs everything once.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import trio
@@ -38,6 +43,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import (
+    bursts,
     cancel,
     chaos,
     children,
@@ -54,18 +60,41 @@ from bench.table import Ledger, Row, render
 
 Phase = Callable[[], Awaitable[list[Row]]]
 PHASE_LIMIT_S = 600
-PHASES = ("p1", "p2", "p3", "p4", "p5", "extras", "publish", "durable", "cluster", "sandbox",
-          "chaos", "peers")
+PHASES = ("p1", "p2", "p3", "p3x", "chats", "p4", "p5", "extras", "publish", "durable",
+          "cluster", "sandbox", "chaos", "peers")
+BURN = "while True: pass"
 
 
-async def _phase(name: str, run: Phase, ledger: Ledger, rows: list[Row]) -> None:
+class Burners:
+    """`--burn N`: N busy-looping processes (plain python, not reniced) during each phase."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        procs = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(self.n)]
+        try:
+            yield
+        finally:
+            for proc in procs:
+                proc.kill()
+            for proc in procs:
+                proc.wait()
+
+
+NO_BURN = Burners(0)
+
+
+async def _measured(name: str, run: Phase, ledger: Ledger, rows: list[Row],
+                    burn: Burners = NO_BURN) -> None:
     """One measurement; one that fails is a row and a loss (what it would have checked
     was not checked), and the others still run."""
     started = time.perf_counter()
     print(f"bench: {name} …", file=sys.stderr, flush=True)
     try:
-        with trio.fail_after(PHASE_LIMIT_S):  # a lost terminal must not hang the bench
-            rows.extend(await run())
+        with trio.fail_after(PHASE_LIMIT_S), burn.running():  # a lost terminal must not
+            rows.extend(await run())  # hang the bench
     except trio.TooSlowError:
         rows.append(Row(name, "FAILED", note=f"not done after {PHASE_LIMIT_S} s"))
         ledger.lost(f"{name}: not done after {PHASE_LIMIT_S} s (a turn that never ended?)")
@@ -85,13 +114,15 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def _header() -> str:
+def _header(burn: int = 0) -> str:
     root = Path(__file__).resolve().parent.parent
     commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True, check=False).stdout.strip()
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return (f"make bench — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit "
-            f"{commit or '?'}, {os.cpu_count()} cores, load average {load} at the start")
+            f"{commit or '?'}, {os.cpu_count()} cores, load average {load} at the start"
+            + (f"; background load: {burn} CPU-burning processes (busy loops, nice "
+               f"{os.nice(0)}) during each phase" if burn else ""))
 
 
 def _arguments() -> argparse.Namespace:
@@ -99,6 +130,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--only", default=",".join(PHASES),
                         help=f"comma-separated phases: {' '.join(PHASES)}")
     parser.add_argument("--repeat", type=int, default=1, help="run them this many times")
+    parser.add_argument("--burn", type=int, default=0, metavar="N",
+                        help="run N CPU-burning processes during each phase")
     parser.add_argument("--no-resets", action="store_true",
                         help="chaos: no connection resets, only the 429s")
     args = parser.parse_args()
@@ -113,12 +146,18 @@ async def main() -> int:
     args = _arguments()
     status = 0
     for _ in range(max(1, args.repeat)):
-        status = max(status, await _run(args.only, resets=not args.no_resets))
+        status = max(status, await _run(args.only, resets=not args.no_resets,
+                                        burn=max(0, args.burn)))
     return status
 
 
-async def _run(only: set[str], resets: bool = True) -> int:
-    header = _header()
+async def _run(only: set[str], resets: bool = True, burn: int = 0) -> int:
+    header = _header(burn)
+    burners = Burners(burn)
+
+    async def _phase(name: str, run: Phase, ledger: Ledger, rows: list[Row]) -> None:
+        await _measured(name, run, ledger, rows, burners)
+
     ledger = Ledger()
     rows: list[Row] = []
     extra: list[Row] = []
@@ -135,6 +174,12 @@ async def _run(only: set[str], resets: bool = True) -> int:
         if "p3" in only:
             async with open_daemon(mock.url) as fresh:
                 await _phase("P3", lambda: children.p3(fresh, ledger), ledger, rows)
+        if "p3x" in only:
+            async with open_daemon(mock.url) as fresh:
+                await _phase("P3x", lambda: children.p3x(fresh, ledger), ledger, rows)
+        if "chats" in only:
+            async with open_daemon(mock.url) as fresh:
+                await _phase("chats", lambda: bursts.chats(fresh, ledger), ledger, rows)
         if only & {"p4", "p5", "extras"}:
             async with open_daemon(mock.url, claude(mock.url.removesuffix("/v1"))) as daemon:
                 if "p4" in only:
