@@ -14,8 +14,9 @@ subscriber *lagged*: its queue is dropped, and it learns the last seq it was giv
 can resume with `since=N` and miss nothing.
 
 Subscribers are indexed by the sessions they name, so a publish touches only the
-subscribers that may match it: those with no session filter, those naming its session,
-and (includeChildren) those naming one of its ancestors.
+subscribers that may match it: those with no filter on sessions (by the types they name,
+if any), those naming its session, and (includeChildren) those naming one of its
+ancestors.
 
 Over a remote-sequenced log (the cluster's, eventlog/redis.py: `log.remote_seq`) the
 cluster numbers events, not this process: `publish` builds the envelope with seq 0 and
@@ -266,6 +267,9 @@ class Bus:
         # Subscribers by what they name: none (every event is checked), a session
         # (its own events), or a session and its descendants (matched on lineage).
         self._unfiltered: set[Subscription] = set()
+        # Naming no session but some types (`types=turn.start,done,error`): by type, so
+        # a chunk is not checked against 100 watchers of terminals (issue 24).
+        self._by_type: dict[str, set[Subscription]] = {}
         self._by_session: dict[str, set[Subscription]] = {}
         self._by_ancestor: dict[str, set[Subscription]] = {}
         self._all: set[Subscription] = set()  # every live one, indexed or not
@@ -336,6 +340,14 @@ class Bus:
             for sub in tuple(self._unfiltered):
                 if sub.filter.matches(env):
                     sub._offer(env)
+        if self._by_type:
+            for key in (env.type, env.event_type):
+                subs = self._by_type.get(key) if key is not None else None
+                if subs:
+                    for sub in tuple(subs):
+                        # A subscriber naming the type and the eventType is offered once.
+                        if sub._offered != env.seq and sub.filter.matches(env):
+                            sub._offer(env)
         session_id = env.session_id
         if session_id is not None:
             if self._by_session:
@@ -378,9 +390,11 @@ class Bus:
         return sub
 
     def _indexes(self, sub: Subscription) -> list[set[Subscription]]:
-        ids = sub.filter.session_ids
+        ids, types = sub.filter.session_ids, sub.filter.types
         if ids is None:
-            return [self._unfiltered]
+            if types is None:
+                return [self._unfiltered]
+            return [self._by_type.setdefault(t, set()) for t in types]
         table = self._by_ancestor if sub.filter.include_children else self._by_session
         return [table.setdefault(sid, set()) for sid in ids]
 
@@ -388,11 +402,15 @@ class Bus:
         if sub not in self._all:
             return
         self._all.discard(sub)
-        ids = sub.filter.session_ids
-        if ids is None:
+        ids, types = sub.filter.session_ids, sub.filter.types
+        if ids is None and types is None:
             self._unfiltered.discard(sub)
             return
-        table = self._by_ancestor if sub.filter.include_children else self._by_session
+        if ids is None:
+            assert types is not None
+            table, ids = self._by_type, types
+        else:
+            table = self._by_ancestor if sub.filter.include_children else self._by_session
         for sid in ids:
             subs = table.get(sid)
             if subs is not None:
