@@ -9,6 +9,7 @@ abort what is left, close the store.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import socket
@@ -191,9 +192,20 @@ async def serve_daemon(
             store, event_log, redis = await _open_backends(config, backends)
             async with trio.open_nursery() as core:
                 await _serve(config, store, event_log, redis, core, stop, task_status,
-                             clock, sandbox)
+                             clock, sandbox, own_process=handle_signals)
                 core.cancel_scope.cancel()
         outer.cancel_scope.cancel()
+
+
+def freeze_startup_objects() -> None:
+    """Take what startup built (modules, classes, the app, about 100,000 objects) out
+    of the cyclic GC's reach: they live as long as the process, and a full collection
+    would otherwise traverse them all, holding the Trio thread for 30-70 ms under load
+    (a cancel's terminal waits behind it). Only in the daemon's own process
+    (`veild serve`): a test process starts many daemons, whose frozen objects would
+    never be collected."""
+    gc.collect()
+    gc.freeze()
 
 
 def _listen_url(host: str, listener: socket.socket) -> str:
@@ -279,7 +291,8 @@ async def _open_backends(
 async def _serve(
     config: Config, store: Store, event_log: EventLog, redis: RedisClient | None,
     core: trio.Nursery, stop: trio.Event, task_status: trio.TaskStatus[Daemon],
-    clock: Clock = SYSTEM_CLOCK, sandbox: Sandbox | None = None,
+    clock: Clock = SYSTEM_CLOCK, sandbox: Sandbox | None = None, *,
+    own_process: bool = False,
 ) -> None:
     server = config.server
     bus = Bus(event_log, queue_bytes=server.stream_queue_bytes,
@@ -358,6 +371,8 @@ async def _serve(
             daemon = Daemon(runtime, http_server, server.host, stop, metrics, loop_lag)
             await services.start(serve_watchdog, lambda: metrics.running)
             await services.start(serve_status, metrics.wait_running_changed)
+            if own_process:
+                freeze_startup_objects()
             notify("READY=1")
             task_status.started(daemon)
             await stop.wait()

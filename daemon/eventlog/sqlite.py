@@ -68,11 +68,30 @@ CREATE TABLE IF NOT EXISTS holes (
 );
 """
 _COLUMNS = "seq, type, event_type, session_id, lineage, turn_id, data"
+_WIDTH = 7  # values per row
+# A flush inserts its rows in multi-row statements of 2**k rows, k <= this: one step of
+# SQLite per statement (so the worker thread gives the GIL up and takes it back a few
+# times per flush, not once per event — each take may wait for the Trio thread), and
+# only a handful of distinct statements, all staying in the connection's cache.
+_LOG2_ROWS = 8
 
 
-def _row(env: Envelope) -> tuple[object, ...]:
-    return (env.seq, env.type, env.event_type, env.session_id, ",".join(env.lineage),
-            env.turn_id, env.data)
+def _insert_sql(rows: int) -> str:
+    values = ",".join(["(" + ",".join("?" * _WIDTH) + ")"] * rows)
+    return f"INSERT OR REPLACE INTO events({_COLUMNS}) VALUES {values}"
+
+
+def _parts(count: int, largest: int) -> list[int]:
+    """`count` as statement sizes: as many of `largest` as fit, then powers of two."""
+    sizes = [largest] * (count // largest)
+    rest = count % largest
+    bit = largest >> 1
+    while rest:
+        if rest >= bit:
+            sizes.append(bit)
+            rest -= bit
+        bit >>= 1
+    return sizes
 
 
 def retention_floor(latest: int, keep: int, holes: list[tuple[int, int]]) -> int:
@@ -125,6 +144,25 @@ class _Disk:
         self.oldest = row[0]
         self.holes: list[tuple[int, int]] = list(
             conn.execute("SELECT first, last FROM holes ORDER BY first"))
+        # The most rows one statement may bind (SQLite's variable limit: 32,766 by
+        # default, 999 in builds before 3.32), as a power of two.
+        limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // _WIDTH
+        self.rows_per_insert = 1 << min(_LOG2_ROWS, max(0, limit.bit_length() - 1))
+        self._inserts: dict[int, str] = {}
+
+    def insert(self, batch: list[Envelope]) -> None:
+        """The batch's rows, in a few multi-row statements."""
+        conn, at = self.conn, 0
+        for size in _parts(len(batch), self.rows_per_insert):
+            sql = self._inserts.get(size)
+            if sql is None:
+                sql = self._inserts[size] = _insert_sql(size)
+            params: list[object] = []
+            for env in batch[at:at + size]:
+                params += (env.seq, env.type, env.event_type, env.session_id,
+                           ",".join(env.lineage), env.turn_id, env.data)
+            conn.execute(sql, params)
+            at += size
 
     def meta(self, key: str) -> int | None:
         row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
@@ -147,8 +185,7 @@ class _Disk:
         conn.execute("BEGIN IMMEDIATE")
         try:
             if batch:
-                conn.executemany(f"INSERT OR REPLACE INTO events({_COLUMNS}) "
-                                 "VALUES (?,?,?,?,?,?,?)", [_row(e) for e in batch])
+                self.insert(batch)
                 size = sum(len(e.data) for e in batch)
                 runs.append((batch[-1].seq, size))
                 total += size

@@ -29,6 +29,7 @@ None for a request this client will not write):
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import select
 import socket
@@ -41,6 +42,8 @@ from urllib.parse import urlsplit
 
 import httptools
 import trio
+
+log = logging.getLogger(__name__)
 
 READ_SIZE = 64 * 1024
 # A response head (status line and headers) larger than this is not an answer we read.
@@ -199,6 +202,12 @@ class _Connection:
             return False
 
     async def aclose(self) -> None:
+        if self.plain:
+            # Nothing to say to the peer: closed at once. (aclose_forcefully would add
+            # two trips through the scheduler — a cancelled turn waits for them before
+            # its terminal.)
+            self.raw.socket.close()
+            return
         await trio.aclose_forcefully(self.stream)
 
 
@@ -208,9 +217,13 @@ class Response:
     It is also the llhttp callback object: the parser calls on_* while `_feed` runs.
     """
 
-    def __init__(self, connection: _Connection, stall_s: float) -> None:
+    def __init__(self, connection: _Connection, stall_s: float,
+                 guard: StallGuard | None = None) -> None:
         self._connection = connection
         self._stall_s = stall_s
+        # Plain TCP under a running guard: no cancel scope per read (see StallGuard).
+        self._guard = guard if connection.plain and guard is not None and guard.running else None
+        self._stalled = False  # the guard found this response waiting too long
         self._parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers: dict[str, str] = {}
@@ -273,6 +286,16 @@ class Response:
 
     async def _receive(self) -> bytes | bytearray:
         connection = self._connection
+        guard = self._guard
+        if guard is not None:
+            try:
+                return await self._receive_guarded(connection, guard)
+            except trio.ClosedResourceError as exc:
+                if not self._stalled:
+                    raise self._broke(exc) from exc
+            except OSError as exc:
+                raise self._broke(exc) from exc
+            raise self._stall_timeout()
         with trio.move_on_after(self._stall_s):
             try:
                 if connection.plain:
@@ -282,9 +305,49 @@ class Response:
                 raise self._broke(exc.__cause__ or exc) from exc
             except OSError as exc:
                 raise self._broke(exc) from exc
+        raise self._stall_timeout()
+
+    def _stall_timeout(self) -> StallTimeout:
         where = "mid-stream" if self._headers_in else "before the response headers"
-        raise StallTimeout(f"no byte for {self._stall_s:g}s {where}",
-                           headers_in=self._headers_in)
+        return StallTimeout(f"no byte for {self._stall_s:g}s {where}",
+                            headers_in=self._headers_in)
+
+    async def _receive_guarded(self, connection: _Connection, guard: StallGuard) -> bytes:
+        """`_receive_plain` with the guard timing the wait instead of a cancel scope."""
+        sock = connection.raw.socket
+        fd = sock.fileno()
+        if fd < 0:
+            raise OSError("the connection is closed")
+        if not connection.drained:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            try:
+                data = os.read(fd, READ_SIZE)
+            except BlockingIOError:
+                pass
+            else:
+                connection.drained = len(data) < READ_SIZE
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return data
+        waiting = guard.waiting
+        waiting[self] = trio.current_time()
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(sock)
+                try:
+                    data = os.read(fd, READ_SIZE)
+                except BlockingIOError:
+                    continue
+                connection.drained = len(data) < READ_SIZE
+                return data
+        finally:
+            waiting.pop(self, None)
+
+    def _stall(self) -> None:
+        """Called by the guard: this response waited `stall_s` for a byte. The waiting
+        read wakes with ClosedResourceError, which `_receive` makes a StallTimeout; the
+        connection is closed after it (a stalled response is never reusable)."""
+        self._stalled = True
+        trio.lowlevel.notify_closing(self._connection.raw.socket)
 
     @staticmethod
     async def _receive_plain(connection: _Connection) -> bytes:
@@ -413,6 +476,51 @@ class Response:
         return out[:limit]
 
 
+class StallGuard:
+    """The stall deadline of every waiting read of a pool's plain connections, kept by
+    one task: a read notes when it began waiting (a dict entry) instead of entering a
+    cancel scope — a scope and its deadline cost several µs, paid once per token by a
+    paced stream. The task sleeps until the earliest wait would pass `stall_s`, and wakes
+    a read that did (Response._stall). Every wait that begins after a check ends no
+    earlier than that check plus `stall_s`, so sleeping that long misses none."""
+
+    def __init__(self, stall_s: float) -> None:
+        self.stall_s = stall_s
+        self.waiting: dict[Response, float] = {}  # response -> when its read began waiting
+        self.running = False
+        self._scope: trio.CancelScope | None = None
+
+    def start(self) -> None:
+        """Run the guard as a system task (a pool belongs to no nursery) until `stop`."""
+        if self._scope is None:
+            self._scope = trio.CancelScope()
+            self.running = True
+            trio.lowlevel.spawn_system_task(self._serve, self._scope,
+                                            name=f"{__name__}.StallGuard")
+
+    def stop(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+        self.running = False
+
+    async def _serve(self, scope: trio.CancelScope) -> None:
+        stall_s = self.stall_s
+        with scope:
+            while True:
+                now = trio.current_time()
+                due = now + stall_s
+                for response, since in list(self.waiting.items()):
+                    if since + stall_s <= now:
+                        del self.waiting[response]
+                        try:
+                            response._stall()
+                        except Exception:  # a system task must not crash the daemon
+                            log.exception("could not end a stalled provider read")
+                    elif since + stall_s < due:
+                        due = since + stall_s
+                await trio.sleep_until(due)
+
+
 class LeanPool:
     """Connections to a provider's origin(s), a few idle ones kept for reuse.
 
@@ -430,6 +538,9 @@ class LeanPool:
         self._closed = False
         # The URLs asked for, split (a provider has one or two).
         self._split: dict[str, tuple[Origin, str]] = {}
+        # Times the waits of plain connections' reads, from the first request until
+        # `aclose` (a read without it running has a cancel scope of its own).
+        self.guard = StallGuard(stall_timeout_s)
 
     async def _connect(self, origin: Origin) -> _Connection:
         with trio.move_on_after(self.connect_timeout_s):
@@ -494,7 +605,7 @@ class LeanPool:
         took it. A new connection that does so is an error."""
         while True:
             connection = self._checkout(origin) or await self._connect(origin)
-            response = Response(connection, self.stall_timeout_s)
+            response = Response(connection, self.stall_timeout_s, self.guard)
             try:
                 await self._send(connection, request)
                 await response.read_head()
@@ -518,6 +629,8 @@ class LeanPool:
             if len(self._split) < SPLIT_CACHE_MAX:
                 self._split[url] = split
         origin, target = split
+        if not self._closed:
+            self.guard.start()
         connection, response = await self._open(
             origin, request_head(origin, target, headers, len(body)) + body)
         try:
@@ -528,6 +641,7 @@ class LeanPool:
 
     async def aclose(self) -> None:
         self._closed = True
+        self.guard.stop()
         idle, self._idle, self._idle_count = self._idle, {}, 0
         for connections in idle.values():
             for connection in connections:
