@@ -272,6 +272,10 @@ class Turn:
                         slots.release()
                     self._report_end(started)
                     turn_context.reset(context)
+                    # The failure's traceback holds this frame, which holds the failure:
+                    # a cycle only a full collection frees (a burst of cancelled turns
+                    # left thousands of frames for gen 2 to walk).
+                    failure = None
 
     async def _begin(self) -> None:
         record = self.session.mark("running")

@@ -357,16 +357,29 @@ class Store:
                 o.error = failed
             return
         try:
-            for o in batch:
-                conn.execute("SAVEPOINT write")
+            if len(batch) == 1:  # alone: its transaction is its savepoint (2 statements less
+                # on a turn's terminal path, each a GIL round trip with the Trio thread)
+                [o] = batch
                 try:
                     o.result = o.fn(conn)
                 except Exception as exc:
-                    conn.execute("ROLLBACK TO write")
+                    conn.execute("ROLLBACK")
                     o.error = _translate(exc, self._busy_timeout_s) \
                         if isinstance(exc, sqlite3.Error) else exc
-                conn.execute("RELEASE write")
-                lane.progress.tick()  # the queue behind this batch is moving
+                    lane.progress.tick()
+                    return
+                lane.progress.tick()
+            else:
+                for o in batch:
+                    conn.execute("SAVEPOINT write")
+                    try:
+                        o.result = o.fn(conn)
+                    except Exception as exc:
+                        conn.execute("ROLLBACK TO write")
+                        o.error = _translate(exc, self._busy_timeout_s) \
+                            if isinstance(exc, sqlite3.Error) else exc
+                    conn.execute("RELEASE write")
+                    lane.progress.tick()  # the queue behind this batch is moving
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             # The transaction itself failed (a commit that could not be written, or an
