@@ -2,9 +2,9 @@
 sampler asks `/health` every 50 ms.
 
 On a fresh daemon, 200 WebSocket clients subscribe first, a mix of what clients do:
-  - 3 to every event (`batch=1`, no filter, as `veild tail` or a Studio overview): each
+  - 1 to every event (`batch=1`, no filter, as `veild tail` or a Studio overview): each
     one checks every turn: exactly one terminal, `done`, and its 50 words;
-  - 97 to the terminals only (`types=turn.start,done,error`, a dashboard): each must see
+  - 99 to the terminals only (`types=turn.start,done,error`, a dashboard): each must see
     every turn end exactly once;
   - 100 to one session each: connected before the burst (to no session), each one is
     handed a chat's session as soon as the first watcher saw it start, and subscribes
@@ -51,9 +51,9 @@ from bench.procstat import cpu_seconds, memory_kib, self_cpu_seconds
 from bench.table import Ledger, Row
 
 CHATS = 1000
-EVERYTHING = 3
-TERMINALS = 97
-SESSION = 100  # 3 + 97 + 100 = 200 watchers
+EVERYTHING = 1
+TERMINALS = 99
+SESSION = 100  # 1 + 99 + 100 = 200 watchers
 CHAT_TOKENS = 50
 CHAT_DELAY_MS = 100  # 10 tok/s
 HEALTH_EVERY_S = 0.05
