@@ -11,9 +11,11 @@ between the two. On a pipe rich prints the same lines without styles."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import httpx
@@ -110,12 +112,16 @@ def _failure(data: dict[str, Any]) -> str:
     return (gist[:59] + "…" if len(gist) > 60 else gist) or "failed"
 
 
-def _wait(ms: float) -> str:
-    """850 ms, 1.5 s, 12 s."""
+def wait_text(ms: float) -> str:
+    """850 ms, 1.5 s, 12 s — rounded as Studio's fmtWait (retry.js) rounds: JavaScript's
+    toFixed and Math.round take a tie up (1250 ms is "1.3 s" in both, where Python's
+    own rounding says "1.2 s")."""
     if ms < 1000:
-        return f"{max(0, round(ms))} ms"
-    seconds = ms / 1000
-    return f"{seconds:.1f}".removesuffix(".0") + " s" if seconds < 10 else f"{round(seconds)} s"
+        return f"{max(0, math.floor(ms + 0.5))} ms"
+    seconds = Decimal(ms / 1000)  # the float's exact value, as toFixed sees it
+    if seconds < 10:
+        return f"{seconds.quantize(Decimal('0.1'), ROUND_HALF_UP)}".removesuffix(".0") + " s"
+    return f"{seconds.quantize(Decimal(1), ROUND_HALF_UP)} s"
 
 
 def queue_text(data: dict[str, Any], state: str) -> str:
@@ -125,7 +131,7 @@ def queue_text(data: dict[str, Any], state: str) -> str:
     provider = data.get("reason") == "max_concurrent"
     what = (data.get("provider") or "the provider") if provider else "a turn slot"
     if state == "admitted":
-        return f"waited {_wait(data.get('waitedMs') or 0)} for {what}"
+        return f"waited {wait_text(data.get('waitedMs') or 0)} for {what}"
     bound = "max_concurrent" if provider else "max_running_turns"
     waiting = f", {data['waiting']} waiting" if data.get("waiting") else ""
     return f"queued: waiting for {what} ({bound} = {data.get('limit')}{waiting})"
@@ -144,7 +150,7 @@ def retry_text(data: dict[str, Any], failed: str | None = None) -> str:
     cause = (f"rate limited by {provider}" if why == "rate limited"
              else f"{provider} overloaded" if why == "overloaded" else f"{provider}: {why}")
     wait = data.get("waitMs") or 0
-    when = f"retrying in {_wait(wait)}" if wait > 0 else "retrying now"
+    when = f"retrying in {wait_text(wait)}" if wait > 0 else "retrying now"
     return f"{cause}, {when} — attempt {data.get('attempt')} of {data.get('maxRetries')}"
 
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from daemon.cli_render import wait_text
 from tests.browser.chromium import BrowserThread, Tab, open_tab
 from tests.browser.test_studio_retry import start_chat
 from tests.harness import Provider, Recorder, Running, mock, open_daemon, open_recorder
@@ -55,16 +55,9 @@ BADGE = """(sid) => {
 
 
 def fmt_wait(ms: int) -> str:
-    """Studio's words for a wait that was made (retry.js fmtWait), rounded as JavaScript
-    rounds: toFixed and Math.round take a tie up (1250 ms is "1.3 s", where Python's
-    format would say "1.2 s")."""
-    if ms < 1000:
-        return f"{ms} ms"
-    seconds = Decimal(ms / 1000)
-    if seconds < 10:
-        tenths = seconds.quantize(Decimal("0.1"), ROUND_HALF_UP)
-        return f"{tenths}".removesuffix(".0") + " s"
-    return f"{seconds.quantize(Decimal(1), ROUND_HALF_UP)} s"
+    """Studio's words for a wait that was made (retry.js fmtWait): the CLI's, which
+    round as JavaScript does (daemon/cli_render.wait_text)."""
+    return wait_text(ms)
 
 
 async def notices(tab: Tab, turn: str) -> list[dict[str, Any]]:

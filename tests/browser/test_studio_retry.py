@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import trio
 
+from daemon.cli_render import wait_text
 from tests.browser.chromium import BrowserThread, Tab, open_tab
 from tests.harness import Provider, Recorder, mock, open_daemon, open_recorder, spawn
 from tests.rawprovider import Behaviour, RawProvider, open_raw_provider
@@ -108,11 +109,9 @@ def config(rawp: RawProvider, wait_ms: int, more: str = "", agent: str = "") -> 
 
 
 def fmt_wait(ms: int) -> str:
-    """Studio's words for a wait that was made (retry.js fmtWait)."""
-    if ms < 1000:
-        return f"{ms} ms"
-    seconds = ms / 1000
-    return f"{seconds:.1f}".removesuffix(".0") + " s" if seconds < 10 else f"{round(seconds)} s"
+    """Studio's words for a wait that was made (retry.js fmtWait): the CLI's, which
+    round as JavaScript does (daemon/cli_render.wait_text)."""
+    return wait_text(ms)
 
 
 async def notices(tab: Tab, turn: str) -> list[dict[str, Any]]:
