@@ -312,8 +312,11 @@ class Store:
         lane = self._writer
         self._leading = True  # before any await: one leader at a time
         try:
-            deadline = await acquire_while_moving(lane.limiter, lane.progress,
-                                                  self._busy_timeout_s, "the writer")
+            # The write's period began when it came (or the queue last moved), not
+            # now: behind a batch stuck on a lock, it is not given a second period.
+            deadline = await acquire_while_moving(
+                lane.limiter, lane.progress, self._busy_timeout_s, "the writer",
+                since=self._stuck_after(op) - self._busy_timeout_s)
             try:
                 batch = [o for o in self._pending if not o.abandoned]
                 self._pending = []
@@ -322,8 +325,7 @@ class Store:
                 # SQLite's busy timeout: what is left of the leader's period (a store
                 # that is stuck on another connection's lock fails the writes queued
                 # behind the stuck one together, not a period each).
-                until = max(deadline, self._stuck_after(op))
-                busy_ms = max(_MIN_BUSY_MS, int((until - trio.current_time()) * 1000))
+                busy_ms = max(_MIN_BUSY_MS, int((deadline - trio.current_time()) * 1000))
                 seen = lane.progress.finished
                 try:
                     # Shielded: taken writes run (their callers wait for them), also
