@@ -359,30 +359,23 @@ class Store:
                 o.error = failed
             return
         try:
-            if len(batch) == 1:  # alone: its transaction is its savepoint (2 statements less
-                # on a turn's terminal path, each a GIL round trip with the Trio thread)
-                [o] = batch
+            # Alone, a write's transaction is its savepoint: 2 statements less on a
+            # turn's terminal path, each a GIL round trip with the Trio thread.
+            alone = len(batch) == 1
+            for o in batch:
+                if not alone:
+                    conn.execute("SAVEPOINT write")
                 try:
                     o.result = o.fn(conn)
                 except Exception as exc:
-                    conn.execute("ROLLBACK")
+                    conn.execute("ROLLBACK" if alone else "ROLLBACK TO write")
                     o.error = _translate(exc, self._busy_timeout_s) \
                         if isinstance(exc, sqlite3.Error) else exc
-                    lane.progress.tick()
-                    return
-                lane.progress.tick()
-            else:
-                for o in batch:
-                    conn.execute("SAVEPOINT write")
-                    try:
-                        o.result = o.fn(conn)
-                    except Exception as exc:
-                        conn.execute("ROLLBACK TO write")
-                        o.error = _translate(exc, self._busy_timeout_s) \
-                            if isinstance(exc, sqlite3.Error) else exc
+                if not alone:
                     conn.execute("RELEASE write")
-                    lane.progress.tick()  # the queue behind this batch is moving
-            conn.execute("COMMIT")
+                lane.progress.tick()  # the queue behind this batch is moving
+            if conn.in_transaction:  # not after the lone write's rollback
+                conn.execute("COMMIT")
         except sqlite3.Error as exc:
             # The transaction itself failed (a commit that could not be written, or an
             # error SQLite answered by rolling everything back): no write of it holds.
