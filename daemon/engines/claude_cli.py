@@ -62,7 +62,7 @@ from daemon.engines.base import (
     UsageReport,
     merge_text_runs,
 )
-from daemon.errors import MaxIterationsError, ProviderError, VeildError
+from daemon.errors import MaxIterationsError, ProviderError
 from daemon.llm.sse import json_object
 from daemon.procgroup import stop_group
 from daemon.store.models import MessageRecord, TokenUsage
@@ -280,7 +280,7 @@ class StreamJson:
         return Finished(str(result.get("result") or ""), self.iterations,
                         float(cost) if isinstance(cost, int | float) else 0.0)
 
-    def _error(self, result: dict[str, Any], exit_code: int, stderr: str) -> VeildError:
+    def _error(self, result: dict[str, Any], exit_code: int, stderr: str) -> ProviderError:
         """An error result in the CLI's own words: its `result`, else its `errors`, else
         its synthetic message, its stderr, its subtype."""
         errors = result.get("errors")
