@@ -9,8 +9,8 @@ and "API Error: 400 …" (the API's 400) end the turn with the CLI's words as th
 terminal's message and its result in `details`, with no message of its "<synthetic>"
 model stored and that model never the turn's; the retries it makes itself (the mock
 answering 529 twice) are `provider.retry` events (§14), and when it gives up (one retry
-allowed, CLAUDE_CODE_MAX_RETRIES) the terminal names the attempts. Skipped, with the
-reason, without npm.
+allowed, CLAUDE_CODE_MAX_RETRIES) the terminal names the attempts; out of turns (it
+exits 1 then too) is MAX_ITERATIONS. Skipped, with the reason, without npm.
 
 CONTRACT §16: the CLI gets nothing of the daemon's environment but the minimal base, so
 what it needs is given as an operator would: the key in the daemon's environment and
@@ -80,18 +80,19 @@ async def daemon(tmp_path: Path, provider: Provider, claude_cli: Path,
     monkeypatch.setenv("VEILD_TEST_SECRET_TOKEN", SECRET)
     env = {**OFFLINE_ENV, "ANTHROPIC_BASE_URL": provider.url.removesuffix("/v1")}
 
-    def agent(name: str, key: bool = True, **more: str) -> str:
+    def agent(name: str, key: bool = True, turns: int = 20, **more: str) -> str:
         return (
             f"\n[agents.{name}]\nengine = \"claude-cli\"\n"
             f"command = \"{claude_cli}\"\nargs = [\"--allowedTools\", \"Bash\"]\n"
             "env = {" + ", ".join(f'{k} = "{v}"' for k, v in {**env, **more}.items()) + "}\n"
             + ('env_pass = ["ANTHROPIC_API_KEY"]\n' if key else "")
+            + f"max_iterations = {turns}\n"
         )
 
     # `nokey` gets no key (its HOME, the fresh workspace, has no login either);
-    # `oneretry` may retry a failed call once.
+    # `oneretry` may retry a failed call once; `oneturn` has one turn (--max-turns 1).
     extra = (agent("claude") + agent("nokey", key=False)
-             + agent("oneretry", CLAUDE_CODE_MAX_RETRIES="1"))
+             + agent("oneretry", CLAUDE_CODE_MAX_RETRIES="1") + agent("oneturn", turns=1))
     async with open_daemon(tmp_path, provider, extra=extra) as d:
         yield d
 
@@ -221,6 +222,15 @@ async def test_real_cli_gives_up_retrying_with_the_attempts(daemon: Running) -> 
     stream = rec.stream(terminal["turnId"])
     assert [e["data"]["attempt"] for e in stream if e["eventType"] == "provider.retry"] == [1]
     assert [e["data"]["role"] for e in stream if e["eventType"] == "message"] == ["user"]
+
+
+async def test_real_cli_out_of_turns_is_max_iterations(daemon: Running) -> None:
+    """2.1.332 ends a run out of turns with an error_max_turns result and exit 1: that
+    is MAX_ITERATIONS, not "exited with code 1"."""
+    r = await daemon.chat(ROUND_TRIP, agent="oneturn")
+    assert r.status_code == 500, r.text
+    error = r.json()["error"]
+    assert error["code"] == "MAX_ITERATIONS" and error["details"]["maxIterations"] == 1
 
 
 def _pids() -> list[int]:
