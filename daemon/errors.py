@@ -122,16 +122,19 @@ class ProviderError(VeildError):
     certificate failed), "error_event" (any other error event, or one after a delta);
     None for a failed status (the status says it). `retry_after_s`: the wait the
     response asked for (`retry-after-ms`, else `Retry-After`), never negative; None if it
-    named none.
+    named none. `details`: what the failure adds to the terminal's `details` (the
+    claude-cli engine's: the CLI's own result, subtype and exit code).
     """
 
     def __init__(self, message: str, *, status: int | None = None,
-                 reason: str | None = None, retry_after_s: float | None = None) -> None:
+                 reason: str | None = None, retry_after_s: float | None = None,
+                 details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.reason = reason
         self.retry_after_s = retry_after_s
+        self.details = details
 
     @property
     def transient(self) -> bool:

@@ -1,14 +1,23 @@
 #!/usr/bin/env python3
-"""A fake `claude` executable: replays stream-json in the format of Claude Code 2.1.x.
+"""A fake `claude` executable: replays stream-json in the format of Claude Code 2.1.332
+(the version tests/test_claude_cli_real.py runs; the failures below are what it printed
+against the mock provider).
 
 It reads the message from stdin; a line `#fake {...}` in it says what to do:
 
     calls     [{"think": str, "say": str, "tools": [{"name", "input", "result",
                 "is_error"}]}]  one LLM call each (default: one call saying "ok")
     model     the model its assistant messages name (default "claude-fake")
-    retries   this many `system` api_retry lines before the first call
+    retries   this many `system` api_retry lines before the first call, each followed by
+              the wait it announces, `retry_delay_ms` (default 1), as the CLI waits
     delay_ms  pause after each line (so a test can cancel mid-stream)
-    fail      "error_result" | "exit" | "malformed" | "silent" | "max_turns"
+    fail      "exit" | "malformed" | "silent" | "max_turns" | an API error:
+              "not_logged_in" (no key: "Not logged in · Please run /login"),
+              "api_error" (the API answered `status`, default 400),
+              "overloaded" (529 after its `retries`: it gave up), "error_result"
+              (401 "Invalid API key"). An API error is the CLI's: an `assistant` line of
+              model "<synthetic>" holding its words, then an error `result`, exit 1 —
+              after the `calls` given, if any (so a later call fails)
     cost      total_cost_usd of the result line (default 0.0125)
 
 It keeps a marker per conversation under $HOME/.fake-claude and, like the real CLI,
@@ -105,12 +114,16 @@ def main() -> int:
     if fail == "exit":
         sys.stderr.write("fatal: the fake was told to crash\n")
         return 3
-    for attempt in range(int(spec.get("retries", 0))):
+    retries = int(spec.get("retries", 0))
+    for attempt in range(retries):
+        wait_ms = int(spec.get("retry_delay_ms", 1))
         out({"type": "system", "subtype": "api_retry", "attempt": attempt + 1,
-             "max_retries": 10, "retry_delay_ms": 1, "error_status": 529,
+             "max_retries": 10, "retry_delay_ms": wait_ms, "error_status": 529,
              "error": "overloaded"})
+        time.sleep(wait_ms / 1000)
 
-    calls = spec.get("calls") or [{"say": "ok"}]
+    api_error = API_ERRORS.get(fail)
+    calls = spec.get("calls") or ([] if api_error else [{"say": "ok"}])
     total_in = total_out = 0
     text = ""
     for n, call in enumerate(calls):
@@ -183,13 +196,45 @@ def main() -> int:
         "usage": {"input_tokens": total_in, "output_tokens": total_out,
                   "cache_read_input_tokens": 7 * len(calls)},
         "modelUsage": {}, "permission_denials": [], "terminal_reason": "completed"}
-    if fail == "error_result":
-        result.update(subtype="success", is_error=True, api_error_status=401,
-                      result="Invalid API key · Please run /login")
+    if api_error is not None:
+        status, kind, words = api_error
+        status = int(spec.get("status", status)) if status is not None else None
+        text = words.format(status=status, retries=retries)
+        # Its words as an assistant message of its own, then the error result.
+        out({"type": "assistant", "parent_tool_use_id": None, "message": {
+            "id": str(uuid.uuid4()), "type": "message", "role": "assistant",
+            "model": "<synthetic>", "stop_reason": "stop_sequence", "stop_sequence": "",
+            "usage": {"input_tokens": 0, "output_tokens": 0}, "content": [
+                {"type": "text", "text": text}]},
+            "error": kind, "is_api_error_message": True, "api_error_status": status})
+        result.update(subtype="success", is_error=True, result=text, api_error_status=status,
+                      num_turns=len(calls) + 1, terminal_reason="api_error",
+                      total_cost_usd=spec.get("cost", 0.0125) if calls else 0)
+        if status is not None:
+            result["api_error_type"] = "overloaded_error" if status == 529 else (
+                "authentication_error" if status == 401 else "invalid_request_error")
+        out(result)
+        return 1
     if fail == "max_turns":
-        result.update(subtype="error_max_turns", is_error=True, result="")
+        result.update(subtype="error_max_turns", is_error=True, terminal_reason="max_turns",
+                      errors=["Reached maximum number of turns (5)"])
+        del result["result"]
+        out(result)
+        return 1
     out(result)
     return 0
+
+
+# What Claude Code 2.1.332 says for each API error: (api_error_status, the assistant
+# line's `error`, its words).
+API_ERRORS: dict[str, tuple[int | None, str, str]] = {
+    "not_logged_in": (None, "authentication_failed", "Not logged in · Please run /login"),
+    "api_error": (400, "unknown", "API Error: {status} scripted failure {status}"),
+    "error_result": (401, "authentication_failed", "Invalid API key · Please run /login"),
+    "overloaded": (529, "server_error",
+                   "API Error: Repeated 529 Overloaded errors. The API is at capacity — "
+                   "this is usually temporary. Try again in a moment."),
+}
 
 
 if __name__ == "__main__":

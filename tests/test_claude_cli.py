@@ -1,9 +1,12 @@
 """The claude-cli engine against a fake `claude` (tests/fake_claude.py) that replays the
-real CLI's stream-json: every mapping (thinking, text, signature and api_retry lines,
-tool round-trips, usage, model, cost, resume) and every failure (error result, non-zero
-exit, malformed line, silence, max turns) end as CONTRACT §5 says; a cancel kills the
-CLI's process group with no chunk after the answer; its stream has the same shape as an
-openai turn's (§5.1) and its stats agree (§5.5)."""
+real CLI's stream-json: every mapping (thinking, text, signature lines, tool
+round-trips, usage, model, cost, resume; api_retry lines as provider.retry, §14) and
+every failure (error result, non-zero exit, malformed line, silence, max turns) end as
+CONTRACT §5 says; an API error ends in the CLI's own words with its result in `details`,
+stores no message of model "<synthetic>" and never names it the turn's model; a cancel
+kills the CLI's process group with no chunk after the answer; its stream has the same
+shape as an openai turn's (§5.1, a provider.retry where the CLI retried) and its stats
+agree (§5.5)."""
 
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ TOOL_CALLS = fake(calls=[
      "tools": [{"name": "Bash", "input": {"command": "echo out"}, "result": "out\n"}]},
     {"say": "x y z"},
 ], retries=2, model="claude-fake-9")
+# TOOL_CALLS' stream: an openai turn's, with the CLI's two retries before its first call.
+EXPECTED_CLI = [*EXPECTED[:2], "provider.retry", *EXPECTED[2:]]
 
 
 @pytest.fixture
@@ -67,7 +72,12 @@ async def test_stream_maps_to_the_same_events_as_openai(claude: Running) -> None
         body = (await claude.chat(TOOL_CALLS, agent="claude")).json()
         await rec.terminal(body["turnId"])
     stream = rec.stream(body["turnId"])
-    assert shape(stream) == EXPECTED
+    assert shape(stream) == EXPECTED_CLI
+    # §14: each api_retry line of the CLI, before the call it retried.
+    retries = [e["data"] for e in stream if e["eventType"] == "provider.retry"]
+    assert retries == [{"provider": "claude-cli", "model": "claude-fake-9", "attempt": n,
+                        "maxRetries": 10, "waitMs": 1, "status": 529, "error": "overloaded"}
+                       for n in (1, 2)]
     done = assert_one_terminal_last(stream)["data"]
     # §5.5: the model of its assistant messages; usage summed over its calls; its cost.
     assert done["model"] == body["model"] == "claude-fake-9"
@@ -140,7 +150,7 @@ async def test_home_overrides_the_workspace_as_its_home(
     ({"fail": "exit"}, "claude", "PROVIDER_ERROR", "the fake was told to crash"),
     ({"fail": "malformed"}, "claude", "PROVIDER_ERROR", "malformed claude-cli line"),
     ({"fail": "silent"}, "stalls", "PROVIDER_ERROR", "printed nothing for 0.5s"),
-    ({"fail": "max_turns"}, "claude", "MAX_ITERATIONS", "5"),
+    ({"fail": "max_turns"}, "claude", "MAX_ITERATIONS", "5"),  # it exits 1 then, as 2.1.332
 ])
 async def test_failures_end_in_error(
     claude: Running, spec: dict[str, Any], agent: str, code: str, words: str
@@ -153,6 +163,88 @@ async def test_failures_end_in_error(
     assert error["code"] == terminal["data"]["code"] == code
     assert words in terminal["data"]["message"]
     assert_one_terminal_last(rec.stream(terminal["turnId"]))
+
+
+# (spec, the CLI's words, status, the CLI's retries) as Claude Code 2.1.332 ends each.
+API_ERRORS = [
+    ({"fail": "not_logged_in"}, "Not logged in · Please run /login", None, 0),
+    ({"fail": "api_error"}, "API Error: 400 scripted failure 400", 400, 0),
+    ({"fail": "overloaded", "retries": 2}, "API Error: Repeated 529 Overloaded errors", 529, 2),
+]
+
+
+@pytest.mark.parametrize(("spec", "words", "status", "retries"), API_ERRORS,
+                         ids=["not_logged_in", "api_error_400", "overloaded_529"])
+async def test_an_api_error_ends_in_the_clis_words(
+    claude: Running, spec: dict[str, Any], words: str, status: int | None, retries: int
+) -> None:
+    """The CLI's result line says why (it exits 1): that is the terminal's message and
+    details, not "exited with code 1"; its synthetic assistant message is neither stored
+    nor published, and "<synthetic>" is not the turn's model."""
+    async with open_recorder(claude.ws_url) as rec:
+        r = await claude.chat(fake(**spec), agent="claude")
+        assert r.status_code == 502, r.text
+        error = r.json()["error"]
+        terminal = await rec.terminal(error["details"]["turnId"])
+    data = terminal["data"]
+    assert error["code"] == data["code"] == "PROVIDER_ERROR"
+    assert data["message"].startswith(f"claude-cli: {words}"), data["message"]
+    assert error["message"] == data["message"]
+    details = data["details"]
+    assert details["cliResult"].startswith(words)
+    assert (details["subtype"], details["exitCode"]) == ("success", 1)
+    assert details.get("status") == status
+    if retries:  # it gave up retrying: §14's shape of an exhausted call
+        assert (details["provider"], details["attempts"]) == ("claude-cli", retries + 1)
+    else:
+        assert "attempts" not in details
+    assert {k: error["details"][k] for k in details} == details
+    stream = rec.stream(terminal["turnId"])
+    assert_one_terminal_last(stream)
+    assert len([e for e in stream if e["eventType"] == "provider.retry"]) == retries
+    assert not [e for e in stream if e["eventType"] in CHUNKS | {"usage"}]
+    # No fake answer: the only message is the user's, stored and published.
+    assert [e["data"]["role"] for e in stream if e["eventType"] == "message"] == ["user"]
+    sid = terminal["sessionId"]
+    stored = (await claude.http.get(f"/sessions/{sid}/messages")).json()["messages"]
+    assert [m["role"] for m in stored] == ["user"]
+    assert data["model"] == data["session"]["model"] == "claude-fake"  # the agent's
+    session = await claude.http.get(f"/sessions/{sid}")
+    assert session.status_code == 200 and session.json()["id"] == sid
+    assert "<synthetic>" not in session.text and "<synthetic>" not in json.dumps(stream)
+
+
+async def test_an_api_error_after_a_tool_round_keeps_what_was_answered(
+    claude: Running
+) -> None:
+    """A later call fails: the calls before it are stored, their model is the turn's."""
+    spec = {"calls": [{"say": "run it", "tools": [
+        {"name": "Bash", "input": {"command": "ls"}, "result": "a.txt"}]}],
+        "fail": "api_error", "status": 400, "model": "claude-fake-9"}
+    async with open_recorder(claude.ws_url) as rec:
+        r = await claude.chat(fake(**spec), agent="claude")
+        assert r.status_code == 502, r.text
+        terminal = await rec.terminal(r.json()["error"]["details"]["turnId"])
+    data = terminal["data"]
+    assert data["message"] == "claude-cli: API Error: 400 scripted failure 400"
+    assert data["model"] == data["session"]["model"] == "claude-fake-9"
+    assert data["iterations"] == 1
+    stored = (await claude.http.get(f"/sessions/{terminal['sessionId']}/messages")).json()
+    assert [(m["role"], m["content"]) for m in stored["messages"]] == [
+        ("user", fake(**spec)), ("assistant", "run it"), ("tool", "a.txt")]
+
+
+async def test_no_stall_timeout_runs_during_the_clis_retry_wait(claude: Running) -> None:
+    """§14: the CLI says nothing while it waits the 1.5 s its api_retry line announced;
+    the agent's stall_timeout_s (0.5 s) does not run out in that wait."""
+    async with open_recorder(claude.ws_url) as rec:
+        r = await claude.chat(fake(retries=1, retry_delay_ms=1500), agent="stalls")
+        assert r.status_code == 200, r.text
+        await rec.terminal(r.json()["turnId"])
+    assert r.json()["content"] == "ok"
+    [retry] = [e["data"] for e in rec.stream(r.json()["turnId"])
+               if e["eventType"] == "provider.retry"]
+    assert (retry["waitMs"], retry["attempt"]) == (1500, 1)
 
 
 async def test_cancel_kills_the_cli_with_no_chunk_after(claude: Running, tmp_path: Path) -> None:
@@ -179,7 +271,7 @@ async def test_a_claude_child_of_an_openai_parent(claude: Running) -> None:
         await rec.terminal(body["turnId"])
     child = next(e["turnId"] for e in rec.stream() if e["eventType"] == "turn.start"
                  and e["depth"] == 1)
-    assert shape(rec.stream(child)) == EXPECTED
+    assert shape(rec.stream(child)) == EXPECTED_CLI
     assert body["content"] == "parent done" and not body["toolCalls"][0]["isError"]
 
 

@@ -11,8 +11,11 @@ else of the daemon's environment, its token and keys above all. Its stdout is on
 object per line; `StreamJson` maps them to engine events:
 
     system/init                      -> EngineSessionNamed (resumed by the next turn)
+    system/api_retry                 -> ProviderRetried (CONTRACT §14 provider.retry)
     stream_event text/thinking delta -> ContentDelta / ThinkingDelta, as they arrive
     assistant (one line per block)   -> collected into the call's message; its model
+    assistant, model "<synthetic>"   -> nothing: the CLI's own words (an API error), not
+                                        a model's answer; kept for the error's message
     stream_event message_start/delta -> the call's usage (input, cache; output)
     stream_event message_stop        -> UsageReport, MessageAppended, ToolStarted...
     user tool_result                 -> ToolOutput, ToolFinished, MessageAppended(tool)
@@ -20,8 +23,13 @@ object per line; `StreamJson` maps them to engine events:
 
 The CLI runs its own tools (veild's `tools` do not apply to it) and does not stream their
 output, so a tool's output is one `tool.chunk` when its result arrives. Lines of its own
-sub-agents (`parent_tool_use_id` set) are not part of this turn's stream. A non-zero
-exit, an error result, a malformed line, or silence longer than `stall_timeout_s` raise
+sub-agents (`parent_tool_use_id` set) are not part of this turn's stream. The CLI
+retries a failed API call itself, announcing each wait in an api_retry line: no stall
+timeout runs during the wait it announced. An error result raises ProviderError with
+the CLI's own words (`result`, else `errors`) as the message and its result in
+`details` (whatever the exit code: Claude Code 2.1.332 exits 1 on every error result,
+error_max_turns included, which raises MaxIterationsError); with no result line a
+non-zero exit, a malformed line, or silence longer than `stall_timeout_s` raise
 ProviderError; cancel (the turn closes this generator) kills the process group at once.
 """
 
@@ -32,7 +40,7 @@ from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import trio
 
@@ -46,6 +54,7 @@ from daemon.engines.base import (
     Finished,
     MessageAppended,
     ModelNamed,
+    ProviderRetried,
     ThinkingDelta,
     ToolFinished,
     ToolOutput,
@@ -63,7 +72,11 @@ from daemon.tools.base import ToolOutcome
 MAX_LINE = 16 * 1024 * 1024  # the init line lists every tool and command: tens of KB
 READ_SIZE = 64 * 1024
 STDERR_TAIL = 4096
+STDERR_FILE = ".claude-cli.stderr"  # in the workspace: what the CLI printed to stderr
 KILL_GRACE_S = 2.0
+CLOSE_GRACE_S = 5.0  # closing our copy of its stderr file, on a disk that may be slow
+PROVIDER = "claude-cli"  # who retries, in its provider.retry: the CLI, not a [providers.X]
+SYNTHETIC = "<synthetic>"  # the model of an assistant message the CLI wrote itself
 
 
 def _text(content: Any) -> str:
@@ -98,16 +111,26 @@ class StreamJson:
     running: dict[str, tuple[str, Any, float]] = field(default_factory=dict)
     result: dict[str, Any] | None = None
     now: float = 0.0
+    requested: str | None = None  # the model its init line names (until one answers)
+    said: str | None = None  # the text of its last synthetic message (an API error)
+    attempt: int = 0  # the retry the current call is on (0: none yet)
+    retry_wait_s: float = 0.0  # the wait the last line announced (0: none)
 
     def feed(self, line: dict[str, Any], now: float) -> list[EngineEvent]:
         """The events one line means; `now` times the CLI's tool calls."""
         self.now = now
+        self.retry_wait_s = 0.0
         kind = line.get("type")
         if line.get("parent_tool_use_id"):
             return []  # the CLI's own sub-agents: not this turn's stream
         if kind == "system" and line.get("subtype") == "init":
+            model = line.get("model")
+            if isinstance(model, str) and model:
+                self.requested = model
             sid = line.get("session_id")
             return [EngineSessionNamed(sid)] if isinstance(sid, str) and sid else []
+        if kind == "system" and line.get("subtype") == "api_retry":
+            return [self._retry(line)]
         if kind == "stream_event":
             return self._stream_event(line.get("event") or {})
         if kind == "assistant":
@@ -118,13 +141,28 @@ class StreamJson:
             events = self._flush()
             self.result = line
             return events
-        return []  # system status, thinking_tokens, api_retry, rate limits, ...
+        return []  # system status, thinking_tokens, rate limits, ...
+
+    def _retry(self, line: dict[str, Any]) -> ProviderRetried:
+        """The CLI waits, then asks again: `{attempt, max_retries, retry_delay_ms,
+        error_status, error}` as Claude Code 2.1.332 prints them."""
+        attempt, most = _int(line.get("attempt")), _int(line.get("max_retries"))
+        wait_ms = max(0, _int(line.get("retry_delay_ms")))
+        status = line.get("error_status")
+        error = line.get("error")
+        self.attempt = attempt
+        self.retry_wait_s = wait_ms / 1000
+        return ProviderRetried(
+            PROVIDER, self.model or self.requested or "", attempt, most, wait_ms,
+            status if isinstance(status, int) and not isinstance(status, bool) else None,
+            str(error) if error else "API error")
 
     def _stream_event(self, event: dict[str, Any]) -> list[EngineEvent]:
         kind = event.get("type")
         if kind == "message_start":
             events = self._flush()
             self.iterations += 1
+            self.attempt = 0  # the call was answered: a retry after this is the next call's
             usage = (event.get("message") or {}).get("usage") or {}
             self.call = _Call(
                 input=int(usage.get("input_tokens") or 0),
@@ -150,11 +188,18 @@ class StreamJson:
     def _assistant(self, message: dict[str, Any]) -> list[EngineEvent]:
         events: list[EngineEvent] = []
         model = message.get("model")
+        if model == SYNTHETIC:
+            # The CLI's own words ("Not logged in · Please run /login", "API Error: 400
+            # ..."): not an answer to store, nor a model that answered.
+            self.said = "".join(str(b.get("text", "")) for b in message.get("content") or ()
+                                if isinstance(b, dict) and b.get("type") == "text") or None
+            return events
         if isinstance(model, str) and model and model != self.model:
             self.model = model
             events.append(ModelNamed(model))
         if self.call is None:  # no stream events (not partial): the line is the call
             self.iterations += 1
+            self.attempt = 0
             usage = message.get("usage") or {}
             self.call = _Call(input=int(usage.get("input_tokens") or 0),
                               output=int(usage.get("output_tokens") or 0))
@@ -204,21 +249,62 @@ class StreamJson:
                 MessageRecord("tool", text, None, call_id, now_ms()), self.iterations))
         return events
 
-    def finish(self, max_turns: int) -> Finished:
-        """The run's end, from its result line (ProviderError if it failed)."""
+    def failed(self) -> bool:
+        """Whether its result line says the run failed."""
         result = self.result
-        if result is None:
-            raise ProviderError("claude-cli ended without a result line")
+        return result is not None and bool(
+            result.get("is_error") or result.get("subtype") != "success")
+
+    def lost_conversation(self, stderr: str) -> bool:
+        """Whether the run failed on a --resume of a conversation its HOME does not have."""
+        errors = (self.result or {}).get("errors")
+        said = " ".join(str(e) for e in errors) if isinstance(errors, list) else ""
+        return "No conversation found" in f"{said} {stderr}"
+
+    def finish(self, max_turns: int, exit_code: int = 0, stderr: str = "") -> Finished:
+        """The run's end, from its result line and its exit (raises if it failed)."""
+        result = self.result
+        if result is None or (exit_code != 0 and not self.failed()):
+            if exit_code == 0:
+                raise ProviderError("claude-cli ended without a result line")
+            details: dict[str, Any] = {"exitCode": exit_code}
+            if stderr:
+                details["stderr"] = stderr
+            raise ProviderError(f"claude-cli exited with code {exit_code}: {stderr}".rstrip(": "),
+                                details=details)
         if result.get("subtype") == "error_max_turns":
             raise MaxIterationsError(max_turns)
-        if result.get("is_error") or result.get("subtype") != "success":
-            status = result.get("api_error_status")
-            text = result.get("result") or result.get("subtype") or "error result"
-            raise ProviderError(f"claude-cli: {text}",
-                                status=status if isinstance(status, int) else None)
+        if self.failed():
+            raise self._error(result, exit_code, stderr)
         cost = result.get("total_cost_usd")
         return Finished(str(result.get("result") or ""), self.iterations,
                         float(cost) if isinstance(cost, int | float) else 0.0)
+
+    def _error(self, result: dict[str, Any], exit_code: int, stderr: str) -> ProviderError:
+        """An error result in the CLI's own words: its `result`, else its `errors`, else
+        its synthetic message, its stderr, its subtype."""
+        errors = result.get("errors")
+        listed = "; ".join(str(e) for e in errors if e) if isinstance(errors, list) else ""
+        said = result.get("result")
+        subtype = str(result.get("subtype") or "")
+        text = ((said if isinstance(said, str) else "") or listed or self.said or stderr
+                or subtype or "error result")
+        details: dict[str, Any] = {"cliResult": text, "subtype": subtype,
+                                   "exitCode": exit_code}
+        for key, name in (("api_error_type", "errorType"),
+                          ("terminal_reason", "terminalReason")):
+            if isinstance(result.get(key), str) and result[key]:
+                details[name] = result[key]
+        if self.attempt:  # it gave up retrying (CONTRACT §14's shape of an exhausted call)
+            details.update(provider=PROVIDER, attempts=self.attempt + 1)
+        status = result.get("api_error_status")
+        return ProviderError(
+            f"claude-cli: {text}", details=details,
+            status=status if isinstance(status, int) and not isinstance(status, bool) else None)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 class _Lines:
@@ -268,22 +354,35 @@ class ClaudeCliEngine:
             argv += ["--resume", resume]
         return argv + list(agent.args)
 
+    def _prepare(self, workspace: Path) -> tuple[Path, BinaryIO]:
+        """Its workspace and HOME made, its stderr file opened: file system calls that
+        can block (a slow or network disk), so run on a worker thread."""
+        workspace.mkdir(parents=True, exist_ok=True)
+        home = (self.agent.home or workspace).resolve()
+        home.mkdir(parents=True, exist_ok=True)
+        return home, (workspace / STDERR_FILE).open("wb")
+
     async def run(self, ctx: EngineContext) -> AsyncGenerator[EngineEvent, None]:
         message = ctx.history[-1].content if ctx.history else ""
-        ctx.workspace.mkdir(parents=True, exist_ok=True)
-        home = (self.agent.home or ctx.workspace).resolve()
-        home.mkdir(parents=True, exist_ok=True)
-        stderr_path = ctx.workspace / ".claude-cli.stderr"
+        stderr_path = ctx.workspace / STDERR_FILE
+        try:
+            home, stderr = await trio.to_thread.run_sync(self._prepare, ctx.workspace)
+        except OSError as exc:
+            raise ProviderError(f"cannot prepare claude-cli's workspace: {exc}") from exc
         env = tool_environment(self.agent, ctx.session_id, home)
         try:
-            with stderr_path.open("wb") as stderr:
-                process = await trio.lowlevel.open_process(
-                    self.argv(ctx.engine_session_id), cwd=ctx.workspace, env=env,
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                    start_new_session=True,  # own process group: cancel kills it all
-                )
+            process = await trio.lowlevel.open_process(
+                self.argv(ctx.engine_session_id), cwd=ctx.workspace, env=env,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                start_new_session=True,  # own process group: cancel kills it all
+            )
         except OSError as exc:
             raise ProviderError(f"cannot run {self.agent.command!r}: {exc}") from exc
+        finally:
+            # The child has its own copy. Ours is closed off the Trio thread too, bounded:
+            # a close that outlasts the grace finishes on its thread, unwaited.
+            with trio.move_on_after(CLOSE_GRACE_S, shield=True):
+                await trio.to_thread.run_sync(stderr.close, abandon_on_cancel=True)
         try:
             assert process.stdin is not None and process.stdout is not None
             try:
@@ -294,11 +393,13 @@ class ClaudeCliEngine:
             mapper = StreamJson()
             lines = _Lines(process.stdout)
             while True:
-                with trio.move_on_after(self.agent.stall_timeout_s) as waiting:
+                # CONTRACT §14: no stall timeout runs during a retry's wait: the CLI
+                # says nothing while it waits the time its api_retry line announced.
+                quiet_s = self.agent.stall_timeout_s + mapper.retry_wait_s
+                with trio.move_on_after(quiet_s) as waiting:
                     batch = await lines.next()
                 if waiting.cancelled_caught:
-                    raise ProviderError(
-                        f"claude-cli printed nothing for {self.agent.stall_timeout_s:g}s")
+                    raise ProviderError(f"claude-cli printed nothing for {quiet_s:g}s")
                 if batch is None:
                     break
                 now = trio.current_time()
@@ -315,16 +416,15 @@ class ClaudeCliEngine:
                 if failure is not None:
                     raise failure
             code = await process.wait()
-            if code != 0:
+            stderr_tail = ""
+            if code != 0 or mapper.failed():
                 # Off the Trio thread: a disk read can block (a CLI that wrote a lot).
                 stderr_tail = await trio.to_thread.run_sync(_tail, stderr_path)
-                if ctx.engine_session_id and "No conversation found" in stderr_tail:
-                    # Its HOME lost that conversation: say so, and let the next turn
-                    # start a new one instead of failing on it forever.
-                    yield EngineSessionNamed(None)
-                raise ProviderError(
-                    f"claude-cli exited with code {code}: {stderr_tail}".rstrip(": "))
-            yield mapper.finish(self.agent.max_iterations)
+            if ctx.engine_session_id and mapper.lost_conversation(stderr_tail):
+                # Its HOME lost that conversation: say so, and let the next turn
+                # start a new one instead of failing on it forever.
+                yield EngineSessionNamed(None)
+            yield mapper.finish(self.agent.max_iterations, code, stderr_tail)
         finally:
             await stop_group(process, KILL_GRACE_S)
 

@@ -505,6 +505,7 @@ class Turn:
             details: dict[str, Any] = {"status": first.status} if first.status else {}
             if isinstance(first, ModelCallFailed):  # CONTRACT §14
                 details.update(provider=first.provider, attempts=first.attempts)
+            details.update(first.details or {})
             return "PROVIDER_ERROR", first.message, details or None
         if isinstance(first, MaxIterationsError):
             return "MAX_ITERATIONS", str(first), {"maxIterations": first.limit}
