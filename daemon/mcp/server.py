@@ -28,15 +28,15 @@ from typing import Any
 import anyio
 import orjson
 import trio
-from mcp import ClientSession, McpError, StdioServerParameters, types
-from mcp.client.stdio import stdio_client
+from mcp import ClientSession, McpError, types
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 from daemon.clock import now_ms
 from daemon.config import McpServerConfig
-from daemon.mcp.names import model_name
-from daemon.toolenv import mcp_environment
+from daemon.mcp import bound
+from daemon.mcp.http import bounded_http_client
+from daemon.mcp.names import model_names
+from daemon.mcp.stdio import McpStats, stdio_transport
 from daemon.tools.base import ToolContext, ToolOutcome
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,12 @@ BACKOFF_MAX_S = 30.0
 STOP_S = 6.0
 # Sending `notifications/cancelled` after a cancel or timeout may take this long.
 CANCEL_NOTICE_S = 1.0
+# A Streamable HTTP server is pinged this often while ready; no answer within
+# PING_TIMEOUT_S (or an error) and it is down: its calls fail at once.
+PING_EVERY_S = 5.0
+PING_TIMEOUT_S = 5.0
+# How long a stdio server's exit code is waited for, to say why it went down.
+EXIT_CODE_S = 0.5
 
 Progress = Callable[[str], None]
 
@@ -104,15 +110,21 @@ def render_result(result: types.CallToolResult) -> ToolOutcome:
     return ToolOutcome("\n".join(parts), is_error=bool(result.isError))
 
 
+def needs_tasks(tool: types.Tool) -> bool:
+    """A tool that runs only as an MCP task (`execution.taskSupport` "required"): veild
+    does not speak tasks, so a plain call to it could only fail."""
+    return tool.execution is not None and tool.execution.taskSupport == "required"
+
+
 class McpServerTool:
     """A tool of an MCP server as an agent's tool (daemon/tools/base.Tool)."""
 
     concurrent = False  # nothing says a server's calls are independent of their order
 
-    def __init__(self, server: McpServer, tool: types.Tool) -> None:
+    def __init__(self, server: McpServer, tool: types.Tool, name: str) -> None:
         self.server = server
         self.tool_name = tool.name
-        self.name = model_name(server.name, tool.name)
+        self.name = name
         self.description = tool.description or ""
         self.parameters: dict[str, Any] = dict(tool.inputSchema)
 
@@ -145,6 +157,12 @@ class McpServer:
         self._scope: trio.CancelScope | None = None
         self._relist: trio.Event | None = None
         self.listed = False  # listed its tools at least once
+        self.stats = McpStats()
+        # Why the live connection ended, set the moment that is known (before its
+        # cleanup, which takes seconds): the calls it fails say it.
+        self._down: str | None = None
+        self._calls: set[trio.CancelScope] = set()
+        self._left_out: set[str] = set()  # tools not offered (logged once each)
 
     async def wait_started(self) -> None:
         """Until the server is not `starting` (at most startup_timeout_s)."""
@@ -162,9 +180,9 @@ class McpServer:
             ready = False
             try:
                 ready = await self._connect_and_serve()
-                error = "the server closed the connection"
+                error = self._down or "the server closed the connection"
             except Exception as exc:
-                error = describe(exc)
+                error = self._down or describe(exc)
                 if _leaf(exc).__class__ is trio.TooSlowError:
                     error = (f"did not start within {self.config.startup_timeout_s:g}s "
                              f"(startup_timeout_s)")
@@ -193,21 +211,16 @@ class McpServer:
         self._changed = trio.Event()
 
     @asynccontextmanager
-    async def _transport(self) -> AsyncIterator[tuple[Any, Any]]:
+    async def _transport(self) -> AsyncIterator[tuple[Any, Any, Any]]:
+        """(read, write, process or None)."""
         cfg = self.config
         if cfg.url is not None:
-            async with create_mcp_http_client(headers=dict(cfg.headers)) as http, \
+            async with bounded_http_client(cfg, self.stats) as http, \
                     streamable_http_client(cfg.url, http_client=http) as (read, write, _):
-                yield read, write
+                yield read, write, None
             return
-        assert cfg.command is not None
-        params = StdioServerParameters(
-            # CONTRACT §16: the SDK's default inherited set plus env / env_pass, not the
-            # daemon's environment (a server's tool could hand it to the model).
-            command=cfg.command, args=list(cfg.args), env=mcp_environment(cfg),
-            cwd=cfg.cwd)
-        async with stdio_client(params) as (read, write):
-            yield read, write
+        async with stdio_transport(cfg, self.stats) as transport:
+            yield transport
 
     async def _connect_and_serve(self) -> bool:
         """One connection: True if it got to `ready` before it ended."""
@@ -215,15 +228,16 @@ class McpServer:
             self._scope = scope
             if self._stop.is_set():
                 return False
+            self._down = None
             async with AsyncExitStack() as stack:
-                read, write = await stack.enter_async_context(self._transport())
+                read, write, process = await stack.enter_async_context(self._transport())
                 stack.push_async_callback(read.aclose)  # the HTTP transport leaves it open
                 died = trio.Event()
                 pumps = await stack.enter_async_context(trio.open_nursery())
                 stack.callback(pumps.cancel_scope.cancel)  # runs before the transport ends
                 watched_send, watched = anyio.create_memory_object_stream[Any](0)
                 stack.push_async_callback(watched.aclose)  # the session leaves it open
-                pumps.start_soon(_pump, read, watched_send, died)
+                pumps.start_soon(self._pump, read, watched_send, died, process)
                 session = await stack.enter_async_context(
                     ClientSession(watched, write, message_handler=self._on_message))
                 with trio.fail_after(self.config.startup_timeout_s):
@@ -236,8 +250,15 @@ class McpServer:
                 async with trio.open_nursery() as watch:
                     watch.start_soon(self._follow_list_changes, session)
                     watch.start_soon(_set_when, self._stop, died)
+                    if process is None:
+                        watch.start_soon(self._ping, session, died)
                     await died.wait()
                     watch.cancel_scope.cancel()
+                if not self._stop.is_set():
+                    # Down now, not once the cleanup below is over: a call meanwhile is
+                    # told why (it read "is down: None" while the status was "ready").
+                    self._set("failed", self._down or "the server closed the connection")
+                self._abort_calls()
                 self._session = None
             return True
         return False  # the stop deadline cut the cleanup short
@@ -270,7 +291,22 @@ class McpServer:
             cursor = page.nextCursor
             if not cursor:
                 break
-        self.tools = {t.name: t for t in (McpServerTool(self, tool) for tool in listed)}
+        usable: list[types.Tool] = []
+        for tool in listed:
+            if not needs_tasks(tool):
+                usable.append(tool)
+            elif tool.name not in self._left_out:
+                self._left_out.add(tool.name)
+                log.warning("MCP server %s: tool %r runs only as an MCP task "
+                            "(execution.taskSupport = \"required\"), which veild does not "
+                            "support: not offered", self.name, tool.name)
+        names, renamed = model_names(self.name, [t.name for t in usable])
+        for tool_name in renamed:
+            log.warning("MCP server %s: tool %r clashes with another after its name is "
+                        "made one the model can use: offered as %s", self.name, tool_name,
+                        names[tool_name])
+        self.tools = {t.name: t for t in (McpServerTool(self, tool, names[tool.name])
+                                          for tool in usable)}
         self.listed = True
         offered = {t.tool_name for t in self.tools.values()}
         for missing in sorted(self.wanted - offered):
@@ -286,7 +322,15 @@ class McpServer:
         if self.status == "starting":
             raise _Unavailable(f"MCP server {self.name} did not start within "
                                f"{self.config.startup_timeout_s:g}s (startup_timeout_s)")
-        raise _Unavailable(f"MCP server {self.name} is down: {self.error}")
+        raise _Unavailable(self._down_text())
+
+    def _down_text(self) -> str:
+        why = self._down or self.error or "the connection ended"
+        return f"MCP server {self.name} is down: {why}"
+
+    def _abort_calls(self) -> None:
+        for scope in self._calls:
+            scope.cancel()
 
     async def call(self, tool: str, arguments: dict[str, Any], on_progress: Progress
                    ) -> ToolOutcome:
@@ -303,23 +347,74 @@ class McpServer:
         # the id `notifications/cancelled` must name.
         request_id = session._request_id
         timeout = self.config.call_timeout_s
+        aborted = trio.CancelScope()  # cancelled when the server goes down
+        self._calls.add(aborted)
         try:
-            with trio.move_on_after(timeout) as deadline:
+            with aborted, trio.move_on_after(timeout) as deadline:
                 result = await session.call_tool(tool, arguments, progress_callback=progress)
         except trio.Cancelled:
             await _send_cancelled(session, request_id, "the caller cancelled")
             raise
         except McpError as exc:
+            if exc.error.code == types.CONNECTION_CLOSED or self._down is not None:
+                return ToolOutcome(self._down_text(), is_error=True)
             return ToolOutcome(f"MCP server {self.name}: {tool}: {exc.error.message}",
                                is_error=True)
         except Exception as exc:
+            if self._down is not None:
+                return ToolOutcome(self._down_text(), is_error=True)
             return ToolOutcome(f"MCP server {self.name}: {tool} failed: {describe(exc)}",
                                is_error=True)
+        finally:
+            self._calls.discard(aborted)
+        if aborted.cancelled_caught:
+            return ToolOutcome(self._down_text(), is_error=True)
         if deadline.cancelled_caught:
             await _send_cancelled(session, request_id, "timed out")
             return ToolOutcome(f"MCP server {self.name}: {tool} timed out after {timeout:g}s "
                                f"(call_timeout_s)", is_error=True)
-        return render_result(result)
+        outcome = render_result(result)
+        whole = (result.meta or {}).get(bound.CUT_KEY)
+        cut = bound.cut_text(outcome.content, self.config.max_result_bytes,
+                             whole if isinstance(whole, int) else None)
+        return ToolOutcome(cut, is_error=outcome.is_error)
+
+    # -- liveness -------------------------------------------------------------------------
+
+    async def _pump(self, source: Any, sink: Any, died: trio.Event,
+                    process: trio.Process | None) -> None:
+        """Forward the transport's messages to the session; when the transport ends (the
+        process exited, the connection dropped) the server is dead — why is set before
+        the session hears of it, so its failed calls can say."""
+        try:
+            async with sink:
+                try:
+                    async for item in source:
+                        await sink.send(item)
+                finally:
+                    if self._down is None and not self._stop.is_set():
+                        self._down = await _why_ended(process)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the session stopped reading: it is closing
+        finally:
+            died.set()
+
+    async def _ping(self, session: ClientSession, died: trio.Event) -> None:
+        """A Streamable HTTP server can die between calls without a stream to say so:
+        ask it now and then."""
+        while True:
+            await trio.sleep(PING_EVERY_S)
+            try:
+                with trio.fail_after(PING_TIMEOUT_S):
+                    await session.send_ping()
+            except Exception as exc:
+                why = ("no answer to a ping within "
+                       f"{PING_TIMEOUT_S:g}s" if isinstance(exc, trio.TooSlowError)
+                       else f"a ping failed: {describe(exc)}")
+                if self._down is None:
+                    self._down = why
+                died.set()
+                return
 
     def wire(self) -> dict[str, Any]:
         """This server in `GET /mcp` (CONTRACT §10)."""
@@ -336,17 +431,17 @@ class _Unavailable(Exception):
     pass
 
 
-async def _pump(source: Any, sink: Any, died: trio.Event) -> None:
-    """Forward the transport's messages to the session; when the transport ends (the
-    process exited, the connection dropped) the server is dead."""
-    try:
-        async with sink:
-            async for item in source:
-                await sink.send(item)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        pass  # the session stopped reading: it is closing
-    finally:
-        died.set()
+async def _why_ended(process: trio.Process | None) -> str:
+    if process is None:
+        return "the server closed the connection"
+    with trio.move_on_after(EXIT_CODE_S, shield=True):
+        await process.wait()
+    code = process.returncode
+    if code is None:
+        return "the server closed its stdout"
+    if code < 0:
+        return f"the process was killed by signal {-code}"
+    return f"the process ended with code {code}"
 
 
 async def _set_when(event: trio.Event, target: trio.Event) -> None:
