@@ -6,11 +6,17 @@ it (an httpx response hook, so the client's proxies and mounts are kept): a JSON
 an SSE line past `bound.line_cap` is not held; its start becomes the answer
 `bound.salvage` makes, for the request the POST carried. Timeouts are the SDK's
 (`create_mcp_http_client`: 30 s, 300 s to read a stream).
+
+A request that fails (connection refused), a response stream that breaks (the server
+died, the connection dropped) or the GET stream's end calls `on_broken` with the error:
+the server pings at once rather than at its next ping (daemon/mcp/server.py), and says
+that error when it is down — the SDK itself only retries the GET in silence and leaves a
+call whose stream broke waiting.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,6 +27,25 @@ from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TI
 from daemon.config import McpServerConfig
 from daemon.mcp import bound
 from daemon.mcp.stdio import McpStats, log
+
+Broken = Callable[[BaseException | None], None]
+
+
+class _Watched(httpx.AsyncBaseTransport):
+    """A transport whose failures are told to `on_broken` (then raised as they were)."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, on_broken: Broken) -> None:
+        self.inner, self.on_broken = inner, on_broken
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await self.inner.handle_async_request(request)
+        except Exception as exc:
+            self.on_broken(exc)
+            raise
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 def _requests_in(request: httpx.Request) -> dict[Any, str]:
@@ -38,9 +63,11 @@ def _requests_in(request: httpx.Request) -> dict[Any, str]:
 
 class _BoundedStream(httpx.AsyncByteStream):
     def __init__(self, inner: Any, sse: bool, cap: int, head: int,
-                 pending: dict[Any, str], server: str, stats: McpStats) -> None:
+                 pending: dict[Any, str], server: str, stats: McpStats,
+                 on_end: Callable[[], None] | None, on_broken: Broken) -> None:
         self.inner, self.sse, self.cap, self.head = inner, sse, cap, head
         self.pending, self.server, self.stats = pending, server, stats
+        self.on_end, self.on_broken = on_end, on_broken
 
     def _replacement(self, head: bytes, tail: bytes, whole: int) -> bytes | None:
         self.stats.oversized += 1
@@ -69,9 +96,14 @@ class _BoundedStream(httpx.AsyncByteStream):
                 chunk = await self._chunks.__anext__()
             except StopAsyncIteration:
                 self._ended = True
+                if self.on_end is not None:
+                    self.on_end()
                 last = self._last()
                 if last:
                     return last
+                raise
+            except Exception as exc:
+                self.on_broken(exc)
                 raise
             out = self._take(chunk)
             if out:
@@ -117,19 +149,26 @@ class _BoundedStream(httpx.AsyncByteStream):
 
 
 @asynccontextmanager
-async def bounded_http_client(cfg: McpServerConfig, stats: McpStats
-                              ) -> AsyncIterator[httpx.AsyncClient]:
+async def bounded_http_client(cfg: McpServerConfig, stats: McpStats,
+                              on_broken: Broken) -> AsyncIterator[httpx.AsyncClient]:
     cap = bound.line_cap(cfg.max_result_bytes)
     head = 2 * cfg.max_result_bytes + 1024
 
     async def bound_response(response: httpx.Response) -> None:
         sse = response.headers.get("content-type", "").lower().startswith(
             "text/event-stream")
+        on_end = (lambda: on_broken(None)) if response.request.method == "GET" else None
         response.stream = _BoundedStream(response.stream, sse, cap, head,
-                                         _requests_in(response.request), cfg.name, stats)
+                                         _requests_in(response.request), cfg.name, stats,
+                                         on_end, on_broken)
 
     async with httpx.AsyncClient(
             headers=dict(cfg.headers),
             timeout=httpx.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
             event_hooks={"response": [bound_response]}) as client:
+        # httpx has no public hook for a request that fails: its transports are wrapped
+        # (the default one and any proxy mount from the environment, so both are kept).
+        client._transport = _Watched(client._transport, on_broken)
+        client._mounts = {pattern: _Watched(mounted, on_broken) if mounted else mounted
+                          for pattern, mounted in client._mounts.items()}
         yield client

@@ -163,6 +163,8 @@ class McpServer:
         self._down: str | None = None
         self._calls: set[trio.CancelScope] = set()
         self._left_out: set[str] = set()  # tools not offered (logged once each)
+        self._poke = trio.Event()  # an HTTP stream broke: ping now
+        self._http_error: str | None = None  # the last HTTP failure, to say why it is down
 
     async def wait_started(self) -> None:
         """Until the server is not `starting` (at most startup_timeout_s)."""
@@ -215,7 +217,7 @@ class McpServer:
         """(read, write, process or None)."""
         cfg = self.config
         if cfg.url is not None:
-            async with bounded_http_client(cfg, self.stats) as http, \
+            async with bounded_http_client(cfg, self.stats, self._poke_now) as http, \
                     streamable_http_client(cfg.url, http_client=http) as (read, write, _):
                 yield read, write, None
             return
@@ -228,7 +230,8 @@ class McpServer:
             self._scope = scope
             if self._stop.is_set():
                 return False
-            self._down = None
+            self._down = self._http_error = None
+            self._poke = trio.Event()
             async with AsyncExitStack() as stack:
                 read, write, process = await stack.enter_async_context(self._transport())
                 stack.push_async_callback(read.aclose)  # the HTTP transport leaves it open
@@ -247,21 +250,42 @@ class McpServer:
                 self._session = session
                 self._set("ready")
                 log.info("MCP server %s ready: %d tool(s)", self.name, len(self.tools))
-                async with trio.open_nursery() as watch:
-                    watch.start_soon(self._follow_list_changes, session)
-                    watch.start_soon(_set_when, self._stop, died)
-                    if process is None:
-                        watch.start_soon(self._ping, session, died)
-                    await died.wait()
-                    watch.cancel_scope.cancel()
-                if not self._stop.is_set():
-                    # Down now, not once the cleanup below is over: a call meanwhile is
-                    # told why (it read "is down: None" while the status was "ready").
-                    self._set("failed", self._down or "the server closed the connection")
-                self._abort_calls()
-                self._session = None
+                try:
+                    async with trio.open_nursery() as watch:
+                        watch.start_soon(self._follow_list_changes, session)
+                        watch.start_soon(_set_when, self._stop, died)
+                        if process is None:
+                            watch.start_soon(self._ping, session, died)
+                        await died.wait()
+                        watch.cancel_scope.cancel()
+                finally:
+                    # Also when the SDK's HTTP transport fails a request and cancels
+                    # everything here: its session then tells no waiting call.
+                    self._went_down()
             return True
         return False  # the stop deadline cut the cleanup short
+
+    async def probe(self) -> list[str]:
+        """Connect once, initialize, list the tools and stop (`veild doctor`): the tools
+        by the names the model would see. Raises `ProbeFailed` saying why."""
+        limit = self.config.startup_timeout_s
+        process: trio.Process | None = None
+        try:
+            with trio.fail_after(limit + STOP_S):
+                async with self._transport() as (read, write, process), \
+                        ClientSession(read, write) as session:
+                    with trio.fail_after(limit):
+                        await session.initialize()
+                        await self._list_tools(session)
+        except Exception as exc:
+            if _leaf(exc).__class__ is trio.TooSlowError:
+                raise ProbeFailed(f"did not start within {limit:g}s (startup_timeout_s)"
+                                  ) from exc
+            why = self._http_error or describe(exc)
+            if process is not None and process.returncode is not None:
+                why = await _why_ended(process) or why
+            raise ProbeFailed(why) from exc
+        return sorted(self.tools)
 
     async def _on_message(self, message: Any) -> None:
         # Runs in the session's receive loop: a request from here would wait on itself.
@@ -328,7 +352,15 @@ class McpServer:
         why = self._down or self.error or "the connection ended"
         return f"MCP server {self.name} is down: {why}"
 
-    def _abort_calls(self) -> None:
+    def _went_down(self) -> None:
+        """The live connection ended: down now, not once its cleanup (seconds) is over,
+        and each call waiting on it fails at once saying why (it read "is down: None",
+        or waited out call_timeout_s)."""
+        self._session = None
+        if self._down is None:
+            self._down = self._http_error or "the server closed the connection"
+        if not self._stop.is_set():
+            self._set("failed", self._down)
         for scope in self._calls:
             scope.cancel()
 
@@ -351,7 +383,7 @@ class McpServer:
         self._calls.add(aborted)
         try:
             with aborted, trio.move_on_after(timeout) as deadline:
-                result = await session.call_tool(tool, arguments, progress_callback=progress)
+                result = await _call_tool(session, tool, arguments, progress)
         except trio.Cancelled:
             await _send_cancelled(session, request_id, "the caller cancelled")
             raise
@@ -374,9 +406,8 @@ class McpServer:
             return ToolOutcome(f"MCP server {self.name}: {tool} timed out after {timeout:g}s "
                                f"(call_timeout_s)", is_error=True)
         outcome = render_result(result)
-        whole = (result.meta or {}).get(bound.CUT_KEY)
-        cut = bound.cut_text(outcome.content, self.config.max_result_bytes,
-                             whole if isinstance(whole, int) else None)
+        whole = _cut_from(result)
+        cut = bound.cut_text(outcome.content, self.config.max_result_bytes, whole)
         return ToolOutcome(cut, is_error=outcome.is_error)
 
     # -- liveness -------------------------------------------------------------------------
@@ -399,11 +430,19 @@ class McpServer:
         finally:
             died.set()
 
+    def _poke_now(self, error: BaseException | None) -> None:
+        """An HTTP request or stream of this server's failed (error) or ended (None)."""
+        if error is not None:
+            self._http_error = describe(error)
+        self._poke.set()
+
     async def _ping(self, session: ClientSession, died: trio.Event) -> None:
         """A Streamable HTTP server can die between calls without a stream to say so:
         ask it now and then."""
         while True:
-            await trio.sleep(PING_EVERY_S)
+            with trio.move_on_after(PING_EVERY_S):
+                await self._poke.wait()
+            self._poke = trio.Event()
             try:
                 with trio.fail_after(PING_TIMEOUT_S):
                     await session.send_ping()
@@ -431,9 +470,32 @@ class _Unavailable(Exception):
     pass
 
 
-async def _why_ended(process: trio.Process | None) -> str:
+class ProbeFailed(Exception):
+    pass
+
+
+def _cut_from(result: types.CallToolResult) -> int | None:
+    """The size of the server's message when the transport cut it (daemon/mcp/bound.py)."""
+    whole = (result.meta or {}).get(bound.CUT_KEY)
+    return whole if isinstance(whole, int) else None
+
+
+async def _call_tool(session: ClientSession, tool: str, arguments: dict[str, Any],
+                     progress: Any) -> types.CallToolResult:
+    """`session.call_tool`, except that a result the transport cut is not checked
+    against the tool's output schema: its structured content was cut away."""
+    result = await session.send_request(
+        types.ClientRequest(types.CallToolRequest(
+            params=types.CallToolRequestParams(name=tool, arguments=arguments))),
+        types.CallToolResult, progress_callback=progress)
+    if not result.isError and _cut_from(result) is None:
+        await session._validate_tool_result(tool, result)
+    return result
+
+
+async def _why_ended(process: trio.Process | None) -> str | None:
     if process is None:
-        return "the server closed the connection"
+        return None  # HTTP: what failed last says it (McpServer._went_down)
     with trio.move_on_after(EXIT_CODE_S, shield=True):
         await process.wait()
     code = process.returncode
