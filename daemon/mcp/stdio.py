@@ -79,6 +79,11 @@ class NoiseLog:
         if trio.current_time() >= self._next_summary:
             self.flush()
 
+    def flush_due(self) -> None:
+        """The summary of a burst that stopped: called now and then."""
+        if self._unlogged and trio.current_time() >= self._next_summary:
+            self.flush()
+
     def flush(self) -> None:
         if self._unlogged:
             log.warning("MCP server %s: %d more non-JSON line(s) on stdout ignored "
@@ -132,21 +137,23 @@ async def stdio_transport(cfg: McpServerConfig, stats: McpStats
                 line = item.message.model_dump_json(by_alias=True, exclude_none=True)
                 await process.stdin.send_all(line.encode() + b"\n")
 
-    async def watch_tree() -> None:
+    async def every_while() -> None:
         while True:
             known.update(proctree.descendants(process.pid))
+            noise.flush_due()
             await trio.sleep(TREE_EVERY_S)
 
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_quiet, reader)
             nursery.start_soon(_quiet, writer)
-            nursery.start_soon(watch_tree)
+            nursery.start_soon(every_while)
             try:
                 yield read, write, process
             finally:
                 nursery.cancel_scope.cancel()
     finally:
+        noise.flush()
         with trio.CancelScope(shield=True):
             await _stop(process, known)
             for stream in (read, write, read_writer, write_reader):
