@@ -357,7 +357,9 @@ class McpServer:
         and each call waiting on it fails at once saying why (it read "is down: None",
         or waited out call_timeout_s)."""
         self._session = None
-        if self._down is None:
+        if self._stop.is_set():
+            self._down = "the daemon is stopping its MCP servers"
+        elif self._down is None:
             self._down = self._http_error or "the server closed the connection"
         if not self._stop.is_set():
             self._set("failed", self._down)

@@ -46,6 +46,9 @@ TREE_EVERY_S = 2.0
 NOISE_FIRST = 5          # non-JSON lines logged one by one …
 NOISE_EVERY_S = 10.0     # … then one summary line at most this often
 NOISE_PREVIEW = 200
+# Requests sent and not answered, remembered to match an over-long answer to its request
+# (a cancelled call may never be answered: the oldest are forgotten past this many).
+PENDING_KEPT = 1024
 
 
 @dataclass
@@ -134,6 +137,8 @@ async def stdio_transport(cfg: McpServerConfig, stats: McpStats
                 root = item.message.root
                 if isinstance(root, types.JSONRPCRequest):
                     pending[root.id] = root.method
+                    if len(pending) > PENDING_KEPT:  # one the server never answered
+                        del pending[next(iter(pending))]
                 line = item.message.model_dump_json(by_alias=True, exclude_none=True)
                 await process.stdin.send_all(line.encode() + b"\n")
 
