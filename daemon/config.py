@@ -30,6 +30,7 @@ TOOL_NAMES = ("bash", "agent_spawn", "agent_message")
 # CONTRACT §10: an MCP server's name: lowercase letters, digits, - and _, no "__" (the
 # separator of the NAME__TOOL names the model sees).
 MCP_NAME = re.compile(r"[a-z0-9_-]+")
+MAX_RESULT_BYTES_LIMIT = 64 << 20
 LOG_FORMATS = ("text", "json")
 SANDBOX_MODES = ("auto", "bwrap", "none")  # CONTRACT §16
 # An environment variable's name, as `env` / `env_pass` take it.
@@ -186,6 +187,9 @@ class McpServerConfig:
     # CONTRACT §16: names copied from the daemon's environment (when set) into a stdio
     # server's, on top of the MCP SDK's default inherited set and `env`.
     env_pass: tuple[str, ...] = ()
+    # A tool result's text is cut to this (with a note), and no message of the server's
+    # is read whole past 4 x this (at least 1 MiB): daemon/mcp/bound.py.
+    max_result_bytes: int = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -524,9 +528,11 @@ def _mcp_server(file: str, name: str, table: Any, base: Path) -> McpServerConfig
     prefix = f"mcp.{name}"
     if not isinstance(table, dict):
         raise ConfigError(file, prefix, "must be a table")
-    if not MCP_NAME.fullmatch(name) or "__" in name:
+    if not MCP_NAME.fullmatch(name) or "__" in name or name.endswith("_"):
+        # No "__" and no "_" at the end: the model's NAME__TOOL then splits at its first
+        # "__", so two servers' tools never get the same name (daemon/mcp/names.py).
         raise ConfigError(file, prefix, "a server name is lowercase letters, digits, - and _ "
-                                        "(no '__')")
+                                        "(no '__', not ending in '_')")
     r = _Reader(file, prefix, table)
     command = r.get("command", str, None)
     url = r.get("url", str, None)
@@ -549,7 +555,11 @@ def _mcp_server(file: str, name: str, table: Any, base: Path) -> McpServerConfig
         startup_timeout_s=r.positive_seconds("startup_timeout_s", 30.0),
         call_timeout_s=r.positive_seconds("call_timeout_s", 300.0),
         env_pass=_env_names(r, "env_pass"),
+        max_result_bytes=r.positive_int("max_result_bytes", 256 * 1024),
     )
+    if cfg.max_result_bytes > MAX_RESULT_BYTES_LIMIT:
+        raise r.fail("max_result_bytes", f"must be at most {MAX_RESULT_BYTES_LIMIT}, got "
+                                         f"{cfg.max_result_bytes}")
     if url is not None and (cfg.args or cfg.env or cfg.env_pass):
         key = "args" if cfg.args else "env" if cfg.env else "env_pass"
         raise r.fail(key, "only for a stdio server (command)")

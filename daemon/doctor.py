@@ -1,8 +1,9 @@
 """`veild doctor` (CONTRACT §12): checks what `veild serve` will need, from the config
-read locally, without starting anything: the config itself, the data dir writable, each
-provider and MCP server reachable, the claude CLI found, the sandbox that bash calls
-will get (CONTRACT §16), and the daemon at `--url` when given. One line per check; the
-exit code says whether any failed."""
+read locally: the config itself, the data dir writable, each provider reachable, each
+MCP server started (a stdio one's process, a Streamable HTTP one connected to),
+initialized and its tools listed — then stopped, the claude CLI found, the sandbox that
+bash calls will get (CONTRACT §16), and the daemon at `--url` when given. One line per
+check (an MCP server's lists its tools); the exit code says whether any failed."""
 
 from __future__ import annotations
 
@@ -18,13 +19,21 @@ import httpx
 import trio
 
 from daemon.cli_http import error_line, headers
-from daemon.config import Config, load_config, resolve_config_path
+from daemon.config import Config, McpServerConfig, load_config, resolve_config_path
 from daemon.errors import ConfigError
 from daemon.sandbox import INSTALL_HINT, find_bwrap, opted_out
 
 CONNECT_TIMEOUT_S = 3.0
+TOOLS_SHOWN = 20
 
-Check = tuple[str, Callable[[], str | None]]  # name, then None (ok) or why it failed
+
+
+class Passed(str):
+    """What a check that passed has to say (`ok: …`)."""
+
+
+# name, then None or Passed (ok) or why it failed
+Check = tuple[str, Callable[[], str | None]]
 
 
 def tcp_check(url: str) -> str | None:
@@ -64,6 +73,26 @@ def command_check(command: str) -> str | None:
     return None if shutil.which(command) else f"{command!r} is not on PATH"
 
 
+def mcp_check(server: McpServerConfig) -> str | None:
+    """Start the server as `veild serve` would, list its tools, stop it."""
+    if server.command is not None:
+        why = command_check(server.command)
+        if why is not None:
+            return why
+    elif server.url is not None:
+        why = tcp_check(server.url)
+        if why is not None:
+            return why
+    from daemon.mcp.server import McpServer, ProbeFailed  # the SDK: only when used
+
+    try:
+        tools = trio.run(McpServer(server).probe)
+    except ProbeFailed as exc:
+        return str(exc)
+    shown = ", ".join(tools[:TOOLS_SHOWN]) + (", …" if len(tools) > TOOLS_SHOWN else "")
+    return Passed(f"{len(tools)} tool(s): {shown}" if tools else "no tools")
+
+
 def daemon_check(url: str) -> str | None:
     try:
         with httpx.Client(base_url=url, headers=headers(), timeout=CONNECT_TIMEOUT_S) as c:
@@ -101,11 +130,8 @@ def checks(config: Config, url: str | None) -> Iterator[Check]:
             continue  # served in-process by `veild mock-provider`: nothing to reach
         yield f"provider {p.name} ({p.base_url})", lambda p=p: tcp_check(p.base_url)  # type: ignore[misc]
     for m in config.mcp.values():
-        if m.command is not None:
-            yield (f"mcp {m.name} (stdio: {m.command})",
-                   lambda m=m: command_check(m.command or ""))  # type: ignore[misc]
-        elif m.url is not None:
-            yield f"mcp {m.name} ({m.url})", lambda m=m: tcp_check(m.url or "")  # type: ignore[misc]
+        where = f"stdio: {m.command}" if m.command is not None else m.url
+        yield f"mcp {m.name} ({where})", lambda m=m: mcp_check(m)  # type: ignore[misc]
     for a in config.agents.values():
         if a.engine == "claude-cli":
             yield (f"agent {a.name}: claude CLI ({a.command})",
@@ -136,9 +162,11 @@ def run(config_path: str | None, url: str | None) -> int:
         failed.append("sandbox")
     for name, check in checks(config, url):
         why = check()
-        print(f"{name}: {'ok' if why is None else 'FAIL: ' + why}", flush=True)
-        if why is not None:
-            failed.append(name)
+        if why is None or isinstance(why, Passed):
+            print(f"{name}: ok{': ' + why if why else ''}", flush=True)
+            continue
+        print(f"{name}: FAIL: {why}", flush=True)
+        failed.append(name)
     if failed:
         print(f"doctor: {len(failed)} failed: {', '.join(failed)}")
         return 1

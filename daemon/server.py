@@ -319,6 +319,9 @@ async def _serve(
             loop_lag = LoopLag(metrics.loop_lag.set)
             await services.start(loop_lag.serve)
             mcp = McpManager(config.mcp, config.agents.values())
+            metrics.add("veild_mcp_non_json_lines_total", "counter", "Lines MCP stdio "
+                        "servers wrote to stdout that were not JSON-RPC (ignored).",
+                        mcp.non_json_lines)
             await services.start(mcp.serve)  # each server connects in the background
             mock_roots: dict[str, str] = {}
             for name, provider in config.providers.items():

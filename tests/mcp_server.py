@@ -8,8 +8,12 @@ Environment: MCP_TEST_RECORD (a file each cancellation the server receives, and 
 start, is appended to), MCP_TEST_START_DELAY (seconds to wait before serving: a slow
 start), MCP_TEST_FAIL_START (exit 3 at once: a server that cannot start), MCP_TEST_FAIL_IF_EXISTS
 (exit 3 at once if that file exists: a server whose restarts fail), MCP_TEST_ECHO
-(any value: reported by the `where` tool with the cwd). The `get_env` tool (like
-server-everything's `get-env`) returns the whole environment it was started with.
+(any value: reported by the `where` tool with the cwd), MCP_TEST_GARBAGE (that many
+non-JSON lines written to stdout before serving), MCP_TEST_COLLIDE (any value: two more
+tools, `a.b` and `a_b`, whose names are one after mangling), MCP_TEST_TASKS (any value:
+two more tools whose `execution.taskSupport` is "required" and "optional"). The `get_env`
+tool (like server-everything's `get-env`) returns the whole environment it was started
+with.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 
 import anyio
+from mcp import types
 from mcp.server.fastmcp import Context, FastMCP
 
 RECORD = os.environ.get("MCP_TEST_RECORD")
@@ -32,7 +38,15 @@ def record(line: str) -> None:
             f.write(line + "\n")
 
 
-app = FastMCP("testsrv")
+class TestServer(FastMCP):
+    async def list_tools(self) -> list[types.Tool]:
+        # FastMCP has no way to declare `execution`: set it on the listed tools.
+        return [tool.model_copy(update={"execution": TASKS.get(tool.name)})
+                for tool in await super().list_tools()]
+
+
+TASKS: dict[str, types.ToolExecution] = {}
+app = TestServer("testsrv")
 
 
 @app.tool()
@@ -81,6 +95,22 @@ async def where() -> str:
     return f"cwd={os.getcwd()} echo={os.environ.get('MCP_TEST_ECHO', '')}"
 
 
+@app.tool()
+async def big(size: int) -> str:
+    """A text result of `size` bytes: "0123456789" repeated, then cut."""
+    return ("0123456789" * (size // 10 + 1))[:size]
+
+
+@app.tool()
+async def spawn_setsid() -> str:
+    """Start a `sleep` in a new session (out of the server's process group); its pid is
+    recorded as "grandchild PID" and returned."""
+    child = subprocess.Popen(["setsid", "sleep", "300"], stdin=subprocess.DEVNULL,  # noqa: ASYNC220  # noqa: ASYNC220
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    record(f"grandchild {child.pid}")
+    return str(child.pid)
+
+
 def started_environment() -> dict[str, str]:
     """The environment this process was started with (/proc/self/environ where there is
     one: Python may add LC_CTYPE to os.environ itself, PEP 538)."""
@@ -119,8 +149,40 @@ async def odd() -> str:
     return "odd"
 
 
+def optional_tools() -> None:
+    if os.environ.get("MCP_TEST_COLLIDE"):
+        async def dotted() -> str:
+            """The tool named a.b."""
+            return "dotted"
+
+        async def underscored() -> str:
+            """The tool named a_b."""
+            return "underscored"
+
+        app.add_tool(dotted, name="a.b")
+        app.add_tool(underscored, name="a_b")
+    if os.environ.get("MCP_TEST_TASKS"):
+        async def needs_task() -> str:
+            """Runs only as an MCP task."""
+            return "as a task"
+
+        async def may_task() -> str:
+            """Runs as a task or not."""
+            return "either way"
+
+        app.add_tool(needs_task, name="needs_task")
+        app.add_tool(may_task, name="may_task")
+        TASKS["needs_task"] = types.ToolExecution(taskSupport="required")
+        TASKS["may_task"] = types.ToolExecution(taskSupport="optional")
+
+
 def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
+    optional_tools()
+    garbage = int(os.environ.get("MCP_TEST_GARBAGE") or 0)
+    for i in range(garbage):  # a server that logs to stdout: not JSON-RPC
+        sys.stdout.write(f"debug: starting up, line {i} of {garbage} (not JSON-RPC)\n")
+    sys.stdout.flush()
     marker = os.environ.get("MCP_TEST_FAIL_IF_EXISTS")
     if os.environ.get("MCP_TEST_FAIL_START") or (marker and os.path.exists(marker)):
         print("cannot start: MCP_TEST_FAIL_START is set", file=sys.stderr)

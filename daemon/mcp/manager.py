@@ -87,5 +87,9 @@ class McpManager:
                 out += sorted(self.tools_for(spec))
         return out
 
+    def non_json_lines(self) -> int:
+        """Stdout lines of every stdio server that were not JSON-RPC (GET /metrics)."""
+        return sum(s.stats.non_json_lines for s in self.servers.values())
+
     def wire(self) -> dict[str, Any]:
         return {"servers": [s.wire() for s in self.servers.values()]}

@@ -28,15 +28,15 @@ from typing import Any
 import anyio
 import orjson
 import trio
-from mcp import ClientSession, McpError, StdioServerParameters, types
-from mcp.client.stdio import stdio_client
+from mcp import ClientSession, McpError, types
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 from daemon.clock import now_ms
 from daemon.config import McpServerConfig
-from daemon.mcp.names import model_name
-from daemon.toolenv import mcp_environment
+from daemon.mcp import bound
+from daemon.mcp.http import bounded_http_client
+from daemon.mcp.names import model_names
+from daemon.mcp.stdio import McpStats, stdio_transport
 from daemon.tools.base import ToolContext, ToolOutcome
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,12 @@ BACKOFF_MAX_S = 30.0
 STOP_S = 6.0
 # Sending `notifications/cancelled` after a cancel or timeout may take this long.
 CANCEL_NOTICE_S = 1.0
+# A Streamable HTTP server is pinged this often while ready; no answer within
+# PING_TIMEOUT_S (or an error) and it is down: its calls fail at once.
+PING_EVERY_S = 5.0
+PING_TIMEOUT_S = 5.0
+# How long a stdio server's exit code is waited for, to say why it went down.
+EXIT_CODE_S = 0.5
 
 Progress = Callable[[str], None]
 
@@ -104,15 +110,21 @@ def render_result(result: types.CallToolResult) -> ToolOutcome:
     return ToolOutcome("\n".join(parts), is_error=bool(result.isError))
 
 
+def needs_tasks(tool: types.Tool) -> bool:
+    """A tool that runs only as an MCP task (`execution.taskSupport` "required"): veild
+    does not speak tasks, so a plain call to it could only fail."""
+    return tool.execution is not None and tool.execution.taskSupport == "required"
+
+
 class McpServerTool:
     """A tool of an MCP server as an agent's tool (daemon/tools/base.Tool)."""
 
     concurrent = False  # nothing says a server's calls are independent of their order
 
-    def __init__(self, server: McpServer, tool: types.Tool) -> None:
+    def __init__(self, server: McpServer, tool: types.Tool, name: str) -> None:
         self.server = server
         self.tool_name = tool.name
-        self.name = model_name(server.name, tool.name)
+        self.name = name
         self.description = tool.description or ""
         self.parameters: dict[str, Any] = dict(tool.inputSchema)
 
@@ -145,6 +157,14 @@ class McpServer:
         self._scope: trio.CancelScope | None = None
         self._relist: trio.Event | None = None
         self.listed = False  # listed its tools at least once
+        self.stats = McpStats()
+        # Why the live connection ended, set the moment that is known (before its
+        # cleanup, which takes seconds): the calls it fails say it.
+        self._down: str | None = None
+        self._calls: set[trio.CancelScope] = set()
+        self._left_out: set[str] = set()  # tools not offered (logged once each)
+        self._poke = trio.Event()  # an HTTP stream broke: ping now
+        self._http_error: str | None = None  # the last HTTP failure, to say why it is down
 
     async def wait_started(self) -> None:
         """Until the server is not `starting` (at most startup_timeout_s)."""
@@ -162,9 +182,9 @@ class McpServer:
             ready = False
             try:
                 ready = await self._connect_and_serve()
-                error = "the server closed the connection"
+                error = self._down or "the server closed the connection"
             except Exception as exc:
-                error = describe(exc)
+                error = self._down or describe(exc)
                 if _leaf(exc).__class__ is trio.TooSlowError:
                     error = (f"did not start within {self.config.startup_timeout_s:g}s "
                              f"(startup_timeout_s)")
@@ -193,21 +213,16 @@ class McpServer:
         self._changed = trio.Event()
 
     @asynccontextmanager
-    async def _transport(self) -> AsyncIterator[tuple[Any, Any]]:
+    async def _transport(self) -> AsyncIterator[tuple[Any, Any, Any]]:
+        """(read, write, process or None)."""
         cfg = self.config
         if cfg.url is not None:
-            async with create_mcp_http_client(headers=dict(cfg.headers)) as http, \
+            async with bounded_http_client(cfg, self.stats, self._poke_now) as http, \
                     streamable_http_client(cfg.url, http_client=http) as (read, write, _):
-                yield read, write
+                yield read, write, None
             return
-        assert cfg.command is not None
-        params = StdioServerParameters(
-            # CONTRACT §16: the SDK's default inherited set plus env / env_pass, not the
-            # daemon's environment (a server's tool could hand it to the model).
-            command=cfg.command, args=list(cfg.args), env=mcp_environment(cfg),
-            cwd=cfg.cwd)
-        async with stdio_client(params) as (read, write):
-            yield read, write
+        async with stdio_transport(cfg, self.stats) as transport:
+            yield transport
 
     async def _connect_and_serve(self) -> bool:
         """One connection: True if it got to `ready` before it ended."""
@@ -215,15 +230,17 @@ class McpServer:
             self._scope = scope
             if self._stop.is_set():
                 return False
+            self._down = self._http_error = None
+            self._poke = trio.Event()
             async with AsyncExitStack() as stack:
-                read, write = await stack.enter_async_context(self._transport())
+                read, write, process = await stack.enter_async_context(self._transport())
                 stack.push_async_callback(read.aclose)  # the HTTP transport leaves it open
                 died = trio.Event()
                 pumps = await stack.enter_async_context(trio.open_nursery())
                 stack.callback(pumps.cancel_scope.cancel)  # runs before the transport ends
                 watched_send, watched = anyio.create_memory_object_stream[Any](0)
                 stack.push_async_callback(watched.aclose)  # the session leaves it open
-                pumps.start_soon(_pump, read, watched_send, died)
+                pumps.start_soon(self._pump, read, watched_send, died, process)
                 session = await stack.enter_async_context(
                     ClientSession(watched, write, message_handler=self._on_message))
                 with trio.fail_after(self.config.startup_timeout_s):
@@ -233,14 +250,42 @@ class McpServer:
                 self._session = session
                 self._set("ready")
                 log.info("MCP server %s ready: %d tool(s)", self.name, len(self.tools))
-                async with trio.open_nursery() as watch:
-                    watch.start_soon(self._follow_list_changes, session)
-                    watch.start_soon(_set_when, self._stop, died)
-                    await died.wait()
-                    watch.cancel_scope.cancel()
-                self._session = None
+                try:
+                    async with trio.open_nursery() as watch:
+                        watch.start_soon(self._follow_list_changes, session)
+                        watch.start_soon(_set_when, self._stop, died)
+                        if process is None:
+                            watch.start_soon(self._ping, session, died)
+                        await died.wait()
+                        watch.cancel_scope.cancel()
+                finally:
+                    # Also when the SDK's HTTP transport fails a request and cancels
+                    # everything here: its session then tells no waiting call.
+                    self._went_down()
             return True
         return False  # the stop deadline cut the cleanup short
+
+    async def probe(self) -> list[str]:
+        """Connect once, initialize, list the tools and stop (`veild doctor`): the tools
+        by the names the model would see. Raises `ProbeFailed` saying why."""
+        limit = self.config.startup_timeout_s
+        process: trio.Process | None = None
+        try:
+            with trio.fail_after(limit + STOP_S):
+                async with self._transport() as (read, write, process), \
+                        ClientSession(read, write) as session:
+                    with trio.fail_after(limit):
+                        await session.initialize()
+                        await self._list_tools(session)
+        except Exception as exc:
+            if _leaf(exc).__class__ is trio.TooSlowError:
+                raise ProbeFailed(f"did not start within {limit:g}s (startup_timeout_s)"
+                                  ) from exc
+            why = self._http_error or describe(exc)
+            if process is not None and process.returncode is not None:
+                why = await _why_ended(process) or why
+            raise ProbeFailed(why) from exc
+        return sorted(self.tools)
 
     async def _on_message(self, message: Any) -> None:
         # Runs in the session's receive loop: a request from here would wait on itself.
@@ -270,7 +315,22 @@ class McpServer:
             cursor = page.nextCursor
             if not cursor:
                 break
-        self.tools = {t.name: t for t in (McpServerTool(self, tool) for tool in listed)}
+        usable: list[types.Tool] = []
+        for tool in listed:
+            if not needs_tasks(tool):
+                usable.append(tool)
+            elif tool.name not in self._left_out:
+                self._left_out.add(tool.name)
+                log.warning("MCP server %s: tool %r runs only as an MCP task "
+                            "(execution.taskSupport = \"required\"), which veild does not "
+                            "support: not offered", self.name, tool.name)
+        names, renamed = model_names(self.name, [t.name for t in usable])
+        for tool_name in renamed:
+            log.warning("MCP server %s: tool %r clashes with another after its name is "
+                        "made one the model can use: offered as %s", self.name, tool_name,
+                        names[tool_name])
+        self.tools = {t.name: t for t in (McpServerTool(self, tool, names[tool.name])
+                                          for tool in usable)}
         self.listed = True
         offered = {t.tool_name for t in self.tools.values()}
         for missing in sorted(self.wanted - offered):
@@ -286,7 +346,25 @@ class McpServer:
         if self.status == "starting":
             raise _Unavailable(f"MCP server {self.name} did not start within "
                                f"{self.config.startup_timeout_s:g}s (startup_timeout_s)")
-        raise _Unavailable(f"MCP server {self.name} is down: {self.error}")
+        raise _Unavailable(self._down_text())
+
+    def _down_text(self) -> str:
+        why = self._down or self.error or "the connection ended"
+        return f"MCP server {self.name} is down: {why}"
+
+    def _went_down(self) -> None:
+        """The live connection ended: down now, not once its cleanup (seconds) is over,
+        and each call waiting on it fails at once saying why (it read "is down: None",
+        or waited out call_timeout_s)."""
+        self._session = None
+        if self._stop.is_set():
+            self._down = "the daemon is stopping its MCP servers"
+        elif self._down is None:
+            self._down = self._http_error or "the server closed the connection"
+        if not self._stop.is_set():
+            self._set("failed", self._down)
+        for scope in self._calls:
+            scope.cancel()
 
     async def call(self, tool: str, arguments: dict[str, Any], on_progress: Progress
                    ) -> ToolOutcome:
@@ -303,23 +381,81 @@ class McpServer:
         # the id `notifications/cancelled` must name.
         request_id = session._request_id
         timeout = self.config.call_timeout_s
+        aborted = trio.CancelScope()  # cancelled when the server goes down
+        self._calls.add(aborted)
         try:
-            with trio.move_on_after(timeout) as deadline:
-                result = await session.call_tool(tool, arguments, progress_callback=progress)
+            with aborted, trio.move_on_after(timeout) as deadline:
+                result = await _call_tool(session, tool, arguments, progress)
         except trio.Cancelled:
             await _send_cancelled(session, request_id, "the caller cancelled")
             raise
         except McpError as exc:
+            if exc.error.code == types.CONNECTION_CLOSED or self._down is not None:
+                return ToolOutcome(self._down_text(), is_error=True)
             return ToolOutcome(f"MCP server {self.name}: {tool}: {exc.error.message}",
                                is_error=True)
         except Exception as exc:
+            if self._down is not None:
+                return ToolOutcome(self._down_text(), is_error=True)
             return ToolOutcome(f"MCP server {self.name}: {tool} failed: {describe(exc)}",
                                is_error=True)
+        finally:
+            self._calls.discard(aborted)
+        if aborted.cancelled_caught:
+            return ToolOutcome(self._down_text(), is_error=True)
         if deadline.cancelled_caught:
             await _send_cancelled(session, request_id, "timed out")
             return ToolOutcome(f"MCP server {self.name}: {tool} timed out after {timeout:g}s "
                                f"(call_timeout_s)", is_error=True)
-        return render_result(result)
+        outcome = render_result(result)
+        whole = _cut_from(result)
+        cut = bound.cut_text(outcome.content, self.config.max_result_bytes, whole)
+        return ToolOutcome(cut, is_error=outcome.is_error)
+
+    # -- liveness -------------------------------------------------------------------------
+
+    async def _pump(self, source: Any, sink: Any, died: trio.Event,
+                    process: trio.Process | None) -> None:
+        """Forward the transport's messages to the session; when the transport ends (the
+        process exited, the connection dropped) the server is dead — why is set before
+        the session hears of it, so its failed calls can say."""
+        try:
+            async with sink:
+                try:
+                    async for item in source:
+                        await sink.send(item)
+                finally:
+                    if self._down is None and not self._stop.is_set():
+                        self._down = await _why_ended(process)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the session stopped reading: it is closing
+        finally:
+            died.set()
+
+    def _poke_now(self, error: BaseException | None) -> None:
+        """An HTTP request or stream of this server's failed (error) or ended (None)."""
+        if error is not None:
+            self._http_error = describe(error)
+        self._poke.set()
+
+    async def _ping(self, session: ClientSession, died: trio.Event) -> None:
+        """A Streamable HTTP server can die between calls without a stream to say so:
+        ask it now and then."""
+        while True:
+            with trio.move_on_after(PING_EVERY_S):
+                await self._poke.wait()
+            self._poke = trio.Event()
+            try:
+                with trio.fail_after(PING_TIMEOUT_S):
+                    await session.send_ping()
+            except Exception as exc:
+                why = ("no answer to a ping within "
+                       f"{PING_TIMEOUT_S:g}s" if isinstance(exc, trio.TooSlowError)
+                       else f"a ping failed: {describe(exc)}")
+                if self._down is None:
+                    self._down = why
+                died.set()
+                return
 
     def wire(self) -> dict[str, Any]:
         """This server in `GET /mcp` (CONTRACT §10)."""
@@ -336,17 +472,40 @@ class _Unavailable(Exception):
     pass
 
 
-async def _pump(source: Any, sink: Any, died: trio.Event) -> None:
-    """Forward the transport's messages to the session; when the transport ends (the
-    process exited, the connection dropped) the server is dead."""
-    try:
-        async with sink:
-            async for item in source:
-                await sink.send(item)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        pass  # the session stopped reading: it is closing
-    finally:
-        died.set()
+class ProbeFailed(Exception):
+    pass
+
+
+def _cut_from(result: types.CallToolResult) -> int | None:
+    """The size of the server's message when the transport cut it (daemon/mcp/bound.py)."""
+    whole = (result.meta or {}).get(bound.CUT_KEY)
+    return whole if isinstance(whole, int) else None
+
+
+async def _call_tool(session: ClientSession, tool: str, arguments: dict[str, Any],
+                     progress: Any) -> types.CallToolResult:
+    """`session.call_tool`, except that a result the transport cut is not checked
+    against the tool's output schema: its structured content was cut away."""
+    result = await session.send_request(
+        types.ClientRequest(types.CallToolRequest(
+            params=types.CallToolRequestParams(name=tool, arguments=arguments))),
+        types.CallToolResult, progress_callback=progress)
+    if not result.isError and _cut_from(result) is None:
+        await session._validate_tool_result(tool, result)
+    return result
+
+
+async def _why_ended(process: trio.Process | None) -> str | None:
+    if process is None:
+        return None  # HTTP: what failed last says it (McpServer._went_down)
+    with trio.move_on_after(EXIT_CODE_S, shield=True):
+        await process.wait()
+    code = process.returncode
+    if code is None:
+        return "the server closed its stdout"
+    if code < 0:
+        return f"the process was killed by signal {-code}"
+    return f"the process ended with code {code}"
 
 
 async def _set_when(event: trio.Event, target: trio.Event) -> None:

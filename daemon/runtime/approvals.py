@@ -24,6 +24,7 @@ as cancelled, so the API never answers 200 for a call that will not run.
 from __future__ import annotations
 
 import fnmatch
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -34,7 +35,6 @@ import trio
 from daemon.clock import new_id, now_ms
 from daemon.config import AgentConfig
 from daemon.errors import Conflict, NotFound
-from daemon.mcp.server import McpServerTool
 from daemon.runtime import events as ev
 from daemon.tools.base import Tool
 
@@ -46,7 +46,10 @@ ENDED_KEPT: Final = 4096
 
 def tool_names(tool: Tool) -> tuple[str, ...]:
     """The names a pattern is matched against: the tool's own, and `mcp:NAME/TOOL`."""
-    if isinstance(tool, McpServerTool):
+    # Not imported here: daemon.mcp.server brings the MCP SDK (~0.5 s), which only a
+    # daemon with an MCP server loads — and until it has, no tool can be one of its.
+    mcp_server = sys.modules.get("daemon.mcp.server")
+    if mcp_server is not None and isinstance(tool, mcp_server.McpServerTool):
         return tool.name, f"mcp:{tool.server.name}/{tool.tool_name}"
     return (tool.name,)
 
