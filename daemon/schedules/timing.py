@@ -4,10 +4,11 @@ Pure and synchronous, in milliseconds since the epoch, so the DST rules can be t
 without any clock. Cron lines are evaluated by `cronsim` (maintained, the semantics of
 Debian's cron, which is what a user of cron expects across DST changes):
 
-- spring forward: a time that does not exist that day (02:30 in Europe/Berlin on the
-  last Sunday of March) runs once, at the first minute after the gap (03:00);
-- fall back: a line with a fixed hour (`30 2 * * *`) runs once, at the first 02:30;
-  a line with a wildcard hour (`0 * * * *`) runs at both 02:00s, an hour apart.
+- a line whose minute and hour fields do not start with `*` (`30 2 * * *`) is kept to
+  the day: a time in the spring-forward gap runs once, at the first minute after it
+  (03:00), and a time the fall-back repeats runs once, at its first occurrence;
+- a line with `*` in either (`*/30 2 * * *`, `0 * * * *`) follows the wall clock: no
+  runs in the gap, both occurrences of a repeated time (docs/schedules.md's table).
 """
 
 from __future__ import annotations
