@@ -178,6 +178,10 @@ class McpServerConfig:
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path = Path(".")
+    # The daemon's data dir, absolute: a stdio server gets it as VEILD_DATA_DIR (the one
+    # place it may keep files whatever its cwd; the config's dir is read-only under
+    # systemd). Set by load_config and --data-dir, not a key.
+    data_dir: Path | None = None
     url: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     # Initialize and the first tool list must finish within this ...
@@ -260,7 +264,15 @@ class Config:
             server = replace(server, port=port)
         if data_dir is not None:
             server = replace(server, data_dir=Path(data_dir))
-        return replace(self, server=server)
+        return replace(self, server=server, mcp=_with_data_dir(self.mcp, server.data_dir))
+
+
+# Every duration key is finite and at most a year: past that a timeout is a typo, and
+# NaN, inf or 1e308 s overflow what they become (ms integers, deadlines, SQLite's).
+MAX_SECONDS = 365 * 86_400.0
+# SQLite takes its busy timeout as a C int of milliseconds (more reads as 0: no wait).
+MAX_BUSY_TIMEOUT_S = 2_147_483.0
+MAX_KEEP_DAYS = 36_500
 
 
 class _Reader:
@@ -288,16 +300,29 @@ class _Reader:
             raise self.fail(key, f"expected {_kind_name(kind)}, got {type(value).__name__}")
         return value
 
-    def positive_seconds(self, key: str, default: float) -> float:
+    def positive_seconds(self, key: str, default: float, *,
+                         maximum: float = MAX_SECONDS) -> float:
         value = float(self.get(key, (int, float), default))
-        if not value > 0 or value == float("inf"):
-            raise self.fail(key, f"must be a positive number of seconds, got {value}")
+        if not 0 < value <= maximum:  # NaN and inf fail here too
+            raise self.fail(key, f"must be a positive number of seconds up to "
+                                 f"{maximum:g}, got {value:g}")
         return value
 
-    def positive_int(self, key: str, default: int, *, minimum: int = 1) -> int:
+    def seconds(self, key: str, default: float) -> float:
+        """A duration where 0 means none (a grace, a timeout turned off)."""
+        value = float(self.get(key, (int, float), default))
+        if not 0 <= value <= MAX_SECONDS:
+            raise self.fail(key, f"must be 0 or a positive number of seconds up to "
+                                 f"{MAX_SECONDS:g}, got {value:g}")
+        return value
+
+    def positive_int(self, key: str, default: int, *, minimum: int = 1,
+                     maximum: int | None = None) -> int:
         value: int = self.get(key, int, default)
         if value < minimum:
             raise self.fail(key, f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise self.fail(key, f"must be at most {maximum}, got {value}")
         return value
 
     def check_unknown(self) -> None:
@@ -347,14 +372,15 @@ def _server(file: str, table: Any) -> ServerConfig:
         retention_events=r.positive_int("retention_events", 200_000),
         retention_bytes=r.positive_int("retention_bytes", 256 * 1024 * 1024),
         event_flush_ms=_positive_float(r, "event_flush_ms", 50.0),
-        shutdown_grace_s=float(r.get("shutdown_grace_s", (int, float), 5.0)),
-        client_close_grace_s=float(r.get("client_close_grace_s", (int, float), 5.0)),
-        store_busy_timeout_s=r.positive_seconds("store_busy_timeout_s", 5.0),
+        shutdown_grace_s=r.seconds("shutdown_grace_s", 5.0),
+        client_close_grace_s=r.seconds("client_close_grace_s", 5.0),
+        store_busy_timeout_s=r.positive_seconds("store_busy_timeout_s", 5.0,
+                                                maximum=MAX_BUSY_TIMEOUT_S),
         allowed_hosts=_hosts(r, "allowed_hosts"),
         allowed_origins=_origins(r, "allowed_origins"),
         allow_unauthenticated=r.get("allow_unauthenticated", bool, False),
         log_format=_log_format(r),
-        keep_days=r.positive_int("keep_days", 0, minimum=0),
+        keep_days=r.positive_int("keep_days", 0, minimum=0, maximum=MAX_KEEP_DAYS),
         sandbox=_sandbox_mode(r),
         sandbox_hide=_absolute_paths(r, "sandbox_hide"),
     )
@@ -404,8 +430,8 @@ def _log_format(r: _Reader) -> str | None:
 
 def _positive_float(r: _Reader, key: str, default: float) -> float:
     value = float(r.get(key, (int, float), default))
-    if value <= 0:
-        raise r.fail(key, f"must be above 0, got {value}")
+    if not 0 < value <= MAX_SECONDS * 1000:  # NaN and inf fail here too
+        raise r.fail(key, f"must be above 0 and at most {MAX_SECONDS * 1000:g}, got {value:g}")
     return value
 
 
@@ -618,8 +644,9 @@ def _patterns(r: _Reader, key: str) -> tuple[str, ...]:
 
 def _non_negative_seconds(r: _Reader, key: str) -> float:
     value = float(r.get(key, (int, float), 0))
-    if not value >= 0 or value == float("inf"):
-        raise r.fail(key, f"must be 0 (no limit) or a positive number of seconds, got {value}")
+    if not 0 <= value <= MAX_SECONDS:
+        raise r.fail(key, f"must be 0 (no limit) or a positive number of seconds up to "
+                          f"{MAX_SECONDS:g}, got {value:g}")
     return value
 
 
@@ -659,7 +686,7 @@ def _agent(
         max_iterations=r.positive_int("max_iterations", 20),
         budget_tokens=r.positive_int("budget_tokens", 0, minimum=0),
         max_tool_calls=r.positive_int("max_tool_calls", 32),
-        bash_timeout_s=float(r.get("bash_timeout_s", (int, float), 120.0)),
+        bash_timeout_s=r.positive_seconds("bash_timeout_s", 120.0),
         bash_max_output_bytes=r.positive_int("bash_max_output_bytes", 256 * 1024),
         max_tokens=r.positive_int("max_tokens", 8192),
         thinking_budget=r.positive_int("thinking_budget", 0, minimum=0),
@@ -667,7 +694,7 @@ def _agent(
         args=tuple(args),
         env=dict(env),
         home=Path(home) if home else None,
-        stall_timeout_s=float(r.get("stall_timeout_s", (int, float), 300.0)),
+        stall_timeout_s=r.positive_seconds("stall_timeout_s", 300.0),
         approve=_patterns(r, "approve"),
         deny=_patterns(r, "deny"),
         approval_timeout_s=_non_negative_seconds(r, "approval_timeout_s"),
@@ -821,8 +848,16 @@ def load_config(path: Path) -> Config:
     cluster_table = top.get("cluster", dict, None)
     cluster = _cluster(file, cluster_table) if cluster_table is not None else None
     top.check_unknown()
-    return Config(path=path, server=server, providers=providers, agents=agents, mcp=mcp,
-                  schedules=schedules, cluster=cluster)
+    return Config(path=path, server=server, providers=providers, agents=agents,
+                  mcp=_with_data_dir(mcp, server.data_dir), schedules=schedules,
+                  cluster=cluster)
+
+
+def _with_data_dir(mcp: Mapping[str, McpServerConfig], data_dir: Path
+                   ) -> dict[str, McpServerConfig]:
+    """The servers told the data dir the daemon uses (relative to its cwd, as it opens
+    it), made absolute: a server's cwd is another directory."""
+    return {name: replace(m, data_dir=data_dir.resolve()) for name, m in mcp.items()}
 
 
 def resolve_config_path(cli_path: str | None) -> Path:

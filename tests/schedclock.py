@@ -93,6 +93,10 @@ class ScriptedLauncher:
     def starts(self) -> list[int]:
         return [r.started_ms for r in self.runs]
 
+    async def ended_outcome(self, session_id: str, turn_id: str) -> str | None:
+        """A run of this launcher (a scheduler before a "restart"): its outcome so far."""
+        return next((r.outcome for r in self.runs if r.turn_id == turn_id), None)
+
 
 class MemoryStates:
     def __init__(self) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from quart import Response, jsonify
+from quart import Response, has_request_context, jsonify, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import WebsocketMismatch
 
 from daemon.api.auth import request_authorized
 from daemon.api.guard import HostOriginGuard, HostPolicy
@@ -18,6 +19,7 @@ from daemon.api.studio import studio_routes
 from daemon.api.ws import ws_routes
 from daemon.errors import (
     ApiError,
+    BadRequest,
     PayloadTooLarge,
     ServiceUnavailable,
     StoreUnavailable,
@@ -40,6 +42,21 @@ _HTTP_CODES = {
 def _error(err: ApiError) -> Response:
     response = jsonify(err.to_wire())
     response.status_code = err.status
+    return response
+
+
+def _websocket_mismatch() -> Response:
+    """A request whose route is of the other kind, in the error shape (not Werkzeug's
+    stock text): a plain request to a WebSocket route (`GET /ws` without Upgrade) is
+    426 with the Upgrade it needs (RFC 9110 §15.5.22); an upgrade to an HTTP route 400."""
+    if not has_request_context():
+        return _error(BadRequest(f"{websocket.path} is not a WebSocket endpoint (/ws is)"))
+    api = BadRequest(f"{request.path} is a WebSocket endpoint: connect with "
+                     "`Upgrade: websocket`")
+    api.status = 426
+    response = _error(api)
+    response.headers["Upgrade"] = "websocket"
+    response.headers["Connection"] = "Upgrade"
     return response
 
 
@@ -83,6 +100,8 @@ def build_app(rt: Runtime, connections: Connections, metrics: Metrics) -> QuartT
 
     @app.errorhandler(HTTPException)
     async def _http_error(err: HTTPException) -> Response:
+        if isinstance(err, WebsocketMismatch):
+            return _websocket_mismatch()
         status = err.code or 500
         if status == 413:
             response = _error(PayloadTooLarge(f"the request body is over {MAX_BODY} bytes"))

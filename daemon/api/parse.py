@@ -203,14 +203,20 @@ def csv_param(value: str | None) -> frozenset[str] | None:
     return items or None
 
 
+# A boolean query parameter's values, exactly (FLAG_SCHEMA): `yes`, `on`, `True` are
+# 400s, not a guess.
+FLAG_VALUES = {"1": True, "true": True, "0": False, "false": False}
+FLAG_SCHEMA: dict[str, Any] = {"enum": [*FLAG_VALUES, ""]}  # empty: absent
+
+
 def flag_param(value: str | None, name: str) -> bool:
+    """A boolean query parameter: absent or empty is false."""
     if value is None or value == "":
         return False
-    if value.lower() in ("1", "true", "yes"):
-        return True
-    if value.lower() in ("0", "false", "no"):
-        return False
-    raise BadRequest(f"`{name}` must be 1 or 0", {"field": name})
+    flag = FLAG_VALUES.get(value)
+    if flag is None:
+        raise BadRequest(f"`{name}` must be 1, 0, true or false", {"field": name})
+    return flag
 
 
 _DURATION = re.compile(r"([0-9]{1,9})([dhms])")

@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any
 
 import trio
-from quart import Blueprint, websocket
+from quart import Blueprint, Response, jsonify, websocket
 
 from daemon import __version__
 from daemon.api import parse
@@ -30,7 +30,6 @@ from daemon.runtime.core import Runtime
 from daemon.runtime.events import Envelope, encode
 
 CLOSE_GOING_AWAY = 1001
-CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN = 1013
 CLOSE_UNAUTHORIZED = 4401
 # Client frames larger than this are refused (a subscribe op is tiny).
@@ -80,22 +79,22 @@ def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
     @bp.websocket("/ws")
     @documented(Op(
         "The bus over a WebSocket (CONTRACT §7): `hello`, then events; ops `subscribe`",
-        {101: Resp("upgraded to a WebSocket; a bad filter is an error frame and close "
-                   "1008, a missing token close 4401", None),
-         400: error("not a WebSocket upgrade")},
+        {101: Resp("upgraded to a WebSocket; a missing token is close 4401", None),
+         400: error("a malformed URL parameter (refused before the upgrade)"),
+         426: error("not a WebSocket upgrade (a plain GET); `Upgrade: websocket`")},
         params=(Param("sessionIds", STR, description="comma-separated session ids"),
-                Param("includeChildren", {"enum": ["1", "0", "true", "false"]}),
+                Param("includeChildren", parse.FLAG_SCHEMA),
                 Param("types", STR, description="comma-separated event types"),
                 Param("since", int_query()),
-                Param("batch", {"enum": ["1", "0", "true", "false"]}),
+                Param("batch", parse.FLAG_SCHEMA),
                 Param("token", STR, description="the bearer token, for browsers")),
         tags=("events",), extra={"x-websocket": True},
     ))
-    async def ws() -> None:
-        await websocket.accept()
+    async def ws() -> Response | None:
         if not websocket_authorized(rt.config.server.auth_token):
+            await websocket.accept()
             await websocket.close(CLOSE_UNAUTHORIZED, "unauthorized")
-            return
+            return None
         args = websocket.args
         try:
             since = parse.int_param(args.get("since"), "since")
@@ -106,9 +105,12 @@ def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
             )
             batch = parse.flag_param(args.get("batch"), "batch")
         except BadRequest as exc:
-            await websocket.send(_error_frame(exc.message))
-            await websocket.close(CLOSE_POLICY, "bad subscription")
-            return
+            # Refused before the upgrade: an HTTP 400 in the error shape, as every
+            # other route answers a bad query (the socket never opens).
+            refused = jsonify(exc.to_wire())
+            refused.status_code = exc.status
+            return refused
+        await websocket.accept()
         # A client that cannot even take its close frame must not pin the daemon.
         drop_if_stuck = partial(connections.abort_after, websocket.scope.get("client"),
                                 rt.config.server.client_close_grace_s)
@@ -125,6 +127,7 @@ def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
                 nursery.cancel_scope.cancel()
         finally:
             conn.sub.close()
+        return None
 
     async def _reader(conn: _Connection) -> None:
         while True:

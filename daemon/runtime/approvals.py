@@ -113,7 +113,8 @@ class Approvals:
 
     def __init__(self, ended_kept: int = ENDED_KEPT) -> None:
         self._pending: dict[str, Approval] = {}
-        self._ended: OrderedDict[str, str] = OrderedDict()  # approval id -> session id
+        # approval id -> (session id, what it ended as: the 409's details.decision)
+        self._ended: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._ended_kept = ended_kept
 
     def pending(self, *, session_id: str | None = None,
@@ -134,8 +135,10 @@ class Approvals:
         found = self._pending.get(approval_id)
         details = {"sessionId": session_id, "approvalId": approval_id}
         if found is None or found.ref.session_id != session_id:
-            if self._ended.get(approval_id) == session_id:
-                raise Conflict(f"approval {approval_id!r} is no longer pending", details)
+            ended = self._ended.get(approval_id)
+            if ended is not None and ended[0] == session_id:
+                raise Conflict(f"approval {approval_id!r} is no longer pending: it ended "
+                               f"{ended[1]}", {**details, "decision": ended[1]})
             raise NotFound(f"no approval {approval_id!r} in session {session_id!r}", details)
         if found.decision is not None:
             raise Conflict(f"approval {approval_id!r} was already decided: "
@@ -180,7 +183,7 @@ class Approvals:
             return approval
         finally:
             del self._pending[approval.id]
-            self._ended[approval.id] = ref.session_id
+            self._ended[approval.id] = (ref.session_id, approval.decision or "cancelled")
             while len(self._ended) > self._ended_kept:
                 self._ended.popitem(last=False)
 

@@ -63,3 +63,11 @@ class SessionLauncher:
         turn = await sessions.start_turn(state, schedule.message, TRIGGER,
                                          schedule=schedule.name)
         return TurnRun(turn)
+
+    async def ended_outcome(self, session_id: str, turn_id: str) -> str | None:
+        # A scan of the session's turns, once per schedule per start: no lookup by id
+        # in the Store port, and a `same` session's turns are one a run.
+        for turn in await self.sessions.store.turns(session_id):
+            if turn.id == turn_id:
+                return turn.terminal_code
+        return None

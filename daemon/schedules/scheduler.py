@@ -66,6 +66,10 @@ class Launcher(Protocol):
         """Start a turn (trigger `schedule`) on `session_id` (for `same`; a new session
         when None or gone). Conflict: that session runs a turn; Unavailable: stopping."""
 
+    async def ended_outcome(self, session_id: str, turn_id: str) -> str | None:
+        """What a turn of an earlier process ended as (`done` or its terminal's code);
+        None while it runs, or when it is gone with its session."""
+
 
 class ScheduleStates(Protocol):
     """The part of the Store port the scheduler uses (runtime/ports.Store)."""
@@ -138,7 +142,7 @@ class Scheduler:
         now = self.clock.now_ms()
         catch_up = []
         for name, config in self._configs.items():
-            record = stored.get(name, ScheduleRecord(name))
+            record = await self._settled(stored.get(name, ScheduleRecord(name)))
             entry = _Entry(config, record)
             self._entries[name] = entry
             missed = record.next_run_at is not None and record.next_run_at <= now
@@ -150,6 +154,21 @@ class Scheduler:
                 entry.record = replace(record, next_run_at=None)
             await self._save(entry)
         return catch_up
+
+    async def _settled(self, record: ScheduleRecord) -> ScheduleRecord:
+        """The record with the outcome its last run really had. A run the last process
+        did not see end has none recorded (or the run before's): SIGKILLed under it,
+        it became INTERRUPTED at this start (the session manager's recovery runs
+        first); a shutdown whose record did not persist in its grace ended it CANCELLED."""
+        if record.last_turn_id is None or record.last_session_id is None:
+            return record
+        ended = await self._launcher.ended_outcome(record.last_session_id,
+                                                   record.last_turn_id)
+        if ended is None or ended == record.last_outcome:
+            return record
+        log.info("schedule %s: its last run %s ended %s while no scheduler watched it",
+                 record.name, record.last_turn_id, ended)
+        return replace(record, last_outcome=ended)
 
     def _plan(self, entry: _Entry, now: int) -> None:
         """The first tick: one period (or the next cron time) after now, or after the

@@ -4,10 +4,11 @@ Pure and synchronous, in milliseconds since the epoch, so the DST rules can be t
 without any clock. Cron lines are evaluated by `cronsim` (maintained, the semantics of
 Debian's cron, which is what a user of cron expects across DST changes):
 
-- spring forward: a time that does not exist that day (02:30 in Europe/Berlin on the
-  last Sunday of March) runs once, at the first minute after the gap (03:00);
-- fall back: a line with a fixed hour (`30 2 * * *`) runs once, at the first 02:30;
-  a line with a wildcard hour (`0 * * * *`) runs at both 02:00s, an hour apart.
+- a line whose minute and hour fields do not start with `*` (`30 2 * * *`) is kept to
+  the day: a time in the spring-forward gap runs once, at the first minute after it
+  (03:00), and a time the fall-back repeats runs once, at its first occurrence;
+- a line with `*` in either (`*/30 2 * * *`, `0 * * * *`) follows the wall clock: no
+  runs in the gap, both occurrences of a repeated time (docs/schedules.md's table).
 """
 
 from __future__ import annotations
@@ -20,9 +21,14 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_EVERY = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
+_EVERY = re.compile(r"^\s*([0-9]+)\s*(ms|s|m|h|d)\s*$")
 # A schedule faster than this would be a busy loop of turns, not a schedule.
 MIN_EVERY_MS = 100
+# And one slower than this is no schedule either. The bound also keeps every planned
+# tick (now + the period, in ms) an integer SQLite stores, a datetime the CLI prints
+# and a number JSON carries exactly: "99999999999999999999d" is a config error.
+MAX_EVERY_MS = 3650 * 86_400_000
+MAX_EVERY_TEXT = "3650d"
 
 
 class TimingError(ValueError):
@@ -31,13 +37,26 @@ class TimingError(ValueError):
 
 def parse_every(text: str) -> int:
     """`"30s"`, `"15m"`, `"2h"` (also `ms` and `d`) -> milliseconds."""
+    shown = _shown(text)
     match = _EVERY.match(text)
     if match is None:
-        raise TimingError(f"{text!r} is not a period like \"30s\", \"15m\" or \"2h\"")
-    period = int(match.group(1)) * _UNITS_MS[match.group(2)]
+        raise TimingError(f"{shown} is not a period like \"30s\", \"15m\" or \"2h\"")
+    digits = match.group(1).lstrip("0") or "0"
+    # Longer than any period up to the bound: not converted (past 4300 digits int()
+    # itself refuses, with a ValueError of its own).
+    if len(digits) > len(str(MAX_EVERY_MS)):
+        raise TimingError(f"{shown} is longer than {MAX_EVERY_TEXT}")
+    period = int(digits) * _UNITS_MS[match.group(2)]
     if period < MIN_EVERY_MS:
-        raise TimingError(f"{text!r} is shorter than {MIN_EVERY_MS} ms")
+        raise TimingError(f"{shown} is shorter than {MIN_EVERY_MS} ms")
+    if period > MAX_EVERY_MS:
+        raise TimingError(f"{shown} is longer than {MAX_EVERY_TEXT}")
     return period
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """`text` as an error message quotes it: on one line, and not 5,000 digits long."""
+    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 def parse_zone(name: str) -> ZoneInfo:

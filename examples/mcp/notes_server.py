@@ -2,7 +2,10 @@
 
 Written with the official `mcp` SDK (FastMCP), served over stdio (veild starts it) or,
 with `http PORT`, over Streamable HTTP at http://127.0.0.1:PORT/mcp. Its notes live in a
-JSON file beside it (NOTES_FILE, default ./notes.json, relative to the server's cwd).
+JSON file: NOTES_FILE (default notes.json); a relative one is in VEILD_DATA_DIR, the
+daemon's data dir, which veild gives every stdio server — not in the server's cwd, the
+config's directory, which is read-only under systemd (/etc/veild). Without
+VEILD_DATA_DIR (run by hand, over HTTP) it is relative to the cwd.
 
 Tools:
   add_note(text)        store a note, answer its number
@@ -20,7 +23,8 @@ from pathlib import Path
 import anyio
 from mcp.server.fastmcp import Context, FastMCP
 
-NOTES = Path(os.environ.get("NOTES_FILE", "notes.json"))
+NOTES = Path(os.environ.get("VEILD_DATA_DIR", ".")) / os.environ.get("NOTES_FILE",
+                                                                    "notes.json")
 app = FastMCP("notes")
 
 
