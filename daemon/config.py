@@ -178,10 +178,6 @@ class McpServerConfig:
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path = Path(".")
-    # The daemon's data dir, absolute: a stdio server gets it as VEILD_DATA_DIR (the one
-    # place it may keep files whatever its cwd; the config's dir is read-only under
-    # systemd). Set by load_config and --data-dir, not a key.
-    data_dir: Path | None = None
     url: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     # Initialize and the first tool list must finish within this ...
@@ -264,7 +260,7 @@ class Config:
             server = replace(server, port=port)
         if data_dir is not None:
             server = replace(server, data_dir=Path(data_dir))
-        return replace(self, server=server, mcp=_with_data_dir(self.mcp, server.data_dir))
+        return replace(self, server=server)
 
 
 # Every duration key is finite and at most a year: past that a timeout is a typo, and
@@ -848,16 +844,8 @@ def load_config(path: Path) -> Config:
     cluster_table = top.get("cluster", dict, None)
     cluster = _cluster(file, cluster_table) if cluster_table is not None else None
     top.check_unknown()
-    return Config(path=path, server=server, providers=providers, agents=agents,
-                  mcp=_with_data_dir(mcp, server.data_dir), schedules=schedules,
-                  cluster=cluster)
-
-
-def _with_data_dir(mcp: Mapping[str, McpServerConfig], data_dir: Path
-                   ) -> dict[str, McpServerConfig]:
-    """The servers told the data dir the daemon uses (relative to its cwd, as it opens
-    it), made absolute: a server's cwd is another directory."""
-    return {name: replace(m, data_dir=data_dir.resolve()) for name, m in mcp.items()}
+    return Config(path=path, server=server, providers=providers, agents=agents, mcp=mcp,
+                  schedules=schedules, cluster=cluster)
 
 
 def resolve_config_path(cli_path: str | None) -> Path:

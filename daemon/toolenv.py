@@ -16,10 +16,6 @@ from pathlib import Path
 
 from daemon.config import AgentConfig, McpServerConfig
 
-# A stdio MCP server is told where the daemon keeps its data (examples/mcp keeps its
-# notes there): a path, not a secret.
-DATA_DIR_ENV = "VEILD_DATA_DIR"
-
 # Copied from the daemon's environment when set: a shell needs them to find programs
 # and to print text in the operator's language and zone.
 PASSED = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
@@ -47,10 +43,8 @@ def mcp_environment(
     server: McpServerConfig, environ: Mapping[str, str] = os.environ,
 ) -> dict[str, str]:
     """What a stdio MCP server gets on top of the MCP SDK's own default inherited set
-    (HOME, LOGNAME, PATH, SHELL, TERM, USER): VEILD_DATA_DIR (the daemon's data dir,
-    not a secret: where the server may keep files), then its `env`, then `env_pass`."""
-    own = {DATA_DIR_ENV: str(server.data_dir)} if server.data_dir is not None else {}
-    return {**own, **server.env, **passed(server.env_pass, environ)}
+    (HOME, LOGNAME, PATH, SHELL, TERM, USER): its `env`, then its `env_pass`."""
+    return {**server.env, **passed(server.env_pass, environ)}
 
 
 def passed(names: tuple[str, ...], environ: Mapping[str, str]) -> dict[str, str]:

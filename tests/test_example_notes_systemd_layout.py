@@ -3,8 +3,9 @@ works in the systemd layout docs/operations.md documents: code in /opt/veild, co
 /etc/veild (read-only there), data in /var/lib/veild — the daemon's cwd and
 `--data-dir`, the only writable place. A stdio server's cwd is the config's directory,
 so the old `NOTES_FILE = "../var/notes.json"` meant /etc/var/notes.json (not writable,
-not there: add_note failed). Now the daemon gives each stdio server VEILD_DATA_DIR and
-the example keeps a relative NOTES_FILE there.
+not there: add_note failed). Now the example keeps a relative NOTES_FILE in
+STATE_DIRECTORY, which systemd sets for the unit's StateDirectory= and the shipped block
+passes on with env_pass (the contract's §16 rule for a server's environment is kept).
 
 The layout is laid in tmp_path; `veild serve` runs as a real process from the data dir
 with the unit's arguments; the example's block is taken from config/daemon.toml as
@@ -66,7 +67,8 @@ async def serve(config: Path, data: Path) -> tuple[trio.Process, str]:
         [sys.executable, "-m", "daemon", "serve", "--config", str(config),
          "--data-dir", str(data)],
         cwd=data, stdout=-1, env={**os.environ, "VEILD_LOG": "WARNING",
-                                  "PYTHONPATH": str(ROOT)})
+                                  "PYTHONPATH": str(ROOT),
+                                  "STATE_DIRECTORY": str(data)})  # StateDirectory=veild
     assert process.stdout is not None
     line = b""
     with trio.fail_after(30):

@@ -169,9 +169,7 @@ async def test_an_mcp_server_gets_the_sdk_defaults_and_its_env_and_no_secret(
         await wait_status(d, "u", "ready")
         body = await chat(d, call("t__get_env"), call("u__get_env"))
         passed, plain = [json.loads(c) for c in await tool_messages(d, body["sessionId"])]
-    # The SDK's defaults, and the daemon's data dir (a path, no secret: docs/mcp.md).
-    defaults = {**{name: os.environ[name] for name in MCP_DEFAULT},
-                "VEILD_DATA_DIR": str((tmp_path / "data").resolve())}
+    defaults = {name: os.environ[name] for name in MCP_DEFAULT}
     assert plain == {**defaults, "MCP_TEST_RECORD": str(record)}
     assert passed == {**defaults, "MCP_TEST_RECORD": str(record), "MCP_TEST_ECHO": "from-env",
                       "ANTHROPIC_API_KEY": SECRETS["ANTHROPIC_API_KEY"]}

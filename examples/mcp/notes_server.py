@@ -2,10 +2,11 @@
 
 Written with the official `mcp` SDK (FastMCP), served over stdio (veild starts it) or,
 with `http PORT`, over Streamable HTTP at http://127.0.0.1:PORT/mcp. Its notes live in a
-JSON file: NOTES_FILE (default notes.json); a relative one is in VEILD_DATA_DIR, the
-daemon's data dir, which veild gives every stdio server — not in the server's cwd, the
-config's directory, which is read-only under systemd (/etc/veild). Without
-VEILD_DATA_DIR (run by hand, over HTTP) it is relative to the cwd.
+JSON file: NOTES_FILE (default notes.json). A relative one is not taken from the
+server's cwd (veild starts it in the config's directory, read-only under systemd:
+/etc/veild) but from STATE_DIRECTORY, which systemd sets for the unit's StateDirectory
+(/var/lib/veild) and the config passes on with `env_pass`; without it (make run, or by
+hand) from this checkout's var/, the data dir `make run` uses.
 
 Tools:
   add_note(text)        store a note, answer its number
@@ -23,8 +24,9 @@ from pathlib import Path
 import anyio
 from mcp.server.fastmcp import Context, FastMCP
 
-NOTES = Path(os.environ.get("VEILD_DATA_DIR", ".")) / os.environ.get("NOTES_FILE",
-                                                                    "notes.json")
+_STATE = os.environ.get("STATE_DIRECTORY", "").split(":")[0]  # systemd may list several
+_BASE = Path(_STATE) if _STATE else Path(__file__).resolve().parents[2] / "var"
+NOTES = _BASE / os.environ.get("NOTES_FILE", "notes.json")
 app = FastMCP("notes")
 
 
