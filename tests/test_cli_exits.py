@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import struct
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -25,7 +26,7 @@ import trio
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, CloseConnection, Request, TextMessage
 
-from tests.harness import Provider, open_daemon
+from tests.harness import Provider, Running, open_daemon
 
 WAIT_S = 30  # far above every bound the CLI is given here
 
@@ -321,3 +322,24 @@ async def test_a_bad_idle_timeout_is_a_usage_error_exit_2() -> None:
     one_line(env, EXIT_USAGE, "$VEILD_IDLE_TIMEOUT", "'soon'")
     flag = await cli("sessions", "--url", "http://127.0.0.1:9", "--idle-timeout", "0")
     assert flag.returncode == EXIT_USAGE and "--idle-timeout" in flag.stderr.decode()
+
+
+async def test_tail_on_a_quiet_daemon_lives_on_its_pongs(daemon: Running) -> None:
+    """The real daemon sends nothing on a quiet /ws; the CLI's pings, answered, keep
+    `tail` going through silences more than twice its idle bound (3 s: a ping after
+    1.5 s of quiet, its pong due within 1.5 s)."""
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "daemon", "tail", "--url", daemon.url, "--idle-timeout", "3"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        with trio.move_on_after(7):
+            await proc.wait()
+        assert proc.returncode is None, proc.returncode  # still there after 7 s of quiet
+    finally:
+        proc.terminate()
+        with trio.CancelScope(shield=True), trio.fail_after(WAIT_S):
+            await proc.wait()
+    assert proc.stderr is not None
+    with trio.fail_after(WAIT_S):
+        err = await proc.stderr.receive_some()
+    assert err == b"", err
