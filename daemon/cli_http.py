@@ -161,6 +161,10 @@ class Remote:
     def timeout(self) -> httpx.Timeout:
         return httpx.Timeout(self.idle_s, connect=min(CONNECT_S, self.idle_s))
 
+    def stream_timeout(self) -> httpx.Timeout:
+        """For a stream whose silences the caller bounds itself (reads unbounded)."""
+        return httpx.Timeout(self.idle_s, connect=min(CONNECT_S, self.idle_s), read=None)
+
     def client(self) -> httpx.Client:
         # httpx logs each request at INFO; the CLI's output is its own lines only.
         logging.getLogger("httpx").setLevel(logging.WARNING)

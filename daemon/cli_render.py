@@ -254,6 +254,45 @@ def _first_frame(remote: Remote, line: str) -> dict[str, Any]:
     return frame
 
 
+async def _read_chat_answer(remote: Remote, response: httpx.Response,
+                            send_first: trio.MemorySendChannel[dict[str, Any]],
+                            nursery: trio.Nursery, console: Console) -> None:
+    if response.status_code == 202:  # injected into a running turn (§6)
+        await response.aread()
+        try:
+            into = safe(str(response.json()["sessionId"]))
+        except (ValueError, KeyError, TypeError):
+            raise CliError(remote.not_ours(response, "a body that is not the daemon's")
+                           ) from None
+        console.print(f"[injected into the running turn of {into}]",
+                      soft_wrap=True, markup=False)
+        nursery.cancel_scope.cancel()  # nothing to view: the SIGINT task too
+        return
+    if response.status_code != 200:
+        await response.aread()
+        raise remote.refused(response)
+    if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        raise CliError(remote.not_ours(response, "something that is not an event stream"))
+    lines = response.aiter_lines()
+    try:
+        while True:
+            with trio.move_on_after(remote.idle_s) as waited:
+                line = await anext(lines, None)  # a keepalive's lines count: it is a sign
+            if waited.cancelled_caught:
+                raise remote.stalled()
+            if line is None:  # a 200 without a frame: the turn was never shown
+                raise StreamLost(f"the daemon at {remote.url} ended the chat's event "
+                                 "stream before its first event")
+            if line.startswith("data: "):
+                await send_first.send(_first_frame(remote, line[6:]))
+                await send_first.aclose()
+                break
+        async for _ in lines:
+            pass
+    except httpx.HTTPError as exc:
+        raise remote.failure(exc, midway=True) from None
+
+
 def _ws_query(session_id: str, since: int) -> str:
     return f"batch=1&sessionIds={session_id}&includeChildren=1&since={since}"
 
@@ -272,39 +311,22 @@ async def chat(remote: Remote, agent: str, message: str, session: str | None,
 
         async def read_sse() -> None:
             """Owns the chat request; hands over its first frame, then drains the rest
-            (the view comes from /ws) so the daemon never waits on this client."""
-            async with send_first, http.stream("POST", f"/agents/{agent}/chat",
-                                               json=body) as response:
-                if response.status_code == 202:  # injected into a running turn (§6)
-                    await response.aread()
-                    try:
-                        into = safe(str(response.json()["sessionId"]))
-                    except (ValueError, KeyError, TypeError):
-                        raise CliError(remote.not_ours(response, "a body that is not "
-                                                                 "the daemon's")) from None
-                    console.print(f"[injected into the running turn of {into}]",
-                                  soft_wrap=True, markup=False)
-                    nursery.cancel_scope.cancel()  # nothing to view: the SIGINT task too
-                    return
-                if response.status_code != 200:
-                    await response.aread()
-                    raise remote.refused(response)
-                kind = response.headers.get("content-type", "")
-                if not kind.startswith("text/event-stream"):
-                    raise CliError(remote.not_ours(response, "something that is not an "
-                                                             "event stream"))
-                handed = False
+            (the view comes from /ws) so the daemon never waits on this client. Until
+            the first frame every wait is bounded by the idle bound (the daemon sends a
+            keepalive every 15 s); the drain is not: the /ws view's pings watch the
+            daemon from then on, and the chat's end cancels the drain."""
+            async with send_first:
+                request = http.build_request("POST", f"/agents/{agent}/chat", json=body,
+                                             timeout=remote.stream_timeout())
+                with trio.move_on_after(remote.idle_s) as waited:
+                    response = await http.send(request, stream=True)
+                if waited.cancelled_caught:
+                    raise remote.stalled()
                 try:
-                    async for line in response.aiter_lines():
-                        if line.startswith("data: ") and not handed:
-                            handed = True
-                            await send_first.send(_first_frame(remote, line[6:]))
-                            await send_first.aclose()
-                except httpx.HTTPError as exc:
-                    raise remote.failure(exc, midway=True) from None
-                if not handed:  # a 200 without a frame: the turn was never shown
-                    raise StreamLost(f"the daemon at {remote.url} ended the chat's event "
-                                     "stream before its first event")
+                    await _read_chat_answer(remote, response, send_first, nursery, console)
+                finally:
+                    with trio.CancelScope(shield=True), trio.move_on_after(remote.idle_s):
+                        await response.aclose()
 
         async def on_sigint(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
             nonlocal interrupted

@@ -26,7 +26,7 @@ import trio
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, CloseConnection, Request, TextMessage
 
-from tests.harness import Provider, Running, open_daemon
+from tests.harness import Provider, Running, mock, open_daemon
 
 WAIT_S = 30  # far above every bound the CLI is given here
 
@@ -343,3 +343,15 @@ async def test_tail_on_a_quiet_daemon_lives_on_its_pongs(daemon: Running) -> Non
     with trio.fail_after(WAIT_S):
         err = await proc.stderr.receive_some()
     assert err == b"", err
+
+
+async def test_chat_through_a_turn_quieter_than_its_idle_bound(daemon: Running) -> None:
+    """A tool that prints nothing for 5 s, under an idle bound of 2 s: the daemon is
+    still there (its /ws pongs), so the chat goes on to the turn's end."""
+    quiet = mock(calls=[{"tools": [{"name": "bash",
+                                    "arguments": {"command": "sleep 5; echo woke"}}]},
+                        {"say": "after the wait"}])
+    p = await cli("chat", "assistant", quiet, "--url", daemon.url, "--idle-timeout", "2")
+    assert p.returncode == 0, p.stderr.decode()
+    lines = p.stdout.decode().splitlines()
+    assert "assistant bash: woke" in lines and "assistant: after the wait" in lines, lines
