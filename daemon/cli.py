@@ -17,12 +17,23 @@ import httpx
 import trio
 
 from daemon import __version__, cli_agents, cli_sessions
-from daemon.cli_http import CliError, HttpFailure, call, resolve_url, unreachable
-from daemon.config import Config, check_exposure, load_config, resolve_config_path
+from daemon.cli_http import (
+    DEFAULT_IDLE_S,
+    EXIT_USAGE,
+    CliError,
+    HttpFailure,
+    Remote,
+    UsageError,
+    positive_seconds,
+    resolve_idle,
+    resolve_url,
+)
+from daemon.cli_safe import print_table, safe, safe_line
+from daemon.config import Config, bind_host, check_exposure, load_config, resolve_config_path
 from daemon.errors import BusUnavailable, ConfigError, StoreError
 from daemon.observe.logs import configure_logging, one_line
 
-EXIT_CONFIG = 2
+EXIT_CONFIG = EXIT_USAGE
 log = logging.getLogger("daemon.cli")
 
 
@@ -102,10 +113,13 @@ def _startup_failure(exc: BaseException, config: Config) -> str | None:
 def _mock_provider(args: argparse.Namespace) -> int:
     from daemon.mock.provider import serve_mock_provider
 
+    host = bind_host(args.host)
+    shown = f"[{host}]" if ":" in host else host
+
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(serve_mock_provider, args.host, args.port)
-            print(f"mock provider listening on http://{args.host}:{port}/v1", flush=True)
+            port = await nursery.start(serve_mock_provider, host, args.port)
+            print(f"mock provider listening on http://{shown}:{port}/v1", flush=True)
 
     try:
         trio.run(main)
@@ -116,22 +130,18 @@ def _mock_provider(args: argparse.Namespace) -> int:
 
 def _chat(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from trio_websocket import HandshakeError
 
     from daemon.cli_render import chat
 
     console = Console(soft_wrap=True, highlight=False)
     try:
-        code: int = trio.run(chat, args.url, args.agent, args.message, args.session, console)
+        code: int = trio.run(chat, args.remote, args.agent, args.message, args.session,
+                             console)
     except BaseException as exc:
-        leaves = _leaves(exc)
-        for leaf in leaves:
-            if isinstance(leaf, CliError):
-                raise leaf from None
-        if all(isinstance(leaf, (httpx.TransportError, OSError, HandshakeError))
-               for leaf in leaves):
-            raise CliError(unreachable(args.url, leaves[0])) from None
-        raise
+        error = args.remote.translate(exc)
+        if error is None:
+            raise
+        raise error from None
     return code
 
 
@@ -140,15 +150,17 @@ def _approve(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"decision": "allow"}
     if args.deny is not None:
         body = {"decision": "deny", "reason": args.deny}
-    answer = call(args.url, "POST", f"/sessions/{args.session}/approvals/{args.approval_id}",
-                  json=body)
-    print(f"{args.approval_id}: {answer['decision']}")
+    answer = args.remote.call("POST",
+                              f"/sessions/{args.session}/approvals/{args.approval_id}",
+                              json=body)
+    print(safe(f"{args.approval_id}: {answer['decision']}"))
     return 0
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
-
+    """Events as JSON lines (json.dumps escapes every control character, so a model's
+    text cannot reach the terminal raw). It ends by Ctrl-C (exit 0), or by the stream
+    ending, which is a failure with its own line and exit code (Remote.closed)."""
     query = "batch=1"
     if args.session:
         query += f"&sessionIds={args.session}"
@@ -156,27 +168,23 @@ def _tail(args: argparse.Namespace) -> int:
             query += "&includeChildren=1"
     if args.since is not None:
         query += f"&since={args.since}"
-    url = args.url.replace("http", "ws", 1) + f"/ws?{query}"
-    token = os.environ.get("VEILD_TOKEN")
-    if token:
-        url += f"&token={token}"
 
     async def main() -> None:
-        async with open_websocket_url(url) as ws:
-            try:
-                while True:
-                    frame = json.loads(await ws.get_message())
-                    for event in frame if isinstance(frame, list) else [frame]:
-                        print(json.dumps(event), flush=True)
-            except ConnectionClosed as exc:
-                print(f"closed: {exc.reason}", file=sys.stderr)
+        async with args.remote.open_events(query) as events:
+            while True:
+                frame = await events.get()
+                for event in frame if isinstance(frame, list) else [frame]:
+                    print(json.dumps(event), flush=True)
 
     try:
         trio.run(main)
     except KeyboardInterrupt:
         pass
-    except (OSError, HandshakeError) as exc:
-        raise CliError(unreachable(args.url, exc)) from None
+    except BaseException as exc:
+        error = args.remote.translate(exc)
+        if error is None:
+            raise
+        raise error from None
     return 0
 
 
@@ -185,7 +193,7 @@ def _prune(args: argparse.Namespace) -> int:
     the data dir, knows which turns run, publishes `session.deleted` and removes the
     workspaces; a second writer on its database would do none of that."""
     try:
-        answer = call(args.url, "DELETE", "/sessions", params={"olderThan": args.older_than})
+        answer = args.remote.call("DELETE", "/sessions", params={"olderThan": args.older_than})
     except HttpFailure as exc:
         raise CliError(f"prune failed ({exc.status}): {exc.message}") from None
     print(f"pruned {answer['pruned']} sessions idle for more than {args.older_than}")
@@ -204,21 +212,19 @@ def _schedules(args: argparse.Namespace) -> int:
         if not args.name:
             print(f"veild: schedules {args.action} needs a schedule name", file=sys.stderr)
             return EXIT_CONFIG
-        body = call(args.url, "POST", f"/schedules/{args.name}/{args.action}")
-        print(f"{args.name}: started turn {body['turnId']} in session {body['sessionId']}"
-              if args.action == "run" else f"{args.name}: {args.action}d")
+        body = args.remote.call("POST", f"/schedules/{args.name}/{args.action}")
+        print(safe(f"{args.name}: started turn {body['turnId']} in session {body['sessionId']}"
+                   if args.action == "run" else f"{args.name}: {args.action}d"))
         return 0
     rows = [("NAME", "AGENT", "WHEN", "STATE", "NEXT", "LAST", "OUTCOME", "SKIPPED")]
-    for s in call(args.url, "GET", "/schedules")["schedules"]:
+    for s in args.remote.call("GET", "/schedules")["schedules"]:
         when = (f"every {s['every']}" if "every" in s
                 else f"cron {s['cron']} {s['timezone']}")
         state = ("running" if s["running"] else "paused" if s["paused"]
                  else "enabled" if s["enabled"] else "disabled")
         rows.append((s["name"], s["agent"], when, state, _when(s["nextRunAt"]),
                      _when(s["lastRunAt"]), s["lastOutcome"] or "-", str(s["skipped"])))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    print_table(rows)
     return 0
 
 
@@ -226,22 +232,39 @@ def _doctor(args: argparse.Namespace) -> int:
     from daemon import doctor
 
     # Only a --url given (before or after the verb) asks for the daemon check.
-    return doctor.run(args.config, args.url if args.url_given else None)
+    return doctor.run(args.config, resolve_url(args.url) if args.url else None)
+
+
+URL_HELP = "the daemon (default $VEILD_URL, else http://127.0.0.1:7433)"
+IDLE_HELP = (f"give up when the daemon says nothing for this long (default "
+             f"$VEILD_IDLE_TIMEOUT, else {DEFAULT_IDLE_S:g}; its streams send a keepalive "
+             "every 15 s, so a quiet turn never meets it)")
+
+
+def _seconds(raw: str) -> float:
+    try:
+        return positive_seconds(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _remote(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """A verb that talks to a daemon also takes `--url` after it; SUPPRESS keeps a
-    `--url` given before the verb from being overwritten by the verb's default."""
-    sub.add_argument("--url", default=argparse.SUPPRESS,
-                     help="the daemon (default $VEILD_URL, else http://127.0.0.1:7433)")
+    """A verb that talks to a daemon also takes `--url` and `--idle-timeout` after it;
+    SUPPRESS keeps one given before the verb from being overwritten by the verb's
+    default."""
+    sub.add_argument("--url", default=argparse.SUPPRESS, help=URL_HELP)
+    sub.add_argument("--idle-timeout", type=_seconds, default=argparse.SUPPRESS,
+                     metavar="SECONDS", help=IDLE_HELP)
+    sub.set_defaults(verb_parser=sub)
     return sub
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="veild", description="The veild agent daemon.")
     parser.add_argument("--version", action="version", version=f"veild {__version__}")
-    parser.add_argument("--url", default=None,
-                        help="the daemon (default $VEILD_URL, else http://127.0.0.1:7433)")
+    parser.add_argument("--url", default=None, help=URL_HELP)
+    parser.add_argument("--idle-timeout", type=_seconds, default=None, metavar="SECONDS",
+                        help=IDLE_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the daemon")
@@ -325,18 +348,54 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _not_utf8(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The first argument that cannot be sent (JSON is UTF-8; on POSIX, Python hands
+    argv bytes that are not UTF-8 over as lone surrogates), by the name the user typed."""
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                if action.option_strings:
+                    return action.option_strings[0]
+                return str(action.metavar or action.dest).upper()
+    return None
+
+
+def _remote_of(args: argparse.Namespace) -> Remote:
+    bad = _not_utf8(args.verb_parser, args)
+    if bad is not None:
+        raise UsageError(f"{bad} is not valid UTF-8 text")
+    return Remote(resolve_url(args.url), resolve_idle(args.idle_timeout))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.url_given = args.url is not None
-    args.url = resolve_url(args.url)
     # Until a config says otherwise: text on a terminal, JSON lines otherwise.
     args.log_format = configure_logging(level=_log_level())
+    remote: Remote | None = None
     try:
+        if hasattr(args, "verb_parser"):  # a verb that talks to a daemon
+            remote = args.remote = _remote_of(args)
         result: int = args.func(args)
     except CliError as exc:
-        print(f"veild: {exc}", file=sys.stderr)
-        return 1
-    except httpx.TransportError as exc:  # a verb that streams (chat) meets it mid-way
-        print(f"veild: {unreachable(args.url, exc)}", file=sys.stderr)
+        print(f"veild: {safe_line(str(exc))}", file=sys.stderr)
+        return exc.exit_code
+    except httpx.HTTPError as exc:  # a verb that streams (chat) meets it mid-way
+        if remote is None:
+            raise
+        error = remote.failure(exc)
+        print(f"veild: {safe_line(str(error))}", file=sys.stderr)
+        return error.exit_code
+    except (KeyError, TypeError, IndexError, AttributeError) as exc:
+        if remote is None:
+            raise
+        # A 2xx JSON answer without what the verb reads: not this veild's daemon. The
+        # traceback is there for a bug of ours: VEILD_LOG=DEBUG.
+        log.debug("unexpected answer", exc_info=True)
+        print(f"veild: {safe_line(remote.url)} answered JSON this veild does not expect "
+              f"({type(exc).__name__}: {safe_line(str(exc))}): is it a veild daemon of "
+              "this version?", file=sys.stderr)
         return 1
     return result

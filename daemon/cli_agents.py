@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from daemon.cli_http import call
+from daemon.cli_http import Remote
+from daemon.cli_safe import print_table
 
 MARK = "[unsandboxed]"
 
@@ -19,10 +20,10 @@ def unsandboxed(agents: list[dict[str, Any]]) -> set[str]:
     return {a["name"] for a in agents if a.get("sandboxed") is False}
 
 
-def unsandboxed_agents(url: str) -> set[str]:
+def unsandboxed_agents(remote: Remote) -> set[str]:
     """Asked of the daemon for every listing: its config, not ours, decides. An agent
     it no longer has (a session from before a config change) is not in the set."""
-    return unsandboxed(call(url, "GET", "/agents")["agents"])
+    return unsandboxed(remote.call("GET", "/agents")["agents"])
 
 
 def mark(agent: str, marked: set[str]) -> str:
@@ -31,17 +32,11 @@ def mark(agent: str, marked: set[str]) -> str:
     return MARK if agent in marked else ""
 
 
-def _print_table(rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-
-
 def agents(args: argparse.Namespace) -> int:
-    listed: list[dict[str, Any]] = call(args.url, "GET", "/agents")["agents"]
+    listed: list[dict[str, Any]] = args.remote.call("GET", "/agents")["agents"]
     marked = unsandboxed(listed)
     rows: list[tuple[str, ...]] = [("NAME", "ENGINE", "MODEL", "TOOLS", "")]
     rows += [(a["name"], a["engine"], a.get("model") or "-", ",".join(a["tools"]) or "-",
               mark(a["name"], marked)) for a in listed]
-    _print_table(rows)
+    print_table(rows)
     return 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import signal
 from decimal import ROUND_HALF_UP, Decimal
@@ -24,7 +23,8 @@ from rich.console import Console
 from rich.text import Text
 
 from daemon.cli_agents import MARK, unsandboxed
-from daemon.cli_http import CliError, error_line, headers
+from daemon.cli_http import CliError, Remote, StreamLost, error_line
+from daemon.cli_safe import safe
 
 TERMINALS = ("done", "error")
 ARGS_SHOWN = 120  # characters of a tool call's arguments on its line
@@ -32,7 +32,8 @@ ARGS_SHOWN = 120  # characters of a tool call's arguments on its line
 
 class TreeView:
     """Writes streamed text line by line; a line belongs to one (session, kind), and a
-    chunk of another one first ends the open line, so interleaved sub-agents stay legible."""
+    chunk of another one first ends the open line, so interleaved sub-agents stay legible.
+    What it prints has its terminal controls made visible (cli_safe)."""
 
     def __init__(self, console: Console, base_depth: int) -> None:
         self.console = console
@@ -53,13 +54,16 @@ class TreeView:
     def line(self, env: dict[str, Any], text: str, style: str = "") -> None:
         self.end_line()
         out = Text(self.indent(env))
-        out.append(text, style=style)
+        out.append(safe(text), style=style)
         self._print(out, end="\n")
 
     def stream(self, env: dict[str, Any], kind: tuple[str, ...], label: str, text: str,
                style: str = "") -> None:
+        """`text` (a model's or a tool's) is made safe first: every line this view
+        prints passes through `safe()` here or in `line()`."""
         key = (env["sessionId"], *kind)
-        for i, piece in enumerate(text.split("\n")):
+        label = safe(label)
+        for i, piece in enumerate(safe(text).split("\n")):
             if i > 0:
                 self.end_line()
             if not piece:
@@ -228,54 +232,101 @@ class ChatView:
 
 
 async def _unsandboxed(http: httpx.AsyncClient) -> set[str]:
-    """The agents to mark. A refusal marks none: the chat's own request, next, says
-    why the daemon refused, once."""
+    """The agents to mark. A refusal (or an answer that is not the daemon's) marks none:
+    the chat's own request, next, says what is wrong, once."""
     response = await http.get("/agents")
-    return unsandboxed(response.json()["agents"]) if response.status_code == 200 else set()
+    try:
+        return unsandboxed(response.json()["agents"]) if response.status_code == 200 else set()
+    except (ValueError, KeyError, TypeError):
+        return set()
 
 
-def _ws_url(url: str, session_id: str, since: int) -> str:
-    ws = url.replace("http", "ws", 1) + (
-        f"/ws?batch=1&sessionIds={session_id}&includeChildren=1&since={since}")
-    token = os.environ.get("VEILD_TOKEN")
-    return ws + (f"&token={token}" if token else "")
+def _first_frame(remote: Remote, line: str) -> dict[str, Any]:
+    """The chat's first SSE frame: it names the turn, the session and its seq."""
+    try:
+        frame = json.loads(line)
+    except ValueError:
+        frame = None
+    if not (isinstance(frame, dict) and isinstance(frame.get("turnId"), str)
+            and isinstance(frame.get("sessionId"), str) and isinstance(frame.get("seq"), int)):
+        raise CliError(f"{remote.url} sent an event stream whose first frame is not a "
+                       "veild event: is it a veild daemon?")
+    return frame
 
 
-async def chat(url: str, agent: str, message: str, session: str | None,
+async def _read_chat_answer(remote: Remote, response: httpx.Response,
+                            send_first: trio.MemorySendChannel[dict[str, Any]],
+                            nursery: trio.Nursery, console: Console) -> None:
+    if response.status_code == 202:  # injected into a running turn (§6)
+        await response.aread()
+        try:
+            into = safe(str(response.json()["sessionId"]))
+        except (ValueError, KeyError, TypeError):
+            raise CliError(remote.not_ours(response, "a body that is not the daemon's")
+                           ) from None
+        console.print(f"[injected into the running turn of {into}]",
+                      soft_wrap=True, markup=False)
+        nursery.cancel_scope.cancel()  # nothing to view: the SIGINT task too
+        return
+    if response.status_code != 200:
+        await response.aread()
+        raise remote.refused(response)
+    if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        raise CliError(remote.not_ours(response, "something that is not an event stream"))
+    lines = response.aiter_lines()
+    try:
+        while True:
+            with trio.move_on_after(remote.idle_s) as waited:
+                line = await anext(lines, None)  # a keepalive's lines count: it is a sign
+            if waited.cancelled_caught:
+                raise remote.stalled()
+            if line is None:  # a 200 without a frame: the turn was never shown
+                raise StreamLost(f"the daemon at {remote.url} ended the chat's event "
+                                 "stream before its first event")
+            if line.startswith("data: "):
+                await send_first.send(_first_frame(remote, line[6:]))
+                await send_first.aclose()
+                break
+        async for _ in lines:
+            pass
+    except httpx.HTTPError as exc:
+        raise remote.failure(exc, midway=True) from None
+
+
+def _ws_query(session_id: str, since: int) -> str:
+    return f"batch=1&sessionIds={session_id}&includeChildren=1&since={since}"
+
+
+async def chat(remote: Remote, agent: str, message: str, session: str | None,
                console: Console) -> int:
-    from trio_websocket import ConnectionClosed, open_websocket_url
-
     body: dict[str, Any] = {"message": message, "sse": True}
     if session:
         body["sessionId"] = session
     send_first, receive_first = trio.open_memory_channel[dict[str, Any]](1)
     interrupted = False
 
-    async with httpx.AsyncClient(base_url=url, headers=headers(), timeout=None) as http, \
-            trio.open_nursery() as nursery:
+    # Every wait is bounded by the idle bound: the SSE stream has keepalives, the /ws
+    # view pongs (cli_http.EventStream), so only a daemon that stopped answering meets it.
+    async with remote.async_client() as http, trio.open_nursery() as nursery:
 
         async def read_sse() -> None:
             """Owns the chat request; hands over its first frame, then drains the rest
-            (the view comes from /ws) so the daemon never waits on this client."""
-            async with send_first, http.stream("POST", f"/agents/{agent}/chat",
-                                               json=body) as response:
-                if response.status_code == 202:  # injected into a running turn (§6)
-                    answer = json.loads(await response.aread())
-                    console.print(f"[injected into the running turn of {answer['sessionId']}]",
-                                  soft_wrap=True, markup=False)
-                    nursery.cancel_scope.cancel()  # nothing to view: the SIGINT task too
-                    return
-                if response.status_code != 200:
-                    await response.aread()
-                    raise CliError(error_line(response))
-                handed = False
-                async for line in response.aiter_lines():
-                    if line.startswith("data: ") and not handed:
-                        handed = True
-                        await send_first.send(json.loads(line[6:]))
-                        await send_first.aclose()
-                if not handed:  # a 200 without a frame: nothing to view
-                    nursery.cancel_scope.cancel()
+            (the view comes from /ws) so the daemon never waits on this client. Until
+            the first frame every wait is bounded by the idle bound (the daemon sends a
+            keepalive every 15 s); the drain is not: the /ws view's pings watch the
+            daemon from then on, and the chat's end cancels the drain."""
+            async with send_first:
+                request = http.build_request("POST", f"/agents/{agent}/chat", json=body,
+                                             timeout=remote.stream_timeout())
+                with trio.move_on_after(remote.idle_s) as waited:
+                    response = await http.send(request, stream=True)
+                if waited.cancelled_caught:
+                    raise remote.stalled()
+                try:
+                    await _read_chat_answer(remote, response, send_first, nursery, console)
+                finally:
+                    with trio.CancelScope(shield=True), trio.move_on_after(remote.idle_s):
+                        await response.aclose()
 
         async def on_sigint(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
             nonlocal interrupted
@@ -308,24 +359,22 @@ async def chat(url: str, agent: str, message: str, session: str | None,
         view = ChatView(console, first, agent, marked)
         if interrupted:
             await http.post(f"/sessions/{view.session_id}/cancel", json={"scope": "tree"})
-        try:
-            async with open_websocket_url(_ws_url(url, view.session_id,
-                                                  int(first["seq"]) - 1)) as ws:
-                last_seq = -1
-                while view.exit_code is None:
-                    frame = json.loads(await ws.get_message())
-                    for env in frame if isinstance(frame, list) else [frame]:
-                        seq = env.get("seq")
-                        # hello/subscribed carry the latest seq, not an event's own.
-                        if env.get("type") == "session.stream" and isinstance(seq, int):
-                            if seq <= last_seq:
-                                continue  # a chunk seen already (replay overlap)
-                            last_seq = seq
-                        view.render(env)
-        except ConnectionClosed as exc:
-            raise CliError(f"the daemon closed the event stream: {exc.reason}") from None
+        async with remote.open_events(_ws_query(view.session_id, first["seq"] - 1)) as events:
+            last_seq = -1
+            while view.exit_code is None:
+                frame = await events.get()
+                for env in frame if isinstance(frame, list) else [frame]:
+                    if not isinstance(env, dict):
+                        continue
+                    seq = env.get("seq")
+                    # hello/subscribed carry the latest seq, not an event's own.
+                    if env.get("type") == "session.stream" and isinstance(seq, int):
+                        if seq <= last_seq:
+                            continue  # a chunk seen already (replay overlap)
+                        last_seq = seq
+                    view.render(env)
         nursery.cancel_scope.cancel()
-    if view is None:  # read_sse ended the nursery: injected (or a 200 with no frame)
+    if view is None:  # read_sse ended the nursery: injected
         return 0
     if interrupted:
         return 130

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from daemon.cli_agents import mark, unsandboxed_agents
-from daemon.cli_http import call
+from daemon.cli_safe import print_table, safe
 
 
 def _when(ms: int | None) -> str:
@@ -30,18 +30,12 @@ def _row(s: dict[str, Any], marked: set[str], indent: int = 0) -> tuple[str, ...
             _tokens(s.get("tokenUsage")), mark(s["agentName"], marked))
 
 
-def _print_table(rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-
-
 def sessions(args: argparse.Namespace) -> int:
     params: dict[str, Any] = {"limit": args.limit}
     if args.agent:
         params["agent"] = args.agent
-    listed: list[dict[str, Any]] = call(args.url, "GET", "/sessions", params=params)["sessions"]
-    marked = unsandboxed_agents(args.url)
+    listed: list[dict[str, Any]] = args.remote.call("GET", "/sessions", params=params)["sessions"]
+    marked = unsandboxed_agents(args.remote)
     rows: list[tuple[str, ...]] = [("ID", "AGENT", "STATUS", "UPDATED", "TOKENS", "")]
     if not args.tree:
         rows += [_row(s, marked) for s in listed]
@@ -62,39 +56,41 @@ def sessions(args: argparse.Namespace) -> int:
                 walk(s["id"], depth + 1)
 
         walk(None, 0)
-    _print_table(rows)
+    print_table(rows)
     return 0
 
 
 def show(args: argparse.Namespace) -> int:
-    s = call(args.url, "GET", f"/sessions/{args.id}")
-    messages = call(args.url, "GET", f"/sessions/{args.id}/messages")["messages"]
-    agent = f"{s['agentName']} {mark(s['agentName'], unsandboxed_agents(args.url))}".rstrip()
-    print(f"session {s['id']}  agent {agent}  status {s['status']}  "
-          f"depth {s['depth']}  model {s.get('model') or '-'}")
-    print(f"parent {s['parentSessionId'] or '-'}  root {s['rootSessionId']}  "
-          f"tokens {_tokens(s.get('tokenUsage'))}  updated {_when(s['updatedAt'])}")
+    """Every line through `safe()`: the messages are the model's and the tools' text."""
+    s = args.remote.call("GET", f"/sessions/{args.id}")
+    messages = args.remote.call("GET", f"/sessions/{args.id}/messages")["messages"]
+    agent = f"{s['agentName']} {mark(s['agentName'], unsandboxed_agents(args.remote))}".rstrip()
+    print(safe(f"session {s['id']}  agent {agent}  status {s['status']}  "
+               f"depth {s['depth']}  model {s.get('model') or '-'}"))
+    print(safe(f"parent {s['parentSessionId'] or '-'}  root {s['rootSessionId']}  "
+               f"tokens {_tokens(s.get('tokenUsage'))}  updated {_when(s['updatedAt'])}"))
     if s.get("children"):
-        print("children " + " ".join(s["children"]))
+        print(safe("children " + " ".join(s["children"])))
     for m in messages:
-        print(f"\n[{m['role']}] {m.get('content') or ''}".rstrip())
+        print(safe(f"\n[{m['role']}] {m.get('content') or ''}".rstrip()))
         for tc in m.get("toolCalls") or []:
-            print(f"  -> {tc.get('name')} {json.dumps(tc.get('arguments'))}")
+            print(safe(f"  -> {tc.get('name')} {json.dumps(tc.get('arguments'))}"))
     return 0
 
 
 def send(args: argparse.Namespace) -> int:
     body = {"message": args.message, "delivery": "queue" if args.queue else "steer"}
-    call(args.url, "POST", f"/sessions/{args.id}/messages", json=body)
+    args.remote.call("POST", f"/sessions/{args.id}/messages", json=body)
     print(f"{args.id}: {'queued' if args.queue else 'sent'}")
     return 0
 
 
 def cancel(args: argparse.Namespace) -> int:
-    receipt = call(args.url, "POST", f"/sessions/{args.id}/cancel", json={"scope": args.scope})
+    receipt = args.remote.call("POST", f"/sessions/{args.id}/cancel",
+                               json={"scope": args.scope})
     stopped = receipt["cancelled"]
     if not stopped:
         print(f"{args.id}: nothing was running")
     for c in stopped:
-        print(f"cancelled turn {c['turnId']} in session {c['sessionId']}")
+        print(safe(f"cancelled turn {c['turnId']} in session {c['sessionId']}"))
     return 0

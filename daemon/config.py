@@ -255,7 +255,7 @@ class Config:
     ) -> Config:
         server = self.server
         if host is not None:
-            server = replace(server, host=host)
+            server = replace(server, host=bind_host(host))
         if port is not None:
             server = replace(server, port=port)
         if data_dir is not None:
@@ -355,7 +355,7 @@ def _server(file: str, table: Any) -> ServerConfig:
     # Relative to the working directory, like any path given on a command line.
     data_dir = Path(r.get("data_dir", str, "./var"))
     cfg = ServerConfig(
-        host=r.get("host", str, "127.0.0.1"),
+        host=bind_host(r.get("host", str, "127.0.0.1")),
         port=port,
         data_dir=data_dir,
         auth_token_env=r.get("auth_token_env", str, None),
@@ -452,6 +452,29 @@ def _origins(r: _Reader, key: str) -> tuple[str, ...]:
         if normalise_origin(origin) is None:
             raise r.fail(key, f"{origin!r} is not an origin like https://app.example:8443")
     return tuple(origins)
+
+
+def bind_host(host: str) -> str:
+    """The address the socket binds: an IPv6 literal written as in a URL (`[::1]`)
+    without its brackets; the daemon's URL puts them back."""
+    inner = host.strip()
+    if inner.startswith("[") and inner.endswith("]") and ":" in inner:
+        return inner[1:-1]
+    return host
+
+
+def exposure_warning(config: Config) -> str | None:
+    """The start's WARNING when `allow_unauthenticated` is what lets a non-loopback
+    `host` run without a token (docs/security.md): it must not go unnoticed."""
+    server = config.server
+    if server.auth_token is None and server.allow_unauthenticated and not is_loopback(
+        configured_host(server.host)
+    ):
+        return (f"serving {server.host!r}, not a loopback address, without a token "
+                "(allow_unauthenticated = true): anyone who can reach it can run shell "
+                "commands, unless something in front of veild decides who connects "
+                "(docs/security.md)")
+    return None
 
 
 def check_exposure(config: Config) -> None:

@@ -23,7 +23,7 @@ import trio
 from daemon.api.app import build_app
 from daemon.clock import SYSTEM_CLOCK, Clock, SystemClock
 from daemon.cluster.node import SCHEDULER_LOCK, ClusterNode
-from daemon.config import AgentConfig, Config, check_exposure
+from daemon.config import AgentConfig, Config, check_exposure, exposure_warning
 from daemon.engines.anthropic import AnthropicEngine
 from daemon.engines.base import Engine
 from daemon.engines.claude_cli import ClaudeCliEngine
@@ -181,6 +181,8 @@ async def serve_daemon(
     WebSockets get 1001 either way.
     """
     check_exposure(config)  # before anything listens (CONTRACT §3.1)
+    if (warning := exposure_warning(config)) is not None:
+        log.warning(warning)
     sandbox = await open_sandbox(config)  # CONTRACT §16: tried once, here
     stop = trio.Event()
     async with trio.open_nursery() as outer:
