@@ -374,6 +374,29 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Until a config says otherwise: text on a terminal, JSON lines otherwise.
     args.log_format = configure_logging(level=_log_level())
+    try:
+        result = _run_verb(args)
+    except BaseException as exc:
+        if not any(isinstance(leaf, BrokenPipeError) for leaf in _leaves(exc)):
+            raise
+        return _reader_left()
+    return result
+
+
+EXIT_READER_LEFT = 141  # 128 + SIGPIPE, as a shell reports a pipe's writer that it ended
+
+
+def _reader_left() -> int:
+    """stdout's reader closed it (`veild tail | head -1`): it has what it wanted, so no
+    line and no traceback. stdout goes to /dev/null first: the interpreter's own flush
+    at exit would meet the closed pipe again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_READER_LEFT
+
+
+def _run_verb(args: argparse.Namespace) -> int:
     remote: Remote | None = None
     try:
         if hasattr(args, "verb_parser"):  # a verb that talks to a daemon

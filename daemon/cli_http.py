@@ -308,6 +308,8 @@ class Remote:
         )
 
         leaves = _leaves(exc)
+        if any(isinstance(leaf, BrokenPipeError) for leaf in leaves):
+            return None  # stdout's reader left, not the daemon: cli.main ends quietly
         for leaf in leaves:
             if isinstance(leaf, CliError):
                 return leaf

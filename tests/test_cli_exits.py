@@ -355,3 +355,32 @@ async def test_chat_through_a_turn_quieter_than_its_idle_bound(daemon: Running) 
     assert p.returncode == 0, p.stderr.decode()
     lines = p.stdout.decode().splitlines()
     assert "assistant bash: woke" in lines and "assistant: after the wait" in lines, lines
+
+
+async def test_tail_whose_reader_leaves_ends_quietly_exit_141(daemon: Running) -> None:
+    """`veild tail | head -1`: the reader closes the pipe after one line; the next
+    write meets it. No traceback, nothing on stderr, 141 as a shell says SIGPIPE."""
+    for n in range(3):
+        r = await daemon.http.post("/agents/plain/chat", json={"message": f"hello {n}"})
+        assert r.status_code == 200, r.text
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "daemon", "tail", "--url", daemon.url, "--since", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        with trio.fail_after(WAIT_S):
+            first = b""
+            while b"\n" not in first:
+                chunk = await proc.stdout.receive_some()
+                assert chunk, "tail ended before its first line"
+                first += chunk
+            await proc.stdout.aclose()  # the reader has what it wanted
+            err = b""
+            while chunk := await proc.stderr.receive_some():
+                err += chunk
+            await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert json.loads(first.split(b"\n")[0])["seq"] >= 1
+    assert (proc.returncode, err) == (141, b"")
