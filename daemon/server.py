@@ -298,6 +298,7 @@ async def _serve(
     bus = Bus(event_log, queue_bytes=server.stream_queue_bytes,
               coalesce_after=server.stream_coalesce_after)
     metrics = _metrics(bus)
+    metrics.known(list(config.agents), list(config.providers))  # series at 0 from the start
     sessions: SessionManager | None = None
     cluster: ClusterNode | None = None
     http_server: HttpServer | None = None
