@@ -241,6 +241,10 @@ class SqliteEventLog:
         self._overrun_logged = False
         self._closed = False
         self._failing = False  # the last flush failed: the disk refuses writes
+        # The current episode of failed flushes (a full disk is retried every tick):
+        # its first failure is logged, then its end, never each retry.
+        self.failed_flushes = 0
+        self._failing_since = 0.0
         self.flushes = 0
 
     @classmethod
@@ -349,13 +353,16 @@ class SqliteEventLog:
             # Keep the batch for the next tick; a disk that stays broken is bounded by
             # MAX_PENDING. A cancel while writing loses nothing either: the thread's
             # transaction commits or rolls back on its own, and a re-write replaces.
-            log.error("event log: flush of %d events failed: %s", len(batch), exc)
-            self._failing = True
+            self._failed(len(batch), exc)
             self._requeue(batch)
             return
         except BaseException:
             self._requeue(batch)
             raise
+        if self._failing:
+            log.warning("event log: flushing again after %d failed flushes over %.1f s",
+                        self.failed_flushes, trio.current_time() - self._failing_since)
+            self.failed_flushes = 0
         self._failing = False
         moved = reserved != self._reserved
         self._reserved = reserved
@@ -408,6 +415,17 @@ class SqliteEventLog:
             )
         except sqlite3.Error as exc:
             raise StoreError(f"event log read failed: {exc}") from exc
+
+    def _failed(self, events: int, exc: sqlite3.Error) -> None:
+        """One flush failed: logged at the first of an episode only (a full disk is
+        retried every `event_flush_ms`: 20 lines a second, for as long as it lasts)."""
+        if not self._failing:
+            log.error("event log: flush of %d events failed: %s (retried every %g ms; "
+                      "logged again when a flush works)", events, exc,
+                      self._flush_s * 1000)
+            self._failing_since = trio.current_time()
+        self._failing = True
+        self.failed_flushes += 1
 
     def _requeue(self, batch: list[Envelope]) -> None:
         self._pending = batch + self._pending
