@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -108,6 +109,33 @@ def retention_floor(latest: int, keep: int, holes: list[tuple[int, int]]) -> int
         remaining -= span
         pos = first - 1
     return max(0, pos - remaining)
+
+
+# SQLite result codes that say the file is not a (whole) database: SQLITE_CORRUPT,
+# SQLITE_NOTADB.
+_CORRUPT = frozenset({11, 26})
+
+
+def _sqlite_code(exc: sqlite3.Error) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+def _move_aside(path: Path) -> Path:
+    """Rename a corrupt log (and its WAL, which belongs to it and must not be applied
+    to a new file) to `NAME.corrupt-<UTC time>`; its shared-memory index is dropped."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}.{n}")
+    path.rename(aside)
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists():
+        wal.rename(aside.with_name(aside.name + "-wal"))
+    path.with_name(path.name + "-shm").unlink(missing_ok=True)
+    return aside
 
 
 def _envelope(row: tuple[object, ...]) -> Envelope:
@@ -257,6 +285,20 @@ class SqliteEventLog:
         bound (and the last seq at a clean stop), so that the store keeps the floor for
         the next start even if this file is lost."""
         def _open() -> tuple[_Disk, int, int]:
+            try:
+                return _open_file()
+            except sqlite3.DatabaseError as exc:
+                if _sqlite_code(exc) not in _CORRUPT:
+                    raise
+                # Only a replay cache: the sessions and messages are in the store, which
+                # also keeps the seq floor. Losing the replay history beats not starting.
+                aside = _move_aside(path)
+                log.warning("event log: %s is not a readable database (%s): moved aside "
+                            "to %s; starting a new one (replay of earlier events is "
+                            "lost: clients get a stream.gap)", path, exc, aside.name)
+                return _open_file()
+
+        def _open_file() -> tuple[_Disk, int, int]:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             try:
