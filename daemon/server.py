@@ -16,6 +16,7 @@ import socket
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import trio
@@ -339,6 +340,11 @@ async def _serve(
                 slots=trio.CapacityLimiter(server.max_running_turns),
                 mcp=mcp, sandbox=sandbox or Sandbox(),
             )
+            # The embedded store's group commit shields its batches: with the stop's
+            # bound, so that a hung disk holds no task past it (store/sqlite.py).
+            bound_shields = getattr(store, "bound_shields", None)
+            if bound_shields is not None:
+                bound_shields(partial(turn_services.stop.shielded, at_least=CLOSE_S / 2))
             sessions = SessionManager(config, store, bus, turn_services)
             listener = bind_socket(server.host, server.port)
             late = _Late()

@@ -7,6 +7,11 @@ the daemon runs, such a write waits as long as the store's queue takes — a bur
 it is stuck, store/queueing.py). Only the daemon's stop bounds it: from
 `SessionManager.shutdown` on, every such scope, open or opened later, ends within
 `shutdown_grace_s` of the stop, so the process still exits in time (CONTRACT §1).
+
+The store's own shields — the group commit's batch, which its leader runs for every
+caller in it (store/sqlite.py `bound_shields`) — are scopes of the same bound, so a disk
+that never answers holds no task past it either; a write that starts after the grace
+(the event log's last seq, at close) still gets `at_least` to finish.
 """
 
 from __future__ import annotations
@@ -28,10 +33,14 @@ class StopBound:
         return self.deadline != math.inf
 
     @contextmanager
-    def shielded(self) -> Iterator[trio.CancelScope]:
+    def shielded(self, at_least: float = 0.0) -> Iterator[trio.CancelScope]:
         """A shielded scope that lasts until its body is done or the stop's grace ends
-        (`cancelled_caught` then says the body was cut short)."""
-        scope = trio.CancelScope(shield=True, deadline=self.deadline)
+        (`cancelled_caught` then says the body was cut short) — or, opened after the
+        grace, `at_least` seconds from its opening."""
+        deadline = self.deadline
+        if self.stopping:
+            deadline = max(deadline, trio.current_time() + at_least)
+        scope = trio.CancelScope(shield=True, deadline=deadline)
         self._open.add(scope)
         try:
             with scope:
