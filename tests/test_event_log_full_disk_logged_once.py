@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from daemon.eventlog.sqlite import SqliteEventLog
 from tests.harness import Provider, mock, open_daemon
@@ -39,10 +40,16 @@ async def test_a_full_disk_is_logged_once_per_episode(
         log = d.daemon.runtime.bus.log
         assert isinstance(log, SqliteEventLog)
         begins: list[str] = []
+        attempted, committed = trio.Event(), trio.Event()
+        token = trio.lowlevel.current_trio_token()
 
         def count(statement: str) -> None:  # in the flusher's thread
             if statement.startswith("BEGIN"):
                 begins.append(statement)
+                if len(begins) >= ATTEMPTS:
+                    token.run_sync_soon(attempted.set)
+            elif statement.startswith("COMMIT"):  # a flush that went through
+                token.run_sync_soon(committed.set)
 
         conn: sqlite3.Connection = log._disk.conn
         await trio.to_thread.run_sync(conn.set_trace_callback, count, limiter=log._limiter)
@@ -53,13 +60,14 @@ async def test_a_full_disk_is_logged_once_per_episode(
         r = await d.chat(mock(say=" ".join(f"word{i}" for i in range(2000))))
         assert r.status_code == 200, r.text
         with trio.fail_after(10):
-            while len(begins) < ATTEMPTS:
-                await trio.sleep(0.01)
-        assert log.flushes == flushed, "a flush went through a full disk"
+            await attempted.wait()
+        assert log.flushes == flushed and not committed.is_set(), \
+            "a flush went through a full disk"
         await _on_log_connection(log, "PRAGMA max_page_count=1073741823")  # disk freed
         with trio.fail_after(10):
-            while log.flushes == flushed:
-                await trio.sleep(0.01)
+            await committed.wait()
+            while log.flushes == flushed:  # the flush's Trio side, right after its commit
+                await trio.testing.wait_all_tasks_blocked()
         await trio.to_thread.run_sync(conn.set_trace_callback, None, limiter=log._limiter)
 
     lines = [r for r in caplog.records if r.name == LOGGER]

@@ -5,8 +5,9 @@ it (and each caller's wait for it), so that a taken write runs also when its lea
 cancelled. Those shields end with the daemon's stop: a write stuck in SQLite's worker
 thread for good (a trace callback that blocks on a threading.Event, as a hung disk
 would) is given up when `shutdown_grace_s` ends, the turn whose end it was still
-publishes exactly one terminal, and the daemon has returned well within CONTRACT §1's
-10 s. The blocked thread is released at the end (and by a guard, if the stop hangs).
+publishes exactly one terminal (saying its end was not stored), and the daemon has
+returned well within CONTRACT §1's 10 s. The blocked thread is released at the end
+(and by a guard, if the stop hangs).
 """
 
 from __future__ import annotations
@@ -76,3 +77,7 @@ async def test_a_hung_disk_does_not_hold_the_stop(tmp_path: Path, provider: Prov
     assert took < GRACE_S + 4, f"stopped after {took:.1f} s"
     terminal = assert_one_terminal_last(rec.stream(turn_id))
     assert terminal["eventType"] == "error", terminal
+    # It says its end was not stored (the next start closes the row without a second).
+    assert terminal["data"]["code"] == "INTERNAL_ERROR", terminal["data"]
+    assert terminal["data"]["details"] == {"reason": "store_unavailable",
+                                           "outcome": "CANCELLED"}

@@ -677,10 +677,10 @@ class Store:
     async def unfinished_turns(self) -> list[TurnRecord]:
         def _unfinished() -> list[TurnRecord]:
             rows = self._rconn.execute(
-                "SELECT id, session_id, trigger, started_at, reply_to FROM turns "
+                "SELECT id, session_id, trigger, started_at, reply_to, start_seq FROM turns "
                 "WHERE ended_at IS NULL ORDER BY started_at"
             )
-            return [TurnRecord(*r) for r in rows]
+            return [TurnRecord(r[0], r[1], r[2], r[3], r[4], start_seq=r[5]) for r in rows]
 
         return await self._read(_unfinished)
 
