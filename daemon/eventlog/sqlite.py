@@ -25,7 +25,7 @@ import logging
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import trio
@@ -439,6 +439,34 @@ class SqliteEventLog:
         except sqlite3.Error as exc:
             # Not a clean stop, then: the next start skips ahead and reports a gap.
             log.error("event log: could not record a clean stop: %s", exc)
+
+    async def terminals(self, turn_ids: Sequence[str], since: int) -> list[Envelope]:
+        """The `done`/`error` events of these turns with seq > `since`, on disk or in
+        memory: what the start's recovery looks for (runtime/published.py), in one
+        scan of the file rather than a replay of every event since."""
+        wanted = set(turn_ids)
+
+        def _scan() -> list[Envelope]:
+            found: list[Envelope] = []
+            ids = list(wanted)
+            for at in range(0, len(ids), 500):  # below SQLite's bound-parameter limit
+                chunk = ids[at:at + 500]
+                rows = self._disk.conn.execute(
+                    f"SELECT {_COLUMNS} FROM events WHERE seq > ? "
+                    "AND event_type IN ('done', 'error') "
+                    f"AND turn_id IN ({','.join('?' * len(chunk))}) ORDER BY seq",
+                    (since, *chunk)).fetchall()
+                found += [_envelope(r) for r in rows]
+            return found
+
+        try:
+            found = await trio.to_thread.run_sync(_scan, limiter=self._limiter)
+        except sqlite3.Error as exc:
+            raise StoreError(f"event log read failed: {exc}") from exc
+        on_disk = {e.seq for e in found}
+        found += [e for e in self._ring.since(since) if e.turn_id in wanted
+                  and e.event_type in ("done", "error") and e.seq not in on_disk]
+        return found
 
     # -- internals --------------------------------------------------------------------
 

@@ -13,14 +13,18 @@ either, and then INTERRUPTED is that turn's only terminal in the replay.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import orjson
 
+from daemon.errors import BusUnavailable, StoreError
 from daemon.runtime import events as ev
 from daemon.runtime.ports import EventLog
 from daemon.store.models import TurnRecord
+
+log_ = logging.getLogger(__name__)
 
 PAGE = 1000  # envelopes per replay page
 
@@ -42,18 +46,37 @@ async def published_terminals(log: EventLog,
     starts = [t.start_seq for t in turns]
     since = 0 if any(s is None for s in starts) else max(0, min(s or 0 for s in starts) - 1)
     found: dict[str, Published] = {}
+    scan = getattr(log, "terminals", None)  # the embedded log's one-query scan
+    if scan is not None:
+        try:
+            for env in await scan(list(wanted), since):
+                if env.turn_id is not None:
+                    found[env.turn_id] = _published(env)
+        except StoreError as exc:
+            log_.warning("could not read the event log for the terminals of %d open "
+                         "turns: %s", len(wanted), exc)
+        return found
     replay = log.replay(since)
     while len(found) < len(wanted):
-        page = await replay.next_page(PAGE)
+        try:
+            page = await replay.next_page(PAGE)
+        except (StoreError, BusUnavailable) as exc:
+            # A log that cannot be read now: those turns get INTERRUPTED, as they would
+            # with the log lost — the start goes on.
+            log_.warning("could not read the event log for the terminals of %d open "
+                         "turns: %s", len(wanted) - len(found), exc)
+            break
         if not page:
             break
         for item in page:
             if (isinstance(item, ev.Envelope) and item.turn_id in wanted
                     and item.event_type in ev.TERMINAL_TYPES):
-                data = orjson.loads(item.data).get("data") or {}
-                if item.event_type == ev.DONE:
-                    found[item.turn_id] = Published("done", "")
-                else:
-                    found[item.turn_id] = Published(str(data.get("code", "INTERNAL_ERROR")),
-                                                    str(data.get("message", "")))
+                found[item.turn_id] = _published(item)
     return found
+
+
+def _published(env: ev.Envelope) -> Published:
+    if env.event_type == ev.DONE:
+        return Published("done", "")
+    data = orjson.loads(env.data).get("data") or {}
+    return Published(str(data.get("code", "INTERNAL_ERROR")), str(data.get("message", "")))
