@@ -344,7 +344,8 @@ async def _serve(
             # bound, so that a hung disk holds no task past it (store/sqlite.py).
             bound_shields = getattr(store, "bound_shields", None)
             if bound_shields is not None:
-                bound_shields(partial(turn_services.stop.shielded, at_least=CLOSE_S / 2))
+                bound_shields(partial(turn_services.stop.shielded, to_last=True,
+                                      at_least=CLOSE_S / 2))
             sessions = SessionManager(config, store, bus, turn_services)
             listener = bind_socket(server.host, server.port)
             late = _Late()

@@ -4,7 +4,8 @@ The embedded store's group commit shields the batch its leader runs for every ca
 it (and each caller's wait for it), so that a taken write runs also when its leader is
 cancelled. Those shields end with the daemon's stop: a write stuck in SQLite's worker
 thread for good (a trace callback that blocks on a threading.Event, as a hung disk
-would) is given up when `shutdown_grace_s` ends, the turn whose end it was still
+would) is given up at the stop's last moment for a turn's end (what the stop's budget
+leaves after it, not the shutdown grace: a slow disk finishes), the turn whose end it was still
 publishes exactly one terminal (saying its end was not stored), and the daemon has
 returned well within CONTRACT §1's 10 s. The blocked thread is released at the end
 (and by a guard, if the stop hangs).
@@ -72,9 +73,9 @@ async def test_a_hung_disk_does_not_hold_the_stop(tmp_path: Path, provider: Prov
             release.set()
             nursery.cancel_scope.cancel()
     assert blocked.is_set(), "the turn's end never reached the hung writer"
+    # The turn's end gives up at the stop's last moment for it (8 s budget less the
+    # connections' second and a margin), then the closes' bounds: within CONTRACT §1.
     assert took is not None and took < 10, f"stopped after {took:.1f} s"
-    # The stop's grace (the turn's end gives up then), and the closes' bound after it.
-    assert took < GRACE_S + 4, f"stopped after {took:.1f} s"
     terminal = assert_one_terminal_last(rec.stream(turn_id))
     assert terminal["eventType"] == "error", terminal
     # It says its end was not stored (the next start closes the row without a second).

@@ -52,6 +52,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# What a turn has, after the stop's last moment for its end write, to publish its
+# terminal before the shutdown stops waiting for it.
+END_MARGIN_S = 0.25
+
 
 @dataclass(frozen=True)
 class CancelReceipt:
@@ -193,13 +197,14 @@ class SessionManager:
         store writes end within the grace, but one a batch has taken ends with its batch
         (a slow disk): the stop budget, not the grace, says how long that may be."""
         self.closing = True
-        # From here, the store writes turns shield get the grace and no more.
-        self.services.stop.begin(self.services.grace_s)
+        if until is None:
+            until = trio.current_time() + self.config.server.shutdown_grace_s + 1
+        # From here, the store writes turns shield get the grace and no more; a turn's
+        # end (and the store's batch it is in) until just before `until`.
+        self.services.stop.begin(self.services.grace_s, last=until - END_MARGIN_S)
         turns = [s.running for s in self._sessions.values() if s.running is not None]
         for turn in turns:
             turn.cancel("shutdown")
-        if until is None:
-            until = trio.current_time() + self.config.server.shutdown_grace_s + 1
         with trio.move_on_at(until):
             for turn in turns:
                 await turn.finished.wait()

@@ -150,7 +150,7 @@ def _connect(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
 
 
 # What shields the group commit's taken writes: by default for as long as they take; in
-# the daemon, until they are done or its stop's grace ends (`Store.bound_shields`).
+# the daemon, until they are done or its stop's bound passes (`Store.bound_shields`).
 Shield = Callable[[], AbstractContextManager[trio.CancelScope]]
 
 
@@ -187,7 +187,7 @@ class _Write:
 
 class _BatchThread:
     """A batch's worker thread, as its leader waits for it: cancellably (only the
-    stop's grace cancels it), since a thread cannot be stopped. A leader that stops
+    stop's bound cancels it), since a thread cannot be stopped. A leader that stops
     waiting (the disk hangs) leaves the thread to it; whichever comes second — the
     thread's end or the leader's giving up — knows it, and then the thread's end, not
     the leader, hands the writer's connection back (its limiter, on the leader's
@@ -244,11 +244,11 @@ class _BatchThread:
 
 
 def _hang_up(batch: list[_Write]) -> None:
-    """The stop's grace ended with the disk still in `batch`: its thread is left to it,
+    """The stop's bound passed with the disk still in `batch`: its thread is left to it,
     and each write fails — it may yet be stored, if the disk ever answers."""
     failed = StoreUnavailable(
-        "the database did not finish a write before the daemon's stop "
-        "(shutdown_grace_s): the disk does not answer; the write may or may not be stored")
+        "the database did not finish a write within the daemon's stop budget: the disk "
+        "does not answer; the write may or may not be stored")
     for o in batch:
         o.error, o.result = failed, None
 
@@ -269,7 +269,7 @@ class Store:
     def bound_shields(self, shield: Shield) -> None:
         """Shield the group commit's writes with `shield` (the daemon's
         runtime/stopbound.StopBound.shielded): a taken write still runs when its leader
-        is cancelled, but a disk that never answers keeps no task past the stop's grace
+        is cancelled, but a disk that never answers keeps no task past the stop's bound
         (the batch is then given up as StoreUnavailable, its thread left to the disk,
         holding the writer's connection until the disk answers)."""
         self._shield = shield
@@ -428,7 +428,7 @@ class Store:
                     # Shielded: taken writes run (their callers wait for them), also
                     # when this leader is cancelled while every thread token is busy —
                     # else the batch would be "done" without having run. Until the
-                    # daemon's stop's grace ends (`bound_shields`): a disk that never
+                    # daemon's stop's bound passes (`bound_shields`): a disk that never
                     # answers then keeps neither this task nor its callers.
                     with self._shield() as shield:
                         await run.run(partial(self._run_batch, lane, busy_ms, batch))
