@@ -16,6 +16,7 @@ import socket
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import trio
@@ -300,6 +301,7 @@ async def _serve(
     bus = Bus(event_log, queue_bytes=server.stream_queue_bytes,
               coalesce_after=server.stream_coalesce_after)
     metrics = _metrics(bus)
+    metrics.known(list(config.agents), list(config.providers))  # series at 0 from the start
     sessions: SessionManager | None = None
     cluster: ClusterNode | None = None
     http_server: HttpServer | None = None
@@ -343,6 +345,12 @@ async def _serve(
                 slots=trio.CapacityLimiter(server.max_running_turns),
                 mcp=mcp, sandbox=sandbox or Sandbox(),
             )
+            # The embedded store's group commit shields its batches: with the stop's
+            # bound, so that a hung disk holds no task past it (store/sqlite.py).
+            bound_shields = getattr(store, "bound_shields", None)
+            if bound_shields is not None:
+                bound_shields(partial(turn_services.stop.shielded, to_last=True,
+                                      at_least=CLOSE_S / 2))
             sessions = SessionManager(config, store, bus, turn_services)
             listener = bind_socket(server.host, server.port)
             late = _Late()

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import trio
@@ -108,6 +109,33 @@ def retention_floor(latest: int, keep: int, holes: list[tuple[int, int]]) -> int
         remaining -= span
         pos = first - 1
     return max(0, pos - remaining)
+
+
+# SQLite result codes that say the file is not a (whole) database: SQLITE_CORRUPT,
+# SQLITE_NOTADB.
+_CORRUPT = frozenset({11, 26})
+
+
+def _sqlite_code(exc: sqlite3.Error) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+def _move_aside(path: Path) -> Path:
+    """Rename a corrupt log (and its WAL, which belongs to it and must not be applied
+    to a new file) to `NAME.corrupt-<UTC time>`; its shared-memory index is dropped."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}.{n}")
+    path.rename(aside)
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists():
+        wal.rename(aside.with_name(aside.name + "-wal"))
+    path.with_name(path.name + "-shm").unlink(missing_ok=True)
+    return aside
 
 
 def _envelope(row: tuple[object, ...]) -> Envelope:
@@ -241,6 +269,10 @@ class SqliteEventLog:
         self._overrun_logged = False
         self._closed = False
         self._failing = False  # the last flush failed: the disk refuses writes
+        # The current episode of failed flushes (a full disk is retried every tick):
+        # its first failure is logged, then its end, never each retry.
+        self.failed_flushes = 0
+        self._failing_since = 0.0
         self.flushes = 0
 
     @classmethod
@@ -253,6 +285,20 @@ class SqliteEventLog:
         bound (and the last seq at a clean stop), so that the store keeps the floor for
         the next start even if this file is lost."""
         def _open() -> tuple[_Disk, int, int]:
+            try:
+                return _open_file()
+            except sqlite3.DatabaseError as exc:
+                if _sqlite_code(exc) not in _CORRUPT:
+                    raise
+                # Only a replay cache: the sessions and messages are in the store, which
+                # also keeps the seq floor. Losing the replay history beats not starting.
+                aside = _move_aside(path)
+                log.warning("event log: %s is not a readable database (%s): moved aside "
+                            "to %s; starting a new one (replay of earlier events is "
+                            "lost: clients get a stream.gap)", path, exc, aside.name)
+                return _open_file()
+
+        def _open_file() -> tuple[_Disk, int, int]:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             try:
@@ -349,13 +395,16 @@ class SqliteEventLog:
             # Keep the batch for the next tick; a disk that stays broken is bounded by
             # MAX_PENDING. A cancel while writing loses nothing either: the thread's
             # transaction commits or rolls back on its own, and a re-write replaces.
-            log.error("event log: flush of %d events failed: %s", len(batch), exc)
-            self._failing = True
+            self._failed(len(batch), exc)
             self._requeue(batch)
             return
         except BaseException:
             self._requeue(batch)
             raise
+        if self._failing:
+            log.warning("event log: flushing again after %d failed flushes over %.1f s",
+                        self.failed_flushes, trio.current_time() - self._failing_since)
+            self.failed_flushes = 0
         self._failing = False
         moved = reserved != self._reserved
         self._reserved = reserved
@@ -391,6 +440,34 @@ class SqliteEventLog:
             # Not a clean stop, then: the next start skips ahead and reports a gap.
             log.error("event log: could not record a clean stop: %s", exc)
 
+    async def terminals(self, turn_ids: Sequence[str], since: int) -> list[Envelope]:
+        """The `done`/`error` events of these turns with seq > `since`, on disk or in
+        memory: what the start's recovery looks for (runtime/published.py), in one
+        scan of the file rather than a replay of every event since."""
+        wanted = set(turn_ids)
+
+        def _scan() -> list[Envelope]:
+            found: list[Envelope] = []
+            ids = list(wanted)
+            for at in range(0, len(ids), 500):  # below SQLite's bound-parameter limit
+                chunk = ids[at:at + 500]
+                rows = self._disk.conn.execute(
+                    f"SELECT {_COLUMNS} FROM events WHERE seq > ? "
+                    "AND event_type IN ('done', 'error') "
+                    f"AND turn_id IN ({','.join('?' * len(chunk))}) ORDER BY seq",
+                    (since, *chunk)).fetchall()
+                found += [_envelope(r) for r in rows]
+            return found
+
+        try:
+            found = await trio.to_thread.run_sync(_scan, limiter=self._limiter)
+        except sqlite3.Error as exc:
+            raise StoreError(f"event log read failed: {exc}") from exc
+        on_disk = {e.seq for e in found}
+        found += [e for e in self._ring.since(since) if e.turn_id in wanted
+                  and e.event_type in ("done", "error") and e.seq not in on_disk]
+        return found
+
     # -- internals --------------------------------------------------------------------
 
     async def _tell_mirror(self, bound: int) -> None:
@@ -408,6 +485,17 @@ class SqliteEventLog:
             )
         except sqlite3.Error as exc:
             raise StoreError(f"event log read failed: {exc}") from exc
+
+    def _failed(self, events: int, exc: sqlite3.Error) -> None:
+        """One flush failed: logged at the first of an episode only (a full disk is
+        retried every `event_flush_ms`: 20 lines a second, for as long as it lasts)."""
+        if not self._failing:
+            log.error("event log: flush of %d events failed: %s (retried every %g ms; "
+                      "logged again when a flush works)", events, exc,
+                      self._flush_s * 1000)
+            self._failing_since = trio.current_time()
+        self._failing = True
+        self.failed_flushes += 1
 
     def _requeue(self, batch: list[Envelope]) -> None:
         self._pending = batch + self._pending

@@ -14,7 +14,7 @@ prometheus-client's global default.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import trio
@@ -35,6 +35,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # sub-agents running tools); provider requests from tens of ms to a few minutes.
 TURN_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, float("inf"))
 REQUEST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, float("inf"))
+# A turn's `outcome` label: `done` or its terminal's error code (CONTRACT §4).
+OUTCOMES = ("done", "CANCELLED", "PROVIDER_ERROR", "MAX_ITERATIONS", "INTERRUPTED",
+            "INTERNAL_ERROR", "CONTEXT_OVERFLOW")
+TOKEN_KINDS = ("input", "output", "cache")
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,24 @@ class Metrics:
 
     def add(self, name: str, kind: str, help: str, read: Callable[[], float]) -> None:
         self.readings.add(Reading(name, kind, help, read))
+
+    def known(self, agents: Sequence[str], providers: Sequence[str]) -> None:
+        """Export every series whose labels the config already names, at 0, before
+        anything has happened (as Prometheus recommends): a series that appears only
+        at its first increment makes `rate()` and `increase()` miss that increment,
+        and an alert on `veild_turns_total{outcome="PROVIDER_ERROR"}` has nothing to
+        read until the first failure. A retry's `reason` is a status or a failure's
+        name, not known in advance: that family starts empty."""
+        for agent in agents:
+            self.cost.labels(agent)
+            for kind in TOKEN_KINDS:
+                self.tokens.labels(agent, kind)
+            for outcome in OUTCOMES:
+                self.turns.labels(agent, outcome)
+                self.turn_duration.labels(agent, outcome)
+        for provider in providers:
+            self.provider_request.labels(provider)
+            self.provider_in_flight.labels(provider)
 
     # -- turns ----------------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from daemon.runtime import events as ev
 from daemon.runtime.bus import Bus, Filter, Subscription
 from daemon.runtime.inbox import Inbox, TurnHold
 from daemon.runtime.ports import Store
+from daemon.runtime.published import Published, published_terminals
 from daemon.runtime.state import SessionState
 from daemon.runtime.subagents import TurnAgents
 from daemon.runtime.turn import Turn, TurnServices
@@ -50,6 +51,10 @@ if TYPE_CHECKING:
     from daemon.cluster.routing import Router
 
 log = logging.getLogger(__name__)
+
+# What a turn has, after the stop's last moment for its end write, to publish its
+# terminal before the shutdown stops waiting for it.
+END_MARGIN_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -125,10 +130,14 @@ class SessionManager:
             await trio.sleep_forever()
 
     async def _recover_interrupted(self) -> None:
-        """Close, with a terminal INTERRUPTED, every turn the last process left open."""
-        for turn in await self.store.unfinished_turns():
+        """Close, with a terminal INTERRUPTED, every turn the last process left open —
+        but for one that published its terminal before its end failed to be stored:
+        its row is closed with that terminal's code (runtime/published.py)."""
+        turns = await self.store.unfinished_turns()
+        published = await published_terminals(self.bus.log, turns)
+        for turn in turns:
             await self.hand_over(await self.interrupt(
-                turn, "the daemon stopped while this turn ran"))
+                turn, "the daemon stopped while this turn ran", published.get(turn.id)))
         for session_id in await self.store.running_sessions():  # no turn row: just idle it
             await self.set_idle(session_id)
 
@@ -148,29 +157,36 @@ class SessionManager:
                 self._offer(pending)
                 await self.hand_over(pending)
 
-    async def interrupt(self, turn: TurnRecord, message: str) -> list[InboxRecord]:
+    async def interrupt(self, turn: TurnRecord, message: str,
+                        published: Published | None = None) -> list[InboxRecord]:
         """End a turn whose process died (this node's last run, or a dead node's turn
         found by the sweeper) with its terminal INTERRUPTED, in the store first; returns
-        the replies it owed, stored (the caller hands them over)."""
+        the replies it owed, stored (the caller hands them over). `published`: the
+        terminal it had published already (its end was not stored): the row gets its
+        code, its replies say it, and no second terminal is published."""
         state = await self.load(turn.session_id)
         record = state.mark("idle")
+        code = "INTERRUPTED"
+        if published is not None:
+            code, message = published.code, published.message
+            log.warning("turn %s had published its terminal (%s) but its end was not "
+                        "stored: stored now, with no second terminal", turn.id, code)
         # A turn that owed its caller a result still answers (and wakes it).
         replies = [InboxRecord(
             0, turn.reply_to, delivery_text.from_session(
                 record.id, record.agent_name, delivery_text.kind_of_reply(turn.trigger),
-                delivery_text.turn_result("INTERRUPTED", message, ""),
+                delivery_text.turn_result(None if code == "done" else code, message, ""),
             ), record.id, "steer", True, None, now_ms(),
         )] if turn.reply_to else []
         # Owed replies are accepted past the bound (docs/subagents.md).
-        delivered = await self.store.end_turn(
-            turn.id, "INTERRUPTED", now_ms(), record, replies
-        )
+        delivered = await self.store.end_turn(turn.id, code, now_ms(), record, replies)
         self._offer(delivered)
-        # The turn's own exit path died with its process: this is its terminal.
-        stats = ev.TurnStats(record.agent_name, record.model, 0, 0, TokenUsage(), ())
-        self.bus.publish_stream(state.ref, turn.id, ev.ERROR, ev.error_data(
-            "INTERRUPTED", message, {"startedAt": turn.started_at}, record, stats,
-        ))
+        if published is None:
+            # The turn's own exit path died with its process: this is its terminal.
+            stats = ev.TurnStats(record.agent_name, record.model, 0, 0, TokenUsage(), ())
+            self.bus.publish_stream(state.ref, turn.id, ev.ERROR, ev.error_data(
+                "INTERRUPTED", message, {"startedAt": turn.started_at}, record, stats,
+            ))
         self.bus.publish("session.updated", state.ref, {"session": ev.session_wire(record)})
         self._forget_if_idle(state)
         return delivered
@@ -181,13 +197,14 @@ class SessionManager:
         store writes end within the grace, but one a batch has taken ends with its batch
         (a slow disk): the stop budget, not the grace, says how long that may be."""
         self.closing = True
-        # From here, the store writes turns shield get the grace and no more.
-        self.services.stop.begin(self.services.grace_s)
+        if until is None:
+            until = trio.current_time() + self.config.server.shutdown_grace_s + 1
+        # From here, the store writes turns shield get the grace and no more; a turn's
+        # end (and the store's batch it is in) until just before `until`.
+        self.services.stop.begin(self.services.grace_s, last=until - END_MARGIN_S)
         turns = [s.running for s in self._sessions.values() if s.running is not None]
         for turn in turns:
             turn.cancel("shutdown")
-        if until is None:
-            until = trio.current_time() + self.config.server.shutdown_grace_s + 1
         with trio.move_on_at(until):
             for turn in turns:
                 await turn.finished.wait()

@@ -571,18 +571,18 @@ class Turn:
         # A turn whose start never reached the store has no row to close: unless it owes
         # replies, it does not wait for a store that just failed it a second time.
         if self.start_stored or replies or quiet:
-            with self.services.stop.shielded():
-                try:
-                    self.delivered = await self.services.store.end_turn(
-                        self.id, code or "done", now_ms(), record, replies, quiet,
-                        cancel_reason=(details or {}).get("reason")
-                        if code == "CANCELLED" else None,
-                        usage=self.usage, model=stats.model,
-                    )
-                except StoreUnavailable as exc:
-                    log.error("could not persist the end of turn %s: %s", self.id, exc)
-                except Exception:
-                    log.exception("could not persist the end of turn %s", self.id)
+            unstored = await self._store_end(code, details, record, replies, quiet,
+                                             stats.model)
+            if unstored is not None:
+                # Its terminal says so: its replies were not delivered, and the store
+                # still holds the turn open. The restart's recovery finds this terminal
+                # in the event log, closes the row with its code and publishes no
+                # second terminal (docs/operations.md, "Crash recovery").
+                outcome = code or "done"
+                code, details = "INTERNAL_ERROR", {"reason": STORE_UNAVAILABLE,
+                                                   "outcome": outcome}
+                message = (f"the store is unavailable: the end of turn {self.id} "
+                           f"({outcome}) could not be stored: {unstored}")
         if code is None:
             self.publisher.plain("chat.response", {"event": {
                 "content": self.content, "toolCount": len(self.tool_calls),
@@ -596,6 +596,37 @@ class Turn:
         self.publisher.plain("session.updated", {"session": ev.session_wire(record)})
         self.outcome = TurnOutcome(self.id, code, message, details, self.content, stats, record)
         self.finished.set()
+
+
+    async def _store_end(
+        self, code: str | None, details: dict[str, Any] | None, record: SessionRecord,
+        replies: list[InboxRecord], quiet: list[int], model: str | None,
+    ) -> str | None:
+        """Close the turn's row (with its replies and quieted entries); None once
+        stored, else why not."""
+        reason: str | None = None
+        # To the stop's last moment, not its grace: a slow disk's batch of ends that
+        # is still being written at the grace is stored, and then this says so.
+        with self.services.stop.shielded(to_last=True) as persisting:
+            try:
+                self.delivered = await self.services.store.end_turn(
+                    self.id, code or "done", now_ms(), record, replies, quiet,
+                    cancel_reason=(details or {}).get("reason")
+                    if code == "CANCELLED" else None,
+                    usage=self.usage, model=model,
+                )
+                return None
+            except StoreUnavailable as exc:
+                log.error("could not persist the end of turn %s: %s", self.id, exc)
+                reason = str(exc)
+            except Exception as exc:
+                log.exception("could not persist the end of turn %s", self.id)
+                reason = f"{type(exc).__name__}: {exc}"
+        if persisting.cancelled_caught:
+            log.error("could not persist the end of turn %s before the daemon stopped",
+                      self.id)
+            reason = "the daemon's stop ended first (not stored within its budget)"
+        return reason
 
 
 class _EngineContext:

@@ -17,15 +17,20 @@ errors are StoreError.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sqlite3
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
+import outcome
 import trio
 
 from daemon.errors import StoreError, StoreUnavailable
@@ -144,6 +149,17 @@ def _connect(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
     return conn
 
 
+# What shields the group commit's taken writes: by default for as long as they take; in
+# the daemon, until they are done or its stop's bound passes (`Store.bound_shields`).
+Shield = Callable[[], AbstractContextManager[trio.CancelScope]]
+
+
+@contextmanager
+def _unbounded_shield() -> Iterator[trio.CancelScope]:
+    with trio.CancelScope(shield=True) as scope:
+        yield scope
+
+
 class _Lane:
     """One connection and the limiter that gives it to one thread at a time."""
 
@@ -169,6 +185,74 @@ class _Write:
         self.error: BaseException | None = None
 
 
+class _BatchThread:
+    """A batch's worker thread, as its leader waits for it: cancellably (only the
+    stop's bound cancels it), since a thread cannot be stopped. A leader that stops
+    waiting (the disk hangs) leaves the thread to it; whichever comes second — the
+    thread's end or the leader's giving up — knows it, and then the thread's end, not
+    the leader, hands the writer's connection back (its limiter, on the leader's
+    behalf): nothing else uses the connection while a thread may still be in it. The
+    thread holds one of Trio's thread tokens (as trio.to_thread would) until it ends."""
+
+    __slots__ = ("_lock", "_outcome", "abandoned", "done", "lane", "leader", "started",
+                 "token", "tokens")
+
+    def __init__(self, lane: _Lane) -> None:
+        self._lock = threading.Lock()
+        self._outcome: outcome.Outcome[None] | None = None
+        self.abandoned = False
+        self.started = False
+        self.done = trio.Event()
+        self.lane = lane
+        self.leader = trio.lowlevel.current_task()
+        self.token = trio.lowlevel.current_trio_token()
+        self.tokens = trio.to_thread.current_default_thread_limiter()
+
+    async def run(self, fn: Callable[[], None]) -> None:
+        """Run `fn` in a thread, with a thread token; returns when it has ended."""
+        await self.tokens.acquire_on_behalf_of(self)
+        # start_thread_soon is synchronous: from here the thread is on its way, and
+        # it hands the token back itself.
+        trio.lowlevel.start_thread_soon(fn, self._ended)
+        self.started = True
+        await self.done.wait()
+
+    def _ended(self, result: outcome.Outcome[None]) -> None:
+        """In the worker thread, at the batch's end (however late)."""
+        with self._lock:
+            self._outcome = result
+            abandoned = self.abandoned
+        with contextlib.suppress(trio.RunFinishedError):  # the daemon has ended
+            self.token.run_sync_soon(self._back_in_trio, abandoned)
+
+    def _back_in_trio(self, abandoned: bool) -> None:
+        self.tokens.release_on_behalf_of(self)
+        self.done.set()
+        if abandoned:
+            self.lane.limiter.release_on_behalf_of(self.leader)
+
+    def abandon(self) -> bool:
+        """The leader gives up waiting; True if a thread is still in the batch."""
+        with self._lock:
+            if self.started and self._outcome is None:
+                self.abandoned = True
+            return self.abandoned
+
+    def unwrap(self) -> None:
+        if self._outcome is not None:
+            self._outcome.unwrap()
+
+
+def _hang_up(batch: list[_Write]) -> None:
+    """The stop's bound passed with the disk still in `batch`: its thread is left to it,
+    and each write fails — it may yet be stored, if the disk ever answers."""
+    failed = StoreUnavailable(
+        "the database did not finish a write within the daemon's stop budget: the disk "
+        "does not answer; the write may or may not be stored")
+    for o in batch:
+        o.error, o.result = failed, None
+
+
 class Store:
     def __init__(self, conn: sqlite3.Connection, reader: sqlite3.Connection | None = None,
                  *, busy_timeout_s: float = 5.0) -> None:
@@ -180,6 +264,15 @@ class Store:
         self._writer = _Lane(conn)
         self._reader = _Lane(reader) if reader is not None else self._writer
         self._busy_timeout_s = busy_timeout_s
+        self._shield: Shield = _unbounded_shield
+
+    def bound_shields(self, shield: Shield) -> None:
+        """Shield the group commit's writes with `shield` (the daemon's
+        runtime/stopbound.StopBound.shielded): a taken write still runs when its leader
+        is cancelled, but a disk that never answers keeps no task past the stop's bound
+        (the batch is then given up as StoreUnavailable, its thread left to the disk,
+        holding the writer's connection until the disk answers)."""
+        self._shield = shield
 
     @property
     def _rconn(self) -> sqlite3.Connection:
@@ -215,7 +308,7 @@ class Store:
         return cls(conn, reader, busy_timeout_s=busy_timeout_s)
 
     async def aclose(self) -> None:
-        await self._call(self._conn.close)
+        await self._call(self._conn.close)  # after a hung batch's thread (bounded by the caller)
         if self._reader is not self._writer:
             await self._read(self._reader.conn.close)
 
@@ -277,11 +370,14 @@ class Store:
             if not op.taken:
                 op.abandoned = True
                 raise
-            with trio.CancelScope(shield=True):  # bounded: the leader's thread ends
+            # Bounded: the leader's batch ends (its own shield ends with the stop).
+            with self._shield():
                 await op.done.wait()
             if not isinstance(exc, StoreUnavailable):
                 raise  # Cancelled: the write a leader had taken ran regardless
             # Given up as stuck just as a leader took it: its outcome is the answer.
+            if not op.done.is_set():
+                raise
         if op.error is not None:
             raise op.error
         result: T = op.result
@@ -317,6 +413,7 @@ class Store:
             deadline = await acquire_while_moving(
                 lane.limiter, lane.progress, self._busy_timeout_s, "the writer",
                 since=self._stuck_after(op) - self._busy_timeout_s)
+            run = _BatchThread(lane)
             try:
                 batch = [o for o in self._pending if not o.abandoned]
                 self._pending = []
@@ -330,16 +427,23 @@ class Store:
                 try:
                     # Shielded: taken writes run (their callers wait for them), also
                     # when this leader is cancelled while every thread token is busy —
-                    # else the batch would be "done" without having run.
-                    with trio.CancelScope(shield=True):
-                        await trio.to_thread.run_sync(self._run_batch, lane, busy_ms, batch)
+                    # else the batch would be "done" without having run. Until the
+                    # daemon's stop's bound passes (`bound_shields`): a disk that never
+                    # answers then keeps neither this task nor its callers.
+                    with self._shield() as shield:
+                        await run.run(partial(self._run_batch, lane, busy_ms, batch))
+                    if shield.cancelled_caught and (run.abandon() or not run.started):
+                        _hang_up(batch)  # still in the thread, or never got one
+                    else:
+                        run.unwrap()
                 finally:
                     if lane.progress.finished != seen:
                         self._moved_at = trio.current_time()
                     for o in batch:
                         o.done.set()
             finally:
-                lane.limiter.release()
+                if not run.abandoned:  # else its thread releases it when the disk answers
+                    lane.limiter.release()
         finally:
             self._leading = False
             self._batch_ended.set()  # the waiters: done, or one of them leads next
@@ -573,10 +677,10 @@ class Store:
     async def unfinished_turns(self) -> list[TurnRecord]:
         def _unfinished() -> list[TurnRecord]:
             rows = self._rconn.execute(
-                "SELECT id, session_id, trigger, started_at, reply_to FROM turns "
+                "SELECT id, session_id, trigger, started_at, reply_to, start_seq FROM turns "
                 "WHERE ended_at IS NULL ORDER BY started_at"
             )
-            return [TurnRecord(*r) for r in rows]
+            return [TurnRecord(r[0], r[1], r[2], r[3], r[4], start_seq=r[5]) for r in rows]
 
         return await self._read(_unfinished)
 
