@@ -345,12 +345,10 @@ async def _serve(
                 slots=trio.CapacityLimiter(server.max_running_turns),
                 mcp=mcp, sandbox=sandbox or Sandbox(),
             )
-            # The embedded store's group commit shields its batches: with the stop's
-            # bound, so that a hung disk holds no task past it (store/sqlite.py).
-            bound_shields = getattr(store, "bound_shields", None)
-            if bound_shields is not None:
-                bound_shields(partial(turn_services.stop.shielded, to_last=True,
-                                      at_least=CLOSE_S / 2))
+            # A store's shielded writes (the embedded group commit's batches) end with
+            # the stop's bound, so that a hung disk holds no task past it.
+            store.bound_shields(partial(turn_services.stop.shielded, to_last=True,
+                                        at_least=CLOSE_S / 2))
             sessions = SessionManager(config, store, bus, turn_services)
             listener = bind_socket(server.host, server.port)
             late = _Late()

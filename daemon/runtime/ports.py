@@ -31,12 +31,14 @@ from daemon.store.models import (
     TurnHistory,
     TurnRecord,
 )
+from daemon.store.queueing import Shield
 
 
 class Store(Protocol):
     """What the runtime keeps. Errors: StoreError, StoreUnavailable (busy: 503)."""
 
     async def aclose(self) -> None: ...
+    def bound_shields(self, shield: Shield) -> None: ...
 
     # sessions
     async def create_session(self, s: SessionRecord) -> None: ...

@@ -64,7 +64,7 @@ from daemon.store.models import (
     TurnHistory,
     TurnRecord,
 )
-from daemon.store.queueing import Progress, acquire_while_moving
+from daemon.store.queueing import Progress, Shield, acquire_while_moving
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -313,6 +313,10 @@ class PostgresStore:
                 f"(connect_timeout_s): {_first_line(exc)}") from exc
         return cls(url, pool, node_id=node_id, busy_timeout_s=busy_timeout_s,
                    connect_timeout_s=connect_timeout_s, migrated=applied)
+
+    def bound_shields(self, shield: Shield) -> None:
+        """Nothing to bound: no write here waits under a shield of its own (each runs in
+        the pool's thread, its wait cancellable; a stalled server is its pool's timeout)."""
 
     async def aclose(self) -> None:
         await trio.to_thread.run_sync(self._pool.close)

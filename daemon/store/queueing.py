@@ -15,9 +15,17 @@ moving and it waits another period; if not, the store is stuck.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
 import trio
 
 from daemon.errors import StoreUnavailable
+
+# What shields a store's writes that must run to the end once taken (`Store.bound_shields`):
+# in the daemon, the stop's bound (runtime/stopbound.StopBound.shielded), so that a hung
+# disk holds no task past it.
+Shield = Callable[[], AbstractContextManager[trio.CancelScope]]
 
 
 class Progress:

@@ -23,7 +23,7 @@ import math
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from importlib import resources
@@ -43,7 +43,7 @@ from daemon.store.models import (
     TurnHistory,
     TurnRecord,
 )
-from daemon.store.queueing import Progress, acquire_while_moving
+from daemon.store.queueing import Progress, Shield, acquire_while_moving
 
 T = TypeVar("T")
 
@@ -149,9 +149,8 @@ def _connect(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
     return conn
 
 
-# What shields the group commit's taken writes: by default for as long as they take; in
-# the daemon, until they are done or its stop's bound passes (`Store.bound_shields`).
-Shield = Callable[[], AbstractContextManager[trio.CancelScope]]
+# The group commit's taken writes are shielded for as long as they take, unless the
+# daemon gives its stop's bound (`Store.bound_shields`, runtime/ports.Shield).
 
 
 @contextmanager
