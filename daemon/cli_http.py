@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 import trio
@@ -33,6 +33,10 @@ EXIT_LOST = 3  # the daemon stopped answering, or went away mid-stream: again ma
 KEEPALIVE_S = 15.0
 DEFAULT_IDLE_S = 60.0
 CONNECT_S = 10.0
+# A /ws message the CLI accepts: the daemon sends one event alone whatever its size, and
+# merges a slow reader's chunks up to its stream queue (16 MiB by default); trio-websocket's
+# own 1 MiB would end `veild tail` under a slow terminal with 1009.
+WS_MESSAGE_MAX = 16 * 1024 * 1024
 
 
 class CliError(Exception):
@@ -229,7 +233,9 @@ class Remote:
     def ws_query(query: str) -> str:
         """The browser's way to send the token on /ws (CONTRACT §3.1): `?token=`."""
         token = os.environ.get("VEILD_TOKEN")
-        return query + (f"&token={token}" if token else "")
+        # Quoted: a base64 token's `+` would be read as a space, and `&`, `#`, `%` break
+        # the query.
+        return query + (f"&token={quote(token, safe='')}" if token else "")
 
     def closed(self, exc: ConnectionClosed) -> CliError:
         """A /ws closed under a verb that was still reading it, by its close code."""
@@ -285,7 +291,8 @@ class Remote:
             try:
                 with trio.move_on_after(self.idle_s):
                     ws = await wrap_client_stream(nursery, stream, parts.netloc,
-                                                  f"{parts.path}/ws?{self.ws_query(query)}")
+                                                  f"{parts.path}/ws?{self.ws_query(query)}",
+                                                  max_message_size=WS_MESSAGE_MAX)
                 if ws is None:
                     raise self.stalled()
                 events = EventStream(ws, self)

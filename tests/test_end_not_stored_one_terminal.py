@@ -69,7 +69,8 @@ async def test_a_turn_whose_end_was_not_stored_has_one_terminal_across_a_restart
         # The first run's terminal says what happened.
         assert first["eventType"] == "error", first["data"]
         assert first["data"]["code"] == "INTERNAL_ERROR"
-        assert first["data"]["details"] == {"reason": "store_unavailable", "outcome": "done"}
+        assert first["data"]["details"] == {"reason": "store_unavailable", "outcome": "done",
+                                            "stored": False}
         assert "could not be stored" in first["data"]["message"]
         # The row is closed with the code that terminal had; the session is idle.
         [row] = db_rows(tmp_path, "SELECT ended_at, terminal_code FROM turns "
@@ -80,3 +81,40 @@ async def test_a_turn_whose_end_was_not_stored_has_one_terminal_across_a_restart
         # The message the turn stored is there: only its end was missing.
         messages = (await d.http.get(f"/sessions/{session_id}/messages")).json()["messages"]
         assert messages[-1]["content"] == "an answer"
+
+
+async def test_a_cancelled_turn_whose_end_was_not_stored_stays_cancelled(
+    tmp_path: Path, provider: Provider
+) -> None:
+    """A cancel keeps its code when its end is not stored (CONTRACT §1, §3 name
+    CANCELLED and its reason): the terminal adds `stored: false`, and the restart closes
+    the row CANCELLED with no second terminal."""
+    async with open_daemon(tmp_path, provider) as d:
+        store = d.daemon.runtime.store
+        assert isinstance(store, SqliteStore)
+        conn: sqlite3.Connection = store._conn
+        async with open_recorder(d.ws_url) as rec:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(d.chat, mock(say="never all of it", hang_after=2))
+                turn_id = await rec.turn_of()
+                await rec.wait_for(lambda evs: any(
+                    e.get("eventType") == "inference.chunk" and e.get("turnId") == turn_id
+                    for e in evs))
+                session_id = rec.stream(turn_id)[0]["sessionId"]
+                conn.set_authorizer(_refuse_turn_ends)
+                await d.cancel(session_id)
+                first = await rec.terminal(turn_id)
+            conn.set_authorizer(None)
+    assert first["eventType"] == "error", first["data"]
+    assert first["data"]["code"] == "CANCELLED"
+    assert first["data"]["details"] == {"reason": "user_cancel", "stored": False}
+
+    async with open_daemon(tmp_path, provider) as d:
+        async with open_recorder(d.ws_url, "batch=1&since=0") as rec:
+            latest = rec.frames[0]["seq"]
+            await rec.wait_for(lambda evs: any(e.get("seq", 0) >= latest for e in evs))
+            stream = rec.stream(turn_id)
+        assert assert_one_terminal_last(stream)["seq"] == first["seq"]
+        [row] = db_rows(tmp_path, "SELECT ended_at, terminal_code FROM turns "
+                                  f"WHERE id='{turn_id}'")
+        assert row["ended_at"] is not None and row["terminal_code"] == "CANCELLED"

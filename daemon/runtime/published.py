@@ -31,10 +31,12 @@ PAGE = 1000  # envelopes per replay page
 
 @dataclass(frozen=True)
 class Published:
-    """A terminal found in the log: its code (`done`, or the error code) and message."""
+    """A terminal found in the log: its code (`done`, or the error code) and message;
+    `cancelled`: the turn was stopped (its reply wakes nothing, CONTRACT §6)."""
 
     code: str
     message: str
+    cancelled: bool = False
 
 
 async def published_terminals(log: EventLog,
@@ -79,4 +81,5 @@ def _published(env: ev.Envelope) -> Published:
     if env.event_type == ev.DONE:
         return Published("done", "")
     data = orjson.loads(env.data).get("data") or {}
-    return Published(str(data.get("code", "INTERNAL_ERROR")), str(data.get("message", "")))
+    code = str(data.get("code", "INTERNAL_ERROR"))
+    return Published(code, str(data.get("message", "")), cancelled=code == "CANCELLED")

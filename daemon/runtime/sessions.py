@@ -171,12 +171,14 @@ class SessionManager:
             code, message = published.code, published.message
             log.warning("turn %s had published its terminal (%s) but its end was not "
                         "stored: stored now, with no second terminal", turn.id, code)
-        # A turn that owed its caller a result still answers (and wakes it).
+        # A turn that owed its caller a result still answers (and wakes it, unless it
+        # had been stopped: Stop means stop, CONTRACT §6).
+        wakes = published is None or not published.cancelled
         replies = [InboxRecord(
             0, turn.reply_to, delivery_text.from_session(
                 record.id, record.agent_name, delivery_text.kind_of_reply(turn.trigger),
                 delivery_text.turn_result(None if code == "done" else code, message, ""),
-            ), record.id, "steer", True, None, now_ms(),
+            ), record.id, "steer", wakes, None, now_ms(),
         )] if turn.reply_to else []
         # Owed replies are accepted past the bound (docs/subagents.md).
         delivered = await self.store.end_turn(turn.id, code, now_ms(), record, replies)

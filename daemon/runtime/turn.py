@@ -577,12 +577,16 @@ class Turn:
                 # Its terminal says so: its replies were not delivered, and the store
                 # still holds the turn open. The restart's recovery finds this terminal
                 # in the event log, closes the row with its code and publishes no
-                # second terminal (docs/operations.md, "Crash recovery").
-                outcome = code or "done"
-                code, details = "INTERNAL_ERROR", {"reason": STORE_UNAVAILABLE,
-                                                   "outcome": outcome}
-                message = (f"the store is unavailable: the end of turn {self.id} "
-                           f"({outcome}) could not be stored: {unstored}")
+                # second terminal (docs/operations.md, "Crash recovery"). A failure
+                # keeps its code (a cancel stays CANCELLED, as §1 and §3 name it) with
+                # `stored: false`; an answer cannot be `done` with its end unstored.
+                if code is None:
+                    code, details = "INTERNAL_ERROR", {"reason": STORE_UNAVAILABLE,
+                                                       "outcome": "done", "stored": False}
+                    message = (f"the store is unavailable: the end of turn {self.id} "
+                               f"(done) could not be stored: {unstored}")
+                else:
+                    details = {**(details or {}), "stored": False}
         if code is None:
             self.publisher.plain("chat.response", {"event": {
                 "content": self.content, "toolCount": len(self.tool_calls),

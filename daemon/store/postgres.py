@@ -709,11 +709,13 @@ class PostgresStore:
 
     async def node_unfinished_turns(self, node_id: str) -> list[TurnRecord]:
         rows = await self._rows(
-            "SELECT t.id, t.session_id, t.trigger, t.started_at, t.reply_to FROM turns t "
-            "JOIN sessions s ON s.id = t.session_id "
+            "SELECT t.id, t.session_id, t.trigger, t.started_at, t.reply_to, t.start_seq "
+            "FROM turns t JOIN sessions s ON s.id = t.session_id "
             "WHERE t.ended_at IS NULL AND s.owner = %s ORDER BY t.started_at, t.seq",
             (node_id,))
-        return [TurnRecord(*r) for r in rows]
+        # start_seq: where a restart's recovery looks for their terminals in the log
+        # (runtime/published.py), not from seq 0.
+        return [TurnRecord(r[0], r[1], r[2], r[3], r[4], start_seq=r[5]) for r in rows]
 
     async def node_running_sessions(self, node_id: str) -> list[str]:
         rows = await self._rows(
