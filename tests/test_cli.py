@@ -393,9 +393,13 @@ async def test_doctor_reports_a_config_error(tmp_path: Path) -> None:
     assert lines[-1] == f"doctor: 1 failed: config {config}"
 
 
+# A base64 token (`openssl rand -base64`) has `+`, `/` and `=`: on /ws's query a bare `+`
+# is a space (4401 for a token the HTTP API takes).
+@pytest.mark.parametrize("token", ["s3cret", "a+b/c=d&e%f#"])
 async def test_the_token_comes_from_veild_token(tmp_path: Path, provider: Provider,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VEILD_TEST_CLI_TOKEN", "s3cret")
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                token: str) -> None:
+    monkeypatch.setenv("VEILD_TEST_CLI_TOKEN", token)
     async with open_daemon(tmp_path, provider,
                            server='auth_token_env = "VEILD_TEST_CLI_TOKEN"') as d:
         refused = await cli("sessions", url=d.url)
@@ -403,7 +407,7 @@ async def test_the_token_comes_from_veild_token(tmp_path: Path, provider: Provid
         assert refused.stderr.decode().startswith("veild: 401 UNAUTHORIZED: ")
         assert len(refused.stderr.decode().strip().splitlines()) == 1
         chat = out(await cli("chat", "plain", mock(say="with a token"), url=d.url,
-                             VEILD_TOKEN="s3cret", VEILD_LOG="ERROR"))
+                             VEILD_TOKEN=token, VEILD_LOG="ERROR"))
         assert "plain: with a token" in chat.splitlines()  # through /ws with ?token= too
-        listed = out(await cli("sessions", url=d.url, VEILD_TOKEN="s3cret"))
+        listed = out(await cli("sessions", url=d.url, VEILD_TOKEN=token))
         assert len(listed.splitlines()) == 2
