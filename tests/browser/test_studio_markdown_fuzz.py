@@ -6,12 +6,15 @@ pathological inputs that hung or threw it (a fence line its old pattern refused,
 nested `>`, 100,000 `*`, …) and 300 seeded random CommonMark-ish documents. Each must
 render within BOUND_S; a render that does not end is stopped (CDP
 `Runtime.terminateExecution`), so it fails the test instead of hanging it, and the page
-must answer after every input. The output must be made only of the renderer's own tags
-and attributes (links http(s)/mailto only), nest boundedly, and keep every word of its
-input. Then the same end to end: a turn that answers with a ```` ```c# ```` fence is
-shown in Studio and the page still answers; links keep their URLs as written (no
-emphasis inside an href); and a user message is shown as a delivery only when its event
-says it is one — a typed imitation of the header is the user's text.
+must answer after every input. The page answers by console messages, which playwright
+gets even from a page that is stuck (an evaluate, or wait_for_function's timeout, waits
+for the page), and the test waits on them with a deadline of its own. The output must
+be made only of the renderer's own tags and attributes (links http(s)/mailto only),
+nest boundedly, and keep every word of its input. Then the same end to end: a turn
+that answers with a ```` ```c# ```` fence is shown in Studio and the page still
+answers; links keep their URLs as written (no emphasis inside an href); and a user
+message is shown as a delivery only when its event says it is one — a typed imitation
+of the header is the user's text.
 """
 
 from __future__ import annotations
@@ -135,8 +138,7 @@ def _render_each(tab: Tab, cases: list[tuple[str, str, list[str]]]) -> list[dict
             continue
         tab.page.evaluate("([n, s, w]) => window.__md.start(n, s, w)", [n, src, words])
         out = inbox.wait(f"out {n}", HUNG_S)
-        if out is None:  # stopped: it may run again
-            tab.page.evaluate("() => true")
+        if out is None:  # stopped: the next input may run again
             inbox.cdp.send("Emulation.setScriptExecutionDisabled", {"value": False})
             out = {"hung": True}
         tab.page.evaluate("(n) => window.__md.alive(n)", n)
