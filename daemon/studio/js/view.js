@@ -60,29 +60,52 @@ class StreamBlock {
       this.summary.replaceChildren(h('span.label', { text: 'Thought' }), h('span.dim', { text: ` · ${words} words` }));
       this.el.open = false;  // collapsed: the element and its text stay
     } else {
-      this.textEl.innerHTML = renderMarkdown(text);
+      renderInto(this.textEl, text);
     }
     this.el.classList.remove('streaming');
     this.el.classList.add('done');
   }
 }
 
+/** Markdown into `el`; should the renderer ever throw, the text as it is (one bad
+ * message must not stop the events after it from being shown). */
+function renderInto(el, text) {
+  try {
+    el.innerHTML = renderMarkdown(text);
+  } catch (err) {
+    console.error('markdown renderer failed; showing the text as it is', err);
+    el.textContent = text;
+  }
+}
+
 function finishedText(parent, content) {
   const el = h('div.md.done', { 'data-testid': 'assistant-text' });
-  el.innerHTML = renderMarkdown(content);
+  renderInto(el, content);
   parent.append(el);
   return el;
 }
 
-function userBubble(content, label = 'user') {
+/**
+ * A user message. `delivered` is what the daemon said of it — `{fromSessionId}` for a
+ * message it took from the inbox (the `message` event's `delivered`, or a stored wake
+ * turn's own message), else null — never what its text looks like: only then is a first
+ * line in the delivery format (delivery_text.py) shown as where it came from, and a
+ * session's only when the daemon named that same session. Anything else is the text as
+ * typed, header-like first line included.
+ */
+function userBubble(content, label = 'user', delivered = null) {
   const lines = String(content).split('\n');
-  const first = lines[0].match(DELIVERY);
-  if (!first) return h('div.user-msg', {}, h('div.who', { text: label }), h('div.user-text', { text: content }));
-  const [, fromId, agent, kind] = first;
+  const first = delivered && lines[0].length <= 1000 ? lines[0].match(DELIVERY) : null;
+  const [, fromId, agent, kind] = first || [];
+  if (!first || (fromId || null) !== (delivered.fromSessionId || null)) {
+    return h('div.user-msg', { 'data-testid': 'user-message', 'data-from': '' },
+      h('div.who', { text: label }), h('div.user-text', { text: content }));
+  }
   const who = fromId
     ? h('div.who', {}, 'from ', h('a.session-link', { href: `#${fromId}`, 'data-open': fromId, text: `${agent} ${shortId(fromId)}` }), kind ? ` · ${kind}` : '')
     : h('div.who', { text: 'delivered from outside' });
-  return h('div.user-msg.delivery', {}, who, h('div.user-text', { text: lines.slice(1).join('\n') }));
+  return h('div.user-msg.delivery', { 'data-testid': 'user-message', 'data-from': fromId || 'outside' },
+    who, h('div.user-text', { text: lines.slice(1).join('\n') }));
 }
 
 export class ToolCall {
@@ -233,7 +256,7 @@ class Body {
         this.route = null;  // a call ended: the next one starts at the agent's provider
         if (d.role === 'user') {
           this.finishOpen();
-          this.el.append(userBubble(d.content, this.who));
+          this.el.append(userBubble(d.content, this.who, d.delivered ? { fromSessionId: d.fromSessionId } : null));
         } else if (d.role === 'assistant') {
           this.finishOpen();
         }
@@ -399,11 +422,19 @@ class Body {
     }
   }
 
-  /** A stored turn's messages (GET /sessions/{id}/messages), rendered finished. */
-  past(messages) {
+  /** A stored turn's messages (GET /sessions/{id}/messages), rendered finished. The
+   * store keeps no origin per message: a wake turn's own (first) message is its
+   * delivery, from the turn's `fromSessionId`; a later one came through the inbox
+   * too, from a source not kept, so only an outside delivery's header is shown as one. */
+  past(messages, turn = {}) {
+    let own = true;
     for (const m of messages) {
-      if (m.role === 'user') this.el.append(userBubble(m.content));
-      else if (m.role === 'assistant') {
+      if (m.role === 'user') {
+        const delivered = own ? (turn.trigger === 'wake' ? { fromSessionId: turn.fromSessionId } : null)
+          : (turn.trigger ? { fromSessionId: null } : null);
+        own = false;
+        this.el.append(userBubble(m.content, 'user', delivered));
+      } else if (m.role === 'assistant') {
         if (m.content) finishedText(this.el, m.content);
         for (const call of m.toolCalls || []) {
           new ToolCall(this.view, this.el, { id: call.id, name: call.name, args: call.arguments, live: false });
@@ -617,7 +648,7 @@ export class View {
     for (const t of turns) {
       if (t.terminal) {
         const turn = new TurnView(this, this.el, t.turnId, t);
-        turn.body.past(byTurn.get(t.turnId) || []);
+        turn.body.past(byTurn.get(t.turnId) || [], t);
         turn.terminal(t.terminal, { code: t.errorCode, cancelReason: t.cancelReason, details: t.cancelReason ? { reason: t.cancelReason } : null, tokenUsage: t.tokenUsage, model: t.model });
         turn.el.classList.add('done');
         this.pastTurns.add(t.turnId);
