@@ -31,6 +31,9 @@ async def test_injected_before_the_next_llm_call(daemon: Running, tmp_path: Path
         assert r.status_code == 202
         assert r.json() == {"injected": True, "sessionId": session}
         (tmp_path / "data" / "workspaces" / session / "go").touch()
+        # The JSON answer comes from the turn's node; across nodes this recorder may get
+        # the turn's last events later: read its stream once it holds the terminal.
+        await rec.terminal(chunk["turnId"])
     body = results[0]
     assert body["content"] == "saw it"
     roles = [(e["data"]["role"], e["data"]["content"]) for e in rec.stream(body["turnId"])
