@@ -9,7 +9,8 @@ It reads the message from stdin; a line `#fake {...}` in it says what to do:
                 "is_error"}]}]  one LLM call each (default: one call saying "ok")
     model     the model its assistant messages name (default "claude-fake")
     retries   this many `system` api_retry lines before the first call, each followed by
-              the wait it announces, `retry_delay_ms` (default 1), as the CLI waits
+              the wait it announces, `retry_delay_ms` (default 1), as the CLI waits;
+              `retry_then_status`: a status line in the same write as each api_retry line
     delay_ms  pause after each line (so a test can cancel mid-stream)
     fail      "exit" | "malformed" | "silent" | "max_turns" | an API error:
               "not_logged_in" (no key: "Not logged in · Please run /login"),
@@ -117,9 +118,16 @@ def main() -> int:
     retries = int(spec.get("retries", 0))
     for attempt in range(retries):
         wait_ms = int(spec.get("retry_delay_ms", 1))
-        out({"type": "system", "subtype": "api_retry", "attempt": attempt + 1,
-             "max_retries": 10, "retry_delay_ms": wait_ms, "error_status": 529,
-             "error": "overloaded"})
+        retry = {"type": "system", "subtype": "api_retry", "attempt": attempt + 1,
+                 "max_retries": 10, "retry_delay_ms": wait_ms, "error_status": 529,
+                 "error": "overloaded"}
+        if spec.get("retry_then_status"):  # one write: the daemon reads both at once
+            status = {"type": "system", "subtype": "status", "status": "retrying"}
+            sys.stdout.write("".join(json.dumps({**o, **base, "uuid": str(uuid.uuid4())})
+                                     + "\n" for o in (retry, status)))
+            sys.stdout.flush()
+        else:
+            out(retry)
         time.sleep(wait_ms / 1000)
 
     api_error = API_ERRORS.get(fail)

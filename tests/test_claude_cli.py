@@ -234,11 +234,15 @@ async def test_an_api_error_after_a_tool_round_keeps_what_was_answered(
         ("user", fake(**spec)), ("assistant", "run it"), ("tool", "a.txt")]
 
 
-async def test_no_stall_timeout_runs_during_the_clis_retry_wait(claude: Running) -> None:
+@pytest.mark.parametrize("then_status", [False, True])
+async def test_no_stall_timeout_runs_during_the_clis_retry_wait(claude: Running,
+                                                               then_status: bool) -> None:
     """§14: the CLI says nothing while it waits the 1.5 s its api_retry line announced;
-    the agent's stall_timeout_s (0.5 s) does not run out in that wait."""
+    the agent's stall_timeout_s (0.5 s) does not run out in that wait — also when
+    another line comes in the same read as the retry line."""
     async with open_recorder(claude.ws_url) as rec:
-        r = await claude.chat(fake(retries=1, retry_delay_ms=1500), agent="stalls")
+        r = await claude.chat(fake(retries=1, retry_delay_ms=1500,
+                                   retry_then_status=then_status), agent="stalls")
         assert r.status_code == 200, r.text
         await rec.terminal(r.json()["turnId"])
     assert r.json()["content"] == "ok"

@@ -35,6 +35,7 @@ ProviderError; cancel (the turn closes this generator) kills the process group a
 
 from __future__ import annotations
 
+import math
 import subprocess
 from collections import deque
 from collections.abc import AsyncGenerator
@@ -114,12 +115,13 @@ class StreamJson:
     requested: str | None = None  # the model its init line names (until one answers)
     said: str | None = None  # the text of its last synthetic message (an API error)
     attempt: int = 0  # the retry the current call is on (0: none yet)
-    retry_wait_s: float = 0.0  # the wait the last line announced (0: none)
+    # When the wait the last api_retry line announced ends (trio time): later lines of
+    # the same read do not shorten it.
+    retry_until: float = -math.inf
 
     def feed(self, line: dict[str, Any], now: float) -> list[EngineEvent]:
         """The events one line means; `now` times the CLI's tool calls."""
         self.now = now
-        self.retry_wait_s = 0.0
         kind = line.get("type")
         if line.get("parent_tool_use_id"):
             return []  # the CLI's own sub-agents: not this turn's stream
@@ -151,7 +153,7 @@ class StreamJson:
         status = line.get("error_status")
         error = line.get("error")
         self.attempt = attempt
-        self.retry_wait_s = wait_ms / 1000
+        self.retry_until = self.now + wait_ms / 1000
         return ProviderRetried(
             PROVIDER, self.model or self.requested or "", attempt, most, wait_ms,
             status if isinstance(status, int) and not isinstance(status, bool) else None,
@@ -366,7 +368,10 @@ class ClaudeCliEngine:
         message = ctx.history[-1].content if ctx.history else ""
         stderr_path = ctx.workspace / STDERR_FILE
         try:
-            home, stderr = await trio.to_thread.run_sync(self._prepare, ctx.workspace)
+            # Abandoned on cancel (a hung disk must not hold a Stop): a file the thread
+            # opens after that is dropped with its unread result, and closed by that.
+            home, stderr = await trio.to_thread.run_sync(self._prepare, ctx.workspace,
+                                                         abandon_on_cancel=True)
         except OSError as exc:
             raise ProviderError(f"cannot prepare claude-cli's workspace: {exc}") from exc
         env = tool_environment(self.agent, ctx.session_id, home)
@@ -395,7 +400,8 @@ class ClaudeCliEngine:
             while True:
                 # CONTRACT §14: no stall timeout runs during a retry's wait: the CLI
                 # says nothing while it waits the time its api_retry line announced.
-                quiet_s = self.agent.stall_timeout_s + mapper.retry_wait_s
+                retrying_s = max(0.0, mapper.retry_until - trio.current_time())
+                quiet_s = self.agent.stall_timeout_s + retrying_s
                 with trio.move_on_after(quiet_s) as waiting:
                     batch = await lines.next()
                 if waiting.cancelled_caught:
