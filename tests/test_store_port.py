@@ -168,7 +168,9 @@ async def test_turn_start_end_with_deliveries_and_quiet(store: Store) -> None:
     assert [t.id for t in await store.unfinished_turns()] == ["t1"]
     [unfinished] = await store.unfinished_turns()
     assert (unfinished.session_id, unfinished.trigger, unfinished.started_at,
-            unfinished.reply_to) == ("c", "delivery", 3000, "p")
+            unfinished.reply_to, unfinished.start_seq) == ("c", "delivery", 3000, "p", 41)
+    assert await store.turn_code("t1") is None  # open
+    assert await store.turn_code("no-such-turn") is None
 
     waiting = await store.deliver(delivery("c", "left over"))
     usage = TokenUsage(5, 7, 1, 0.25)
@@ -191,6 +193,7 @@ async def test_turn_start_end_with_deliveries_and_quiet(store: Store) -> None:
     assert (turn.id, turn.trigger, turn.from_session_id, turn.started_at, turn.ended_at,
             turn.terminal_code, turn.token_usage, turn.model, turn.start_seq) == (
         "t1", "delivery", "p", 3000, 4000, "done", usage, "m2", 41)
+    assert await store.turn_code("t1") == "done"
 
 
 async def test_turns_history_in_order_with_cancel_and_schedule(store: Store) -> None:

@@ -65,9 +65,5 @@ class SessionLauncher:
         return TurnRun(turn)
 
     async def ended_outcome(self, session_id: str, turn_id: str) -> str | None:
-        # A scan of the session's turns, once per schedule per start: no lookup by id
-        # in the Store port, and a `same` session's turns are one a run.
-        for turn in await self.sessions.store.turns(session_id):
-            if turn.id == turn_id:
-                return turn.terminal_code
-        return None
+        # One row by id: a `same` session holds a turn per run, a year of them at 30 s.
+        return await self.sessions.store.turn_code(turn_id)

@@ -545,6 +545,10 @@ class PostgresStore:
 
         return await self._write(_end)
 
+    async def turn_code(self, turn_id: str) -> str | None:
+        rows = await self._rows("SELECT terminal_code FROM turns WHERE id=%s", (turn_id,))
+        return rows[0][0] if rows else None
+
     async def turns(self, session_id: str) -> list[TurnHistory]:
         rows = await self._rows(
             "SELECT id, trigger, from_session_id, started_at, ended_at, terminal_code, "

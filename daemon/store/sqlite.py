@@ -655,6 +655,14 @@ class Store:
 
         return await self._write(_end)
 
+    async def turn_code(self, turn_id: str) -> str | None:
+        def _code() -> str | None:
+            row = self._rconn.execute("SELECT terminal_code FROM turns WHERE id=?",
+                                      (turn_id,)).fetchone()
+            return row[0] if row else None
+
+        return await self._read(_code)
+
     async def turns(self, session_id: str) -> list[TurnHistory]:
         """Every turn of a session, oldest first."""
 
