@@ -16,7 +16,8 @@ MCP_TEST_REFUSE_INIT (stdio: answer `initialize` with a JSON-RPC error of that m
 and stay up until stdin closes: a live server that refuses the daemon),
 MCP_TEST_STALL_PING (http: the first ping that arrives while a `tools/call` is running
 is answered that many seconds late, once; "ping stalled" / "ping released" recorded;
-the `outlast_stall` tool reports progress until then). The `get_env`
+the `outlast_stall` tool reports progress until then), MCP_TEST_HANG_PINGS (http, any
+value: no ping is ever answered; "ping held" recorded for each). The `get_env`
 tool (like server-everything's `get-env`) returns the whole environment it was started
 with.
 """
@@ -118,6 +119,7 @@ async def spawn_setsid() -> str:
 
 
 STALL_PING = float(os.environ.get("MCP_TEST_STALL_PING") or 0)
+HANG_PINGS = bool(os.environ.get("MCP_TEST_HANG_PINGS"))
 calls_running = 0
 stall_over: anyio.Event | None = None
 
@@ -138,7 +140,8 @@ async def outlast_stall(ctx: Context) -> str:
 
 
 def stalling_pings(inner: Any) -> Any:
-    """ASGI middleware: holds the first ping POSTed while a tool call runs (once)."""
+    """ASGI middleware: holds the first ping POSTed while a tool call runs (once), or
+    every ping (MCP_TEST_HANG_PINGS)."""
     stalled = False
 
     async def app_(scope: Any, receive: Any, send: Any) -> None:
@@ -163,6 +166,9 @@ def stalling_pings(inner: Any) -> Any:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
+        if method == "ping" and HANG_PINGS:
+            record("ping held")
+            await anyio.sleep_forever()
         if method == "ping" and calls_running and not stalled:
             stalled = True
             record("ping stalled")
@@ -290,8 +296,10 @@ def main() -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     asgi = app.streamable_http_app()
-    config = uvicorn.Config(stalling_pings(asgi) if STALL_PING else asgi,
-                            log_level="warning")
+    config = uvicorn.Config(stalling_pings(asgi) if STALL_PING or HANG_PINGS else asgi,
+                            log_level="warning",
+                            # held pings would hold a graceful shutdown for ever
+                            timeout_graceful_shutdown=1 if HANG_PINGS else None)
     server = uvicorn.Server(config)
     print(f"port {sock.getsockname()[1]}", flush=True)
     server.run(sockets=[sock])

@@ -190,3 +190,19 @@ async def test_a_ping_stalled_once_while_a_call_runs_does_not_fail_the_call(
     assert contents == ["outlasted the stalled ping"], contents
     assert body["toolCalls"][0]["isError"] is False
     assert after["status"] == "ready", after
+
+
+async def test_a_server_that_answers_no_ping_is_down_after_three_in_a_row(
+        tmp_path: Path, provider: Provider, record: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from daemon.mcp import server
+
+    monkeypatch.setattr(server, "PING_EVERY_S", 0.2)
+    monkeypatch.setattr(server, "PING_TIMEOUT_S", 0.3)
+    async with http_server(record, env={"MCP_TEST_HANG_PINGS": "1"}) as url:
+        extra = f'[mcp.h]\nurl = "{url}"\n' + agent(["mcp:h"])
+        async with open_daemon(tmp_path, provider, extra=extra) as d:
+            await wait_status(d, "h", "ready")
+            failed = await wait_status(d, "h", "failed")
+    assert failed["error"] == "no answer to 3 pings in a row (0.3s each)", failed
+    assert recorded(record).count("ping held") >= 3
