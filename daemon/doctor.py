@@ -19,6 +19,7 @@ import httpx
 import trio
 
 from daemon.cli_http import error_line, headers
+from daemon.cli_safe import safe_line
 from daemon.config import Config, McpServerConfig, load_config, resolve_config_path
 from daemon.errors import ConfigError
 from daemon.sandbox import INSTALL_HINT, find_bwrap, opted_out
@@ -88,8 +89,9 @@ def mcp_check(server: McpServerConfig) -> str | None:
     try:
         tools = trio.run(McpServer(server).probe)
     except ProbeFailed as exc:
-        return str(exc)
-    shown = ", ".join(tools[:TOOLS_SHOWN]) + (", …" if len(tools) > TOOLS_SHOWN else "")
+        return safe_line(str(exc))  # the server's own words: no terminal controls
+    shown = safe_line(", ".join(tools[:TOOLS_SHOWN])
+                      + (", …" if len(tools) > TOOLS_SHOWN else ""))
     return Passed(f"{len(tools)} tool(s): {shown}" if tools else "no tools")
 
 

@@ -11,7 +11,13 @@ start), MCP_TEST_FAIL_START (exit 3 at once: a server that cannot start), MCP_TE
 (any value: reported by the `where` tool with the cwd), MCP_TEST_GARBAGE (that many
 non-JSON lines written to stdout before serving), MCP_TEST_COLLIDE (any value: two more
 tools, `a.b` and `a_b`, whose names are one after mangling), MCP_TEST_TASKS (any value:
-two more tools whose `execution.taskSupport` is "required" and "optional"). The `get_env`
+two more tools whose `execution.taskSupport` is "required" and "optional"),
+MCP_TEST_REFUSE_INIT (stdio: answer `initialize` with a JSON-RPC error of that message
+and stay up until stdin closes: a live server that refuses the daemon),
+MCP_TEST_STALL_PING (http: the first ping that arrives while a `tools/call` is running
+is answered that many seconds late, once; "ping stalled" / "ping released" recorded;
+the `outlast_stall` tool reports progress until then), MCP_TEST_HANG_PINGS (http, any
+value: no ping is ever answered; "ping held" recorded for each). The `get_env`
 tool (like server-everything's `get-env`) returns the whole environment it was started
 with.
 """
@@ -24,6 +30,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 import anyio
 from mcp import types
@@ -111,6 +118,90 @@ async def spawn_setsid() -> str:
     return str(child.pid)
 
 
+STALL_PING = float(os.environ.get("MCP_TEST_STALL_PING") or 0)
+HANG_PINGS = bool(os.environ.get("MCP_TEST_HANG_PINGS"))
+calls_running = 0
+stall_over: anyio.Event | None = None
+
+
+async def outlast_stall(ctx: Context) -> str:
+    """Report progress every 0.2 s until a stalled ping (MCP_TEST_STALL_PING) was
+    answered, then finish."""
+    global stall_over
+    if stall_over is None:
+        stall_over = anyio.Event()
+    step = 0
+    while not stall_over.is_set():
+        step += 1
+        await ctx.report_progress(step, None, f"still here {step}")
+        with anyio.move_on_after(0.2):
+            await stall_over.wait()
+    return "outlasted the stalled ping"
+
+
+def stalling_pings(inner: Any) -> Any:
+    """ASGI middleware: holds the first ping POSTed while a tool call runs (once), or
+    every ping (MCP_TEST_HANG_PINGS)."""
+    stalled = False
+
+    async def app_(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal stalled
+        global calls_running, stall_over
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await inner(scope, receive, send)
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        method = json.loads(body or b"{}").get("method") if body.startswith(b"{") else None
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        if method == "ping" and HANG_PINGS:
+            record("ping held")
+            await anyio.sleep_forever()
+        if method == "ping" and calls_running and not stalled:
+            stalled = True
+            record("ping stalled")
+            await anyio.sleep(STALL_PING)
+            record("ping released")
+            if stall_over is None:
+                stall_over = anyio.Event()
+            stall_over.set()
+        if method == "tools/call":
+            calls_running += 1
+            try:
+                await inner(scope, replay, send)
+            finally:
+                calls_running -= 1
+            return
+        await inner(scope, replay, send)
+
+    return app_
+
+
+def refuse_initialize(message: str) -> None:
+    """A live stdio server that answers `initialize` with an error, until stdin ends."""
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+        except ValueError:
+            continue
+        if request.get("method") == "initialize":
+            sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request["id"], "error": {
+                "code": -32602, "message": message}}) + "\n")
+            sys.stdout.flush()
+
+
 def started_environment() -> dict[str, str]:
     """The environment this process was started with (/proc/self/environ where there is
     one: Python may add LC_CTYPE to os.environ itself, PEP 538)."""
@@ -174,6 +265,8 @@ def optional_tools() -> None:
         app.add_tool(may_task, name="may_task")
         TASKS["needs_task"] = types.ToolExecution(taskSupport="required")
         TASKS["may_task"] = types.ToolExecution(taskSupport="optional")
+    if STALL_PING:
+        app.add_tool(outlast_stall, name="outlast_stall")
 
 
 def main() -> None:
@@ -191,6 +284,10 @@ def main() -> None:
     delay = float(os.environ.get("MCP_TEST_START_DELAY") or 0)
     if delay:
         time.sleep(delay)
+    refusal = os.environ.get("MCP_TEST_REFUSE_INIT")
+    if mode == "stdio" and refusal:
+        refuse_initialize(refusal)
+        return
     if mode == "stdio":
         app.run("stdio")
         return
@@ -198,7 +295,11 @@ def main() -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    config = uvicorn.Config(app.streamable_http_app(), log_level="warning")
+    asgi = app.streamable_http_app()
+    config = uvicorn.Config(stalling_pings(asgi) if STALL_PING or HANG_PINGS else asgi,
+                            log_level="warning",
+                            # held pings would hold a graceful shutdown for ever
+                            timeout_graceful_shutdown=1 if HANG_PINGS else None)
     server = uvicorn.Server(config)
     print(f"port {sock.getsockname()[1]}", flush=True)
     server.run(sockets=[sock])

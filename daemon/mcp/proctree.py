@@ -10,6 +10,12 @@ guards against a pid the kernel has reused since. What this does not catch: a pr
 that double-forked away (its parent exited, so it was re-parented to init) between two
 walks — under systemd the unit's cgroup (KillMode=control-group) still ends it when the
 daemon stops. Linux only; elsewhere (no /proc) the group is all that is killed.
+
+A walk reads the stat of every process on the host (7 ms for 88 of them): the caller runs
+these functions in a worker thread (daemon/mcp/stdio.py), never on the Trio thread. What
+is remembered is bounded: each walk first forgets the processes that are gone, and past
+`KNOWN_MAX` the ones seen longest ago are forgotten (a server with that many live
+processes at once still has its group killed).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import signal
 from pathlib import Path
 
 PROC = Path("/proc")
+KNOWN_MAX = 4096  # remembered processes of one server, at most
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -78,3 +85,14 @@ def prune(known: dict[int, int]) -> bool:
         if found is None or found[1] != start:
             del known[pid]
     return bool(known)
+
+
+def refresh(known: dict[int, int], root: int, cap: int = KNOWN_MAX) -> dict[int, int]:
+    """What to remember next: `known` without the gone, plus what is under `root` now,
+    at most `cap` (the newest kept). A new dict: `known` is not changed."""
+    kept = dict(known)
+    prune(kept)
+    kept.update(descendants(root))
+    while len(kept) > cap:
+        del kept[next(iter(kept))]
+    return kept

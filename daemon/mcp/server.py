@@ -48,10 +48,15 @@ BACKOFF_MAX_S = 30.0
 STOP_S = 6.0
 # Sending `notifications/cancelled` after a cancel or timeout may take this long.
 CANCEL_NOTICE_S = 1.0
-# A Streamable HTTP server is pinged this often while ready; no answer within
-# PING_TIMEOUT_S (or an error) and it is down: its calls fail at once.
+# A Streamable HTTP server is pinged this often while ready. A ping that fails (the
+# connection refused, a stream broken) and it is down at once: its calls fail. A ping
+# not answered within PING_TIMEOUT_S is asked again at once, and the server is down after
+# PING_TIMEOUTS_DOWN of them in a row — one slow answer (a busy server, a GC pause) is
+# not a death that fails every call in flight. A timeout during which the server sent
+# anything (a call's progress, an answer) does not count: it is alive, only slow to pong.
 PING_EVERY_S = 5.0
 PING_TIMEOUT_S = 5.0
+PING_TIMEOUTS_DOWN = 3
 # How long a stdio server's exit code is waited for, to say why it went down.
 EXIT_CODE_S = 0.5
 
@@ -165,6 +170,7 @@ class McpServer:
         self._left_out: set[str] = set()  # tools not offered (logged once each)
         self._poke = trio.Event()  # an HTTP stream broke: ping now
         self._http_error: str | None = None  # the last HTTP failure, to say why it is down
+        self._heard_at = 0.0  # trio time the server last sent anything (the pings' proof)
 
     async def wait_started(self) -> None:
         """Until the server is not `starting` (at most startup_timeout_s)."""
@@ -282,7 +288,10 @@ class McpServer:
                 raise ProbeFailed(f"did not start within {limit:g}s (startup_timeout_s)"
                                   ) from exc
             why = self._http_error or describe(exc)
-            if process is not None and process.returncode is not None:
+            # The exit code says why only when the server's stdout ended first (the
+            # session saw the connection close): a server that answered with an error
+            # exited after, because its stdin was closed, and its error says why.
+            if process is not None and process.returncode is not None and _closed(exc):
                 why = await _why_ended(process) or why
             raise ProbeFailed(why) from exc
         return sorted(self.tools)
@@ -421,12 +430,14 @@ class McpServer:
         the session hears of it, so its failed calls can say."""
         try:
             async with sink:
-                try:
-                    async for item in source:
-                        await sink.send(item)
-                finally:
-                    if self._down is None and not self._stop.is_set():
-                        self._down = await _why_ended(process)
+                async for item in source:
+                    self._heard_at = trio.current_time()
+                    await sink.send(item)
+                # Only when the source itself ended: not when this pump is cancelled
+                # because initialize or a listing failed with the server alive — then
+                # the server's own error says why, not "it closed its stdout".
+                if self._down is None and not self._stop.is_set():
+                    self._down = await _why_ended(process)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the session stopped reading: it is closing
         finally:
@@ -441,21 +452,30 @@ class McpServer:
     async def _ping(self, session: ClientSession, died: trio.Event) -> None:
         """A Streamable HTTP server can die between calls without a stream to say so:
         ask it now and then."""
+        timeouts = 0  # in a row, with nothing heard from the server meanwhile
         while True:
-            with trio.move_on_after(PING_EVERY_S):
-                await self._poke.wait()
+            if not timeouts:
+                with trio.move_on_after(PING_EVERY_S):
+                    await self._poke.wait()
             self._poke = trio.Event()
+            sent = trio.current_time()
             try:
                 with trio.fail_after(PING_TIMEOUT_S):
                     await session.send_ping()
+                timeouts = 0
+                continue
+            except trio.TooSlowError:
+                timeouts = 0 if self._heard_at > sent else timeouts + 1
+                if timeouts < PING_TIMEOUTS_DOWN:
+                    continue
+                why = (f"no answer to {PING_TIMEOUTS_DOWN} pings in a row "
+                       f"({PING_TIMEOUT_S:g}s each)")
             except Exception as exc:
-                why = ("no answer to a ping within "
-                       f"{PING_TIMEOUT_S:g}s" if isinstance(exc, trio.TooSlowError)
-                       else f"a ping failed: {describe(exc)}")
-                if self._down is None:
-                    self._down = why
-                died.set()
-                return
+                why = f"a ping failed: {describe(exc)}"
+            if self._down is None:
+                self._down = why
+            died.set()
+            return
 
     def wire(self) -> dict[str, Any]:
         """This server in `GET /mcp` (CONTRACT §10)."""
@@ -493,6 +513,12 @@ async def _call_tool(session: ClientSession, tool: str, arguments: dict[str, Any
     if not result.isError and _cut_from(result) is None:
         await session._validate_tool_result(tool, result)
     return result
+
+
+def _closed(exc: BaseException) -> bool:
+    """The session failed because its connection ended (not the server's own error)."""
+    leaf = _leaf(exc)
+    return not isinstance(leaf, McpError) or leaf.error.code == types.CONNECTION_CLOSED
 
 
 async def _why_ended(process: trio.Process | None) -> str | None:

@@ -8,8 +8,9 @@
   that prints its debug output there). Here such lines are counted (`McpStats`) and
   logged rate-limited by `NoiseLog`: the first few, then one summary per interval.
 - Processes: the SDK signals the server's process group only; a `setsid` grandchild
-  escapes it. Here the tree under the server is remembered (daemon/mcp/proctree.py)
-  and signalled with it.
+  escapes it. Here the tree under the server is remembered (daemon/mcp/proctree.py,
+  walked in a worker thread every `TREE_EVERY_S`, bounded to `proctree.KNOWN_MAX`) and
+  signalled with it.
 
 What the SDK does is kept otherwise: the process starts in a new session with the
 environment given (CONTRACT §16), its stderr is the daemon's; at the end its stdin is
@@ -144,7 +145,13 @@ async def stdio_transport(cfg: McpServerConfig, stats: McpStats
 
     async def every_while() -> None:
         while True:
-            known.update(proctree.descendants(process.pid))
+            # A walk reads every host process's stat: off the Trio thread, and abandoned
+            # by a cancel — it is handed a copy, so an abandoned one neither changes nor
+            # reads what the stop path works on.
+            fresh = await trio.to_thread.run_sync(proctree.refresh, dict(known),
+                                                  process.pid, abandon_on_cancel=True)
+            known.clear()
+            known.update(fresh)
             noise.flush_due()
             await trio.sleep(TREE_EVERY_S)
 
@@ -194,10 +201,18 @@ async def _quiet(task: Any) -> None:
         pass
 
 
-async def _stop(process: trio.Process, known: dict[int, int]) -> None:
-    """MCP's stdio shutdown, with the server's whole tree; bounded (about 3 x GRACE_S)."""
+async def _walk(process: trio.Process, known: dict[int, int]) -> None:
+    """Remember the tree under the live server now (in a worker thread: see proctree)."""
     if process.returncode is None:
-        known.update(proctree.descendants(process.pid))
+        fresh = await trio.to_thread.run_sync(proctree.refresh, known, process.pid)
+        known.clear()
+        known.update(fresh)
+
+
+async def _stop(process: trio.Process, known: dict[int, int]) -> None:
+    """MCP's stdio shutdown, with the server's whole tree; bounded (about 3 x GRACE_S).
+    Runs shielded; its /proc reads are in worker threads, each a few ms."""
+    await _walk(process, known)
     if process.stdin is not None:
         try:
             await process.stdin.aclose()
@@ -207,14 +222,15 @@ async def _stop(process: trio.Process, known: dict[int, int]) -> None:
         await process.wait()
     # Even a server that exited on its own may leave its tree behind: signal it too.
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if process.returncode is None:
-            known.update(proctree.descendants(process.pid))
+        await _walk(process, known)
         _killpg(process.pid, sig)
-        proctree.signal_known(known, sig)
+        await trio.to_thread.run_sync(proctree.signal_known, known, sig)
         if sig == signal.SIGTERM:
             with trio.move_on_after(GRACE_S):
                 await process.wait()
-                while proctree.prune(known):  # noqa: ASYNC110 - not our children: no wait()
+                # Not our children (no wait()): polled. The thread is not abandoned, so
+                # `known` is only ever changed by one of them at a time.
+                while await trio.to_thread.run_sync(proctree.prune, known):  # noqa: ASYNC110
                     await trio.sleep(0.05)
     with trio.move_on_after(GRACE_S):
         await process.wait()
