@@ -85,6 +85,15 @@ async def test_a_plain_get_of_ws_is_426_in_the_error_shape(daemon: Running) -> N
             assert "Upgrade: websocket" in error["message"]
 
 
+async def test_a_plain_get_of_ws_with_a_malformed_parameter_is_400(daemon: Running) -> None:
+    """What is wrong first is the parameter (schemathesis sends a bad `since`): 400 in
+    the error shape, as the upgrade answers it, not the 426."""
+    for query in ("since=-1", "since=x&since=y", "batch=yes", "includeChildren=2"):
+        r = await daemon.http.get(f"/ws?{query}")
+        assert r.status_code == 400, (query, r.status_code, r.text)
+        assert_error_shape(r.json(), r.text)
+
+
 async def test_an_upgrade_to_an_http_route_is_400_in_the_error_shape(daemon: Running) -> None:
     base = daemon.url.replace("http://", "ws://")
     with pytest.raises(ConnectionRejected) as caught:

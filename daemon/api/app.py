@@ -16,7 +16,7 @@ from daemon.api.metrics import metrics_routes
 from daemon.api.openapi import openapi_routes
 from daemon.api.schedules import schedule_routes
 from daemon.api.studio import studio_routes
-from daemon.api.ws import ws_routes
+from daemon.api.ws import url_params, ws_routes
 from daemon.errors import (
     ApiError,
     BadRequest,
@@ -51,6 +51,11 @@ def _websocket_mismatch() -> Response:
     426 with the Upgrade it needs (RFC 9110 §15.5.22); an upgrade to an HTTP route 400."""
     if not has_request_context():
         return _error(BadRequest(f"{websocket.path} is not a WebSocket endpoint (/ws is)"))
+    if request.path == "/ws":
+        try:  # a malformed parameter is what is wrong first: 400, as on the upgrade
+            url_params(request.args)
+        except BadRequest as exc:
+            return _error(exc)
     api = BadRequest(f"{request.path} is a WebSocket endpoint: connect with "
                      "`Upgrade: websocket`")
     api.status = 426

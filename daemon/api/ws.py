@@ -12,6 +12,7 @@ frame in flight is sent, and the connection is aborted if even that takes longer
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -66,6 +67,18 @@ def _filter_from_op(op: dict[str, Any]) -> tuple[Filter, int | None]:
     return flt, since
 
 
+def url_params(args: Mapping[str, str]) -> tuple[Filter, int | None, bool]:
+    """/ws's URL parameters: its filter, `since` and `batch`; BadRequest for a malformed
+    one (also on a plain GET /ws, which is refused 400 before its 426)."""
+    since = parse.int_param(args.get("since"), "since")
+    flt = Filter(
+        session_ids=parse.csv_param(args.get("sessionIds")),
+        include_children=parse.flag_param(args.get("includeChildren"), "includeChildren"),
+        types=parse.csv_param(args.get("types")),
+    )
+    return flt, since, parse.flag_param(args.get("batch"), "batch")
+
+
 @dataclass
 class _Connection:
     sub: Subscription
@@ -95,15 +108,8 @@ def ws_routes(rt: Runtime, connections: Connections) -> Blueprint:
             await websocket.accept()
             await websocket.close(CLOSE_UNAUTHORIZED, "unauthorized")
             return None
-        args = websocket.args
         try:
-            since = parse.int_param(args.get("since"), "since")
-            flt = Filter(
-                session_ids=parse.csv_param(args.get("sessionIds")),
-                include_children=parse.flag_param(args.get("includeChildren"), "includeChildren"),
-                types=parse.csv_param(args.get("types")),
-            )
-            batch = parse.flag_param(args.get("batch"), "batch")
+            flt, since, batch = url_params(websocket.args)
         except BadRequest as exc:
             # Refused before the upgrade: an HTTP 400 in the error shape, as every
             # other route answers a bad query (the socket never opens).
