@@ -78,7 +78,7 @@ async def test_a_hung_disk_does_not_hold_the_stop(tmp_path: Path, provider: Prov
     assert took is not None and took < 10, f"stopped after {took:.1f} s"
     terminal = assert_one_terminal_last(rec.stream(turn_id))
     assert terminal["eventType"] == "error", terminal
-    # It says its end was not stored (the next start closes the row without a second).
-    assert terminal["data"]["code"] == "INTERNAL_ERROR", terminal["data"]
-    assert terminal["data"]["details"] == {"reason": "store_unavailable",
-                                           "outcome": "CANCELLED"}
+    # It is §1's cancel, and says its end was not stored (the next start closes the row
+    # without a second terminal).
+    assert terminal["data"]["code"] == "CANCELLED", terminal["data"]
+    assert terminal["data"]["details"] == {"reason": "shutdown", "stored": False}
