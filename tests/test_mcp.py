@@ -350,10 +350,12 @@ async def test_no_server_process_is_left_after_sigterm(
 
 
 @asynccontextmanager
-async def http_server(record: Path) -> AsyncIterator[str]:
+async def http_server(record: Path, env: dict[str, str] | None = None
+                      ) -> AsyncIterator[str]:
+    """tests/mcp_server.py over Streamable HTTP (`env`: more for its environment)."""
     proc = await trio.lowlevel.open_process(
         [sys.executable, str(SERVER), "http"], stdout=subprocess.PIPE,
-        env={**os.environ, "MCP_TEST_RECORD": str(record)})
+        env={**os.environ, "MCP_TEST_RECORD": str(record), **(env or {})})
     try:
         assert proc.stdout is not None
         buffer = b""

@@ -15,8 +15,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -25,10 +23,10 @@ import trio
 from daemon.mcp import proctree, stdio
 from tests.harness import Provider, open_daemon
 from tests.test_mcp import (
-    SERVER,
     agent,
     call,
     chat,
+    http_server,
     recorded,
     stdio_daemon,
     stdio_server,
@@ -37,31 +35,6 @@ from tests.test_mcp import (
 )
 
 REFUSAL = "Unsupported protocol version"
-
-
-@asynccontextmanager
-async def http_server(record: Path, env: dict[str, str]) -> AsyncIterator[str]:
-    """tests/test_mcp.py's, with more environment for the server."""
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, str(SERVER), "http"], stdout=subprocess.PIPE,
-        env={**os.environ, "MCP_TEST_RECORD": str(record), **env})
-    try:
-        assert proc.stdout is not None
-        buffer = b""
-        with trio.fail_after(30):
-            while b"\n" not in buffer:
-                piece = await proc.stdout.receive_some()
-                assert piece, "the MCP server exited before it listened"
-                buffer += piece
-        port = int(buffer.split(b"\n")[0].split()[1])
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        with trio.move_on_after(10):
-            await proc.wait()
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 @pytest.fixture
