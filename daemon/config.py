@@ -120,6 +120,9 @@ class ProviderConfig:
     retry_max_ms: float = 30_000.0
     retry_after_max_s: float = 120.0
     max_concurrent: int = 0
+    # A mock provider only: it refuses, as a real API does for its length (CONTRACT
+    # §15), a request whose messages hold more than this many characters (0: never).
+    max_context_chars: int = 0
 
     @property
     def api_key(self) -> str | None:
@@ -167,6 +170,20 @@ class AgentConfig:
     # CONTRACT §14: where a call goes once its retries on the agent's provider are
     # exhausted, in order: (provider, model); model None = the agent's.
     fallback: tuple[tuple[str, str | None], ...] = ()
+    # CONTRACT §15: the model's window in tokens (0: no compaction), the share of it
+    # past which a call is compacted first, the most recent tokens never pruned or
+    # summarised (None: a quarter of the window), and where the summarising call goes
+    # (provider, model); None: the agent's own provider and model.
+    context_tokens: int = 128_000
+    compact_at: float = 0.8
+    compact_keep_tokens_set: int | None = None
+    compact_model: tuple[str, str] | None = None
+
+    @property
+    def compact_keep_tokens(self) -> int:
+        if self.compact_keep_tokens_set is not None:
+            return self.compact_keep_tokens_set
+        return self.context_tokens // 4
 
 
 @dataclass(frozen=True)
@@ -514,6 +531,8 @@ def _provider(file: str, name: str, table: Any) -> ProviderConfig:
         **_transport(r),
         **_retries(r),
     )
+    if kind == "mock":
+        cfg = replace(cfg, max_context_chars=r.positive_int("max_context_chars", 0, minimum=0))
     r.check_unknown()
     return cfg
 
@@ -560,6 +579,54 @@ def _fallback(r: _Reader, engine: str, providers: Mapping[str, ProviderConfig]
         _check_provider(r, "fallback", f"{entry!r}: ", engine, name, providers)
         out.append((name, model or None))
     return tuple(out)
+
+
+CONTEXT_KEYS = ("context_tokens", "compact_at", "compact_keep_tokens", "compact_model")
+
+
+def _context(r: _Reader, engine: str, provider: str | None, model: str,
+             providers: Mapping[str, ProviderConfig]) -> dict[str, Any]:
+    """CONTRACT §15's keys. `compact_model` is "PROVIDER:MODEL", "PROVIDER" (its model:
+    the agent's) or "MODEL" (on the agent's provider); the provider must speak the
+    agent's engine, as a fallback's must."""
+    if engine not in ENGINE_PROVIDERS:
+        for key in CONTEXT_KEYS:
+            if key in r.table:
+                # The CLI keeps its own context (and compacts it itself): a key that
+                # looked applied but was not would be worse than none.
+                raise r.fail(key, f"the {engine} engine keeps its own context; veild "
+                                  "does not compact it")
+        return {"context_tokens": 0}
+    window = r.positive_int("context_tokens", 128_000, minimum=0)
+    at = r.get("compact_at", (int, float), 0.8)
+    if isinstance(at, bool) or not 0 < float(at) <= 1:
+        raise r.fail("compact_at", f"must be a share of the window, above 0 and at most 1, "
+                                   f"got {at!r}")
+    keep = r.positive_int("compact_keep_tokens", window // 4, minimum=0)
+    if window and keep >= float(at) * window:
+        raise r.fail("compact_keep_tokens", f"must be below compact_at x context_tokens "
+                                            f"({int(float(at) * window)}), got {keep}")
+    out: dict[str, Any] = {"context_tokens": window, "compact_at": float(at)}
+    if "compact_keep_tokens" in r.table:
+        out["compact_keep_tokens_set"] = keep
+    entry = r.get("compact_model", str, None)
+    if entry is not None:
+        assert provider is not None
+        name, sep, named = entry.partition(":")
+        if sep and name in providers:
+            if not named:
+                raise r.fail("compact_model", f"{entry!r}: expected PROVIDER:MODEL, "
+                                              "PROVIDER or MODEL")
+            target = (name, named)
+        elif entry in providers:
+            target = (entry, model)
+        elif entry.strip():
+            target = (provider, entry)
+        else:
+            raise r.fail("compact_model", "must name a model or a provider")
+        _check_provider(r, "compact_model", f"{entry!r}: ", engine, target[0], providers)
+        out["compact_model"] = target
+    return out
 
 
 def _string_table(r: _Reader, key: str) -> dict[str, str]:
@@ -721,6 +788,7 @@ def _agent(
         network=r.get("network", bool, False),
         sandbox=r.get("sandbox", bool, True),
         fallback=_fallback(r, engine, providers),
+        **_context(r, engine, provider, model, providers),
     )
     if engine == "claude-cli" and (cfg.approve or cfg.deny):
         # The CLI runs its own tools: a rule that looked applied but was not would be

@@ -22,11 +22,13 @@ import trio
 
 from daemon.runtime.events import Envelope, Gap
 from daemon.store.models import (
+    CompactionRecord,
     InboxRecord,
     MessageRecord,
     NodeRecord,
     ScheduleRecord,
     SessionRecord,
+    StoredContext,
     TokenUsage,
     TurnHistory,
     TurnRecord,
@@ -58,6 +60,15 @@ class Store(Protocol):
     async def append_messages(self, session_id: str, ms: Sequence[MessageRecord],
                               turn_id: str | None = None) -> None: ...
     async def messages(self, session_id: str) -> list[MessageRecord]: ...
+
+    # CONTRACT §15: compactions of a session's context, each stored once; every message
+    # stays. `context` is what a turn's first LLM call starts from: the latest summary
+    # and compaction, and only the messages after the summary (a session of 100,000
+    # messages does not read them all for each turn).
+    async def append_compaction(self, session_id: str, c: CompactionRecord,
+                                turn_id: str | None = None) -> None: ...
+    async def compactions(self, session_id: str) -> list[CompactionRecord]: ...
+    async def context(self, session_id: str) -> StoredContext: ...
 
     # turns: the start marks the session running; the end records the replies it owes
     # and quiets the entries a stop leaves, in one transaction

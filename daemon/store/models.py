@@ -56,6 +56,47 @@ class MessageRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class CompactionRecord:
+    """One compaction of a session's context (CONTRACT §15), as stored. Positions count
+    the session's messages (summaries are not messages): `place` is how many were
+    stored when it was made (where it sits among them), the summary in force covers
+    the first `covers_until` of them (what is sent starts after those), and the tool
+    results among the first `pruned_until` are sent as placeholders. `summary` None:
+    pruning was enough (the summary in force, if any, is an earlier record's)."""
+
+    place: int
+    covers_until: int
+    pruned_until: int
+    summary: str | None
+    reason: str  # "threshold" | "overflow" | "manual"
+    before_tokens: int
+    after_tokens: int
+    pruned_tool_results: int
+    created_at: int
+    turn_id: str | None = None  # the turn that made it (read back from the store)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredContext:
+    """What the next LLM call of a session starts from: the latest compaction with a
+    summary (None: never summarised), the latest compaction of all (whose
+    `pruned_until` is in force; None: never compacted), and the session's messages
+    after the summary's `covers_until` (all of them without one), oldest first."""
+
+    summary: CompactionRecord | None
+    latest: CompactionRecord | None
+    messages: list[MessageRecord]
+
+    @property
+    def covers_until(self) -> int:
+        return self.summary.covers_until if self.summary is not None else 0
+
+    @property
+    def pruned_until(self) -> int:
+        return self.latest.pruned_until if self.latest is not None else 0
+
+
+@dataclass(frozen=True, slots=True)
 class TurnRecord:
     id: str
     session_id: str
