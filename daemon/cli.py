@@ -1,5 +1,5 @@
 """`veild serve | mock-provider | chat | tail | agents | sessions | show | send | cancel |
-schedules | approve | prune | doctor`: argument parsing and dispatch; the verbs live in
+compact | schedules | approve | prune | doctor`: argument parsing and dispatch; the verbs live in
 cli_*.py."""
 
 from __future__ import annotations
@@ -318,6 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("id")
     cancel.add_argument("--scope", choices=("turn", "tree"), default="tree")
     cancel.set_defaults(func=cli_sessions.cancel)
+
+    compact = _remote(sub.add_parser(
+        "compact", help="compact an idle session's context now (summarise its history)"))
+    compact.add_argument("id")
+    compact.set_defaults(func=cli_sessions.compact)
 
     prune = _remote(sub.add_parser(
         "prune", help="delete idle session trees last updated longer ago than a duration"))

@@ -1,4 +1,5 @@
-"""`veild sessions [--tree] | show ID | send ID MSG [--queue] | cancel ID [--scope]`;
+"""`veild sessions [--tree] | show ID | send ID MSG [--queue] | cancel ID [--scope] |
+compact ID`;
 the listings mark the sessions of unsandboxed agents (cli_agents)."""
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ import json
 from collections import defaultdict
 from datetime import datetime
 from typing import Any
+
+import httpx
 
 from daemon.cli_agents import mark, unsandboxed_agents
 from daemon.cli_safe import print_table, safe
@@ -72,6 +75,10 @@ def show(args: argparse.Namespace) -> int:
     if s.get("children"):
         print(safe("children " + " ".join(s["children"])))
     for m in messages:
+        if m["role"] == "summary":  # CONTRACT §15: where the context was compacted
+            print(safe(f"\n[summary of the first {m.get('coversUntil')} messages] "
+                       f"{m.get('content') or ''}".rstrip()))
+            continue
         print(safe(f"\n[{m['role']}] {m.get('content') or ''}".rstrip()))
         for tc in m.get("toolCalls") or []:
             print(safe(f"  -> {tc.get('name')} {json.dumps(tc.get('arguments'))}"))
@@ -82,6 +89,22 @@ def send(args: argparse.Namespace) -> int:
     body = {"message": args.message, "delivery": "queue" if args.queue else "steer"}
     args.remote.call("POST", f"/sessions/{args.id}/messages", json=body)
     print(f"{args.id}: {'queued' if args.queue else 'sent'}")
+    return 0
+
+
+def compact(args: argparse.Namespace) -> int:
+    """`veild compact ID` (CONTRACT §15): compact the idle session's context now; the
+    answer comes once the summarising call ended (no read timeout: Ctrl-C leaves)."""
+    out = args.remote.call("POST", f"/sessions/{args.id}/compact",
+                           timeout=httpx.Timeout(10.0, read=None))
+    usage = out.get("tokenUsage") or {}
+    if out.get("cancelled"):
+        print(safe(f"{args.id}: the compaction was cancelled ({out.get('cancelReason')})"))
+        return 1
+    summary = out.get("content") or ""
+    print(safe(f"{args.id}: compacted in turn {out['turnId']}  "
+               f"({usage.get('input', 0)}in/{usage.get('output', 0)}out tokens)"))
+    print(safe(summary) if summary else "nothing needed summarising")
     return 0
 
 

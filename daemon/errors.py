@@ -148,10 +148,25 @@ class ModelCallFailed(ProviderError):
     how many requests were made."""
 
     def __init__(self, message: str, *, status: int | None, reason: str | None,
-                 provider: str, attempts: int) -> None:
+                 provider: str, attempts: int, too_long: bool = False) -> None:
         super().__init__(message, status=status, reason=reason)
         self.provider = provider
         self.attempts = attempts
+        # The provider refused the request for its length before anything of the call
+        # was published (CONTRACT §15: compact and send it once more).
+        self.too_long = too_long
+
+
+class ContextOverflowError(VeildError):
+    """CONTRACT §15: the provider refused a call for its length, and again after the
+    context was compacted (or there was nothing left to compact)."""
+
+    def __init__(self, message: str, *, estimate: int, window: int,
+                 provider_message: str) -> None:
+        super().__init__(message)
+        self.estimate = estimate
+        self.window = window
+        self.provider_message = provider_message
 
 
 class MaxIterationsError(VeildError):

@@ -124,13 +124,26 @@ def _engine_factory(
         return [Route(config.providers[name], clients[name], model or agent.model,
                       slots[name]) for name, model in entries]
 
+    def summary_routes(agent: AgentConfig, clients: Mapping[str, C]) -> list[Route[C]] | None:
+        """CONTRACT §15 compact_model: where the summarising call goes (None: where the
+        agent's calls go, fallbacks included)."""
+        if agent.compact_model is None:
+            return None
+        name, model = agent.compact_model
+        return [Route(config.providers[name], clients[name], model, slots[name])]
+
     def engine_for(agent: AgentConfig) -> Engine:
         if agent.engine == "claude-cli":
             return ClaudeCliEngine(agent)
         retried = metrics.provider_retried
         if agent.engine == "anthropic":
-            return AnthropicEngine(agent, ModelCall(routes(agent, anthropic), retries=retried))
-        return OpenAIEngine(agent, ModelCall(routes(agent, openai), retries=retried))
+            summary = summary_routes(agent, anthropic)
+            return AnthropicEngine(
+                agent, ModelCall(routes(agent, anthropic), retries=retried),
+                ModelCall(summary, retries=retried) if summary else None)
+        summary_chat = summary_routes(agent, openai)
+        return OpenAIEngine(agent, ModelCall(routes(agent, openai), retries=retried),
+                            ModelCall(summary_chat, retries=retried) if summary_chat else None)
 
     return engine_for
 

@@ -90,6 +90,29 @@ async def _chat(rt: Runtime, body: dict[str, Any]) -> Result:
     return 200, chat_result(turn.outcome)
 
 
+async def _compact(rt: Runtime, body: dict[str, Any]) -> Result:
+    """POST /sessions/{id}/compact (CONTRACT §15): a turn with trigger `compact` on an
+    idle session (409 while one runs), answered like a JSON chat once it ended."""
+    from daemon.api.http import TurnFailed, chat_result
+    from daemon.runtime.turn import COMPACT_TRIGGER
+
+    sessions = rt.sessions
+    state = await sessions.load(body["sessionId"])
+    agent = sessions.agent(state.record.agent_name)
+    if agent.engine == "claude-cli":
+        raise BadRequest("the claude-cli engine keeps its own context (the CLI compacts "
+                         "it); veild does not compact it", {"agent": agent.name})
+    if agent.context_tokens <= 0:
+        raise BadRequest(f"compaction is off for agent {agent.name!r} (context_tokens = 0)",
+                         {"agent": agent.name})
+    turn = await sessions.start_turn(state, "", COMPACT_TRIGGER)
+    await turn.finished.wait()
+    assert turn.outcome is not None
+    if turn.outcome.code is not None and not turn.outcome.cancelled:
+        raise TurnFailed(turn.outcome)
+    return 200, chat_result(turn.outcome)
+
+
 async def _approvals(rt: Runtime, body: dict[str, Any]) -> Result:
     """This node's pending approvals (GET /approvals asks every node)."""
     pending = rt.approvals.pending(session_id=body.get("sessionId"),
@@ -136,7 +159,7 @@ async def perform_on_scheduler(rt: Runtime, body: dict[str, Any]) -> Result:
 ACTIONS: dict[str, Action] = {
     "cancel": _cancel, "message": _message, "deliver": _deliver, "offer": _offer,
     "decide": _decide, "delete": _delete, "chat": _chat, "approvals": _approvals,
-    "schedule": _schedule,
+    "schedule": _schedule, "compact": _compact,
 }
 # Operations on one session (they run on its owner); the others are asked of a node.
 SESSION_OPS = frozenset(ACTIONS) - {"approvals", "schedule"}

@@ -35,7 +35,9 @@ from daemon.errors import ApiError
 from daemon.httpserver import Connections
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Filter, Subscription
+from daemon.runtime.context_view import context_wire
 from daemon.runtime.core import Runtime
+from daemon.runtime.toolrunner import offered_tools
 from daemon.runtime.turn import STORE_UNAVAILABLE, TurnOutcome
 
 
@@ -82,7 +84,8 @@ class TurnFailed(ApiError):
             **(outcome.details or {}), "sessionId": outcome.session.id, "turnId": outcome.turn_id,
         })
         self.code = outcome.code or "INTERNAL_ERROR"
-        self.status = 502 if self.code == "PROVIDER_ERROR" else 500
+        # The provider failed, or refused the session's context for its length (§15).
+        self.status = 502 if self.code in ("PROVIDER_ERROR", "CONTEXT_OVERFLOW") else 500
         if (outcome.details or {}).get("reason") == STORE_UNAVAILABLE:
             self.code, self.status = "UNAVAILABLE", 503
 
@@ -103,6 +106,14 @@ _SSE_FRAMES = Resp("the turn's session.stream events as SSE frames (`id:`, `even
 _NO_SESSION = error("no such session")
 _MESSAGE = obj(["role", "content", "createdAt", "turnId"], role=STR, content=STR,
                toolCalls=array(ANY), toolCallId=STR, createdAt=INT, turnId=nullable(STR))
+_CONTEXT = obj(
+    ["sessionId", "agentName", "messages", "estimatedTokens", "contextTokens",
+     "thresholdTokens", "keepTokens", "coversUntil", "prunedUntil", "compactNext"],
+    sessionId=STR, agentName=STR, system=STR,
+    messages=array(obj(["role", "content"], role=STR, content=STR, toolCalls=array(ANY),
+                       toolCallId=STR)),
+    estimatedTokens=INT, contextTokens=INT, thresholdTokens=INT, keepTokens=INT,
+    coversUntil=INT, prunedUntil=INT, compactNext=BOOL)
 _TURN = obj(
     ["turnId", "trigger", "fromSessionId", "startedAt", "endedAt", "terminal", "errorCode",
      "cancelReason", "tokenUsage", "model"],
@@ -341,7 +352,40 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     async def messages(session_id: str) -> Response:
         await sessions.record(session_id)  # 404 for an unknown session
         records = await rt.store.messages(session_id)
-        return _json({"messages": [ev.message_wire(m) for m in records]})
+        compactions = await rt.store.compactions(session_id)
+        return _json({"messages": ev.history_wire(records, compactions)})
+
+    @bp.get("/sessions/<session_id>/context")
+    @documented(Op(
+        "What the session's next LLM call would be sent (CONTRACT §15), and its estimate", {
+            200: Resp("the messages as sent (the summary first, pruned tool results as "
+                      "placeholders) and the estimate", _CONTEXT),
+            404: _NO_SESSION,
+        }, tags=("sessions",),
+    ))
+    async def context(session_id: str) -> Response:
+        record = await sessions.record(session_id)
+        agent = sessions.agent(record.agent_name)
+        stored = await rt.store.context(session_id)
+        services = sessions.services
+        return _json(context_wire(session_id, agent, stored, sessions.calibration(session_id),
+                                  offered_tools(agent, services.tools, services.mcp)))
+
+    @bp.post("/sessions/<session_id>/compact")
+    @documented(Op(
+        "Compact the idle session's context now: a turn with trigger `compact` (§15)", {
+            200: Resp("the turn's result, as a JSON chat's (content: the summary)",
+                      _CHAT_RESULT),
+            400: error("the agent's context is not compacted (claude-cli, context_tokens "
+                       "= 0)"),
+            404: _NO_SESSION,
+            409: error("the session is running a turn"),
+            502: error("the summarising call failed (details: sessionId, turnId)"),
+        }, tags=("sessions",),
+    ))
+    async def compact(session_id: str) -> Response:
+        return _answer(await perform(rt, "compact", {"sessionId": session_id},
+                                     timeout_s=TURN_TIMEOUT_S))
 
     @bp.get("/sessions/<session_id>/turns")
     @documented(Op(

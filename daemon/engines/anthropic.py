@@ -15,7 +15,7 @@ their signatures, as the API requires when extended thinking meets tool use.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -30,7 +30,8 @@ from daemon.engines.base import (
     UsageReport,
 )
 from daemon.engines.modelcall import ModelCall, Route
-from daemon.engines.toolround import Answer, tool_loop
+from daemon.engines.request import Answer, CallRequest
+from daemon.engines.toolround import tool_loop
 from daemon.llm import anthropic_client as api
 from daemon.store.models import MessageRecord, TokenUsage
 from daemon.tools.base import Tool
@@ -58,10 +59,21 @@ def _input(arguments: Any) -> Any:
     return arguments
 
 
-def to_anthropic_messages(history: Sequence[MessageRecord]) -> list[dict[str, Any]]:
+def to_anthropic_messages(
+    history: Sequence[MessageRecord],
+    blocks_of: Mapping[int, tuple[MessageRecord, list[dict[str, Any]]]] | None = None,
+    errors: frozenset[str] | set[str] = frozenset(),
+) -> list[dict[str, Any]]:
+    """Messages API messages for `history`. `blocks_of` (by id() of an assistant record):
+    the blocks its answer came as (thinking with its signature), sent back exactly;
+    `errors`: the tool call ids whose results are errors."""
     out: list[dict[str, Any]] = []
     for m in history:
         if m.role == "assistant":
+            kept = blocks_of.get(id(m)) if blocks_of else None
+            if kept is not None and kept[0] is m:
+                _append(out, "assistant", list(kept[1]) or [{"type": "text", "text": ""}])
+                continue
             blocks: list[dict[str, Any]] = (
                 [{"type": "text", "text": m.content}] if m.content else [])
             blocks += [{"type": "tool_use", "id": c["id"], "name": c["name"],
@@ -69,8 +81,11 @@ def to_anthropic_messages(history: Sequence[MessageRecord]) -> list[dict[str, An
             if blocks:
                 _append(out, "assistant", blocks)
         elif m.role == "tool":
-            _append(out, "user", [{"type": "tool_result", "tool_use_id": m.tool_call_id,
-                                   "content": m.content}])
+            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_call_id,
+                                     "content": m.content}
+            if m.tool_call_id in errors:
+                block["is_error"] = True
+            _append(out, "user", [block])
         elif m.content:
             _append(out, "user", [{"type": "text", "text": m.content}])
     return out
@@ -91,31 +106,33 @@ class _MessagesConversation:
 
     def __init__(self, agent: AgentConfig, ctx: EngineContext) -> None:
         self.agent = agent
-        self.messages = to_anthropic_messages(ctx.history)
         self.tools = [tool_schema(t) for t in ctx.tools]
-        self._answer_blocks: list[dict[str, Any]] = []
+        # This turn's answers as they came, by id() of the record the window holds
+        # (the record kept with them, so an id is never mistaken for a later one's).
+        self._blocks: dict[int, tuple[MessageRecord, list[dict[str, Any]]]] = {}
+        self._errors: set[str] = set()
 
-    def _body(self, model: str) -> dict[str, Any]:
+    def _body(self, model: str, request: CallRequest) -> dict[str, Any]:
         agent = self.agent
-        body: dict[str, Any] = {"model": model, "max_tokens": agent.max_tokens,
-                                "messages": self.messages}
-        if agent.system:
-            body["system"] = agent.system
-        if self.tools:
+        body: dict[str, Any] = {
+            "model": model,
+            "max_tokens": request.max_tokens or agent.max_tokens,
+            "messages": to_anthropic_messages(request.messages, self._blocks, self._errors),
+        }
+        if request.system:
+            body["system"] = request.system
+        if self.tools and request.tools:
             body["tools"] = self.tools
-        if agent.thinking_budget:
+        if agent.thinking_budget and request.tools:
             body["thinking"] = {"type": "enabled", "budget_tokens": agent.thinking_budget}
         return body
 
-    def add_injected(self, message: MessageRecord) -> None:
-        _append(self.messages, "user", [{"type": "text", "text": message.content}])
-
-    async def stream(self, iteration: int, answer: Answer, route: Route[api.AnthropicClient]
-                     ) -> AsyncGenerator[EngineEvent, None]:
+    async def stream(self, iteration: int, answer: Answer, route: Route[api.AnthropicClient],
+                     request: CallRequest) -> AsyncGenerator[EngineEvent, None]:
         blocks: dict[int, dict[str, Any]] = {}
         inputs: dict[int, list[str]] = {}
         usage = TokenUsage()
-        async with aclosing(route.client.stream_messages(self._body(route.model))) as s:
+        async with aclosing(route.client.stream_messages(self._body(route.model, request))) as s:
             async for event in s:
                 if isinstance(event, api.BlockDelta):
                     block = blocks.get(event.index)
@@ -139,7 +156,8 @@ class _MessagesConversation:
                         yield ModelNamed(event.model)
                 elif isinstance(event, api.MessageEnd):
                     usage = TokenUsage(usage.input, event.output_tokens, usage.cache)
-        yield UsageReport(usage, iteration)
+        # input_tokens leaves out what was read from or written to the cache.
+        yield UsageReport(usage, iteration, usage.input + usage.cache)
 
         content: list[dict[str, Any]] = []
         for index in sorted(blocks):
@@ -153,23 +171,23 @@ class _MessagesConversation:
                                      "arguments": arguments})
             content.append(block)
         answer.text = "".join(b.get("text", "") for b in content if b.get("type") == "text")
-        self._answer_blocks = content
+        answer.raw = content
 
-    def add_answer(self, assistant: MessageRecord) -> None:
-        _append(self.messages, "assistant",
-                self._answer_blocks or [{"type": "text", "text": ""}])
+    def add_answer(self, assistant: MessageRecord, answer: Answer) -> None:
+        self._blocks[id(assistant)] = (assistant, answer.raw or [])
 
     def add_results(self, results: list[ToolFinished]) -> None:
-        _append(self.messages, "user", [
-            {"type": "tool_result", "tool_use_id": r.call_id, "content": r.outcome.content,
-             "is_error": r.outcome.is_error} for r in results])
+        self._errors.update(r.call_id for r in results if r.outcome.is_error)
 
 
 class AnthropicEngine:
-    def __init__(self, agent: AgentConfig, call: ModelCall[api.AnthropicClient]) -> None:
+    def __init__(self, agent: AgentConfig, call: ModelCall[api.AnthropicClient],
+                 summary_call: ModelCall[api.AnthropicClient] | None = None) -> None:
         self.agent = agent
         self.call = call
+        self.summary_call = summary_call  # CONTRACT §15 compact_model; None: `call`
 
     def run(self, ctx: EngineContext) -> AsyncGenerator[EngineEvent, None]:
         conversation = _MessagesConversation(self.agent, ctx)
-        return tool_loop(ctx, conversation, self.agent.max_iterations, self.call)
+        return tool_loop(ctx, conversation, self.agent.max_iterations, self.call,
+                         self.summary_call)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from daemon.config import AgentConfig
+from daemon.engines.context import Calibration, Window
 from daemon.llm.sse import MERGE_MAX_CHARS
 from daemon.store.models import MessageRecord, TokenUsage
 from daemon.tools.base import Tool, ToolOutcome
@@ -40,6 +41,9 @@ class UsageReport:
 
     usage: TokenUsage
     iteration: int
+    # The request's size as the provider counted it (its whole input, cached parts
+    # included): what the next call's estimate starts from (CONTRACT §15). 0: not said.
+    prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +124,27 @@ class ProviderQueued:
 
 
 @dataclass(frozen=True, slots=True)
+class Compacted:
+    """CONTRACT §15: the context was compacted before a call (`summary` None: pruning
+    was enough; a compaction that changed nothing — a manual one on a short session —
+    has `pruned` 0 and no summary). Positions are absolute (store/models.py
+    CompactionRecord); `place` is how many messages the session had."""
+
+    reason: str  # "threshold" | "overflow" | "manual"
+    before_tokens: int
+    after_tokens: int
+    pruned: int
+    summary: str | None
+    covers_until: int
+    pruned_until: int
+    place: int
+
+    @property
+    def changed(self) -> bool:
+        return self.summary is not None or self.pruned > 0
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     content: str
     iterations: int
@@ -129,7 +154,7 @@ class Finished:
 EngineEvent = (
     ThinkingDelta | ContentDelta | ModelNamed | UsageReport | ToolStarted | ToolFinished
     | ToolOutput | EngineSessionNamed | MessageAppended | Finished | ProviderRetried
-    | ProviderQueued | ToolResults
+    | ProviderQueued | ToolResults | Compacted
 )
 
 
@@ -170,6 +195,12 @@ class EngineContext(Protocol):
     workspace: Path  # the session's working directory
     session_id: str  # veild's session (VEILD_SESSION_ID of a tool process)
     engine_session_id: str | None  # what the engine named last turn (EngineSessionNamed)
+    # CONTRACT §15: the context the turn starts from (`history` is its messages: those
+    # after the summary in force), the session's estimate, and whether this turn only
+    # compacts (trigger `compact`: no message of its own, no call of the agent's).
+    window: Window
+    calibration: Calibration
+    compact_only: bool
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         """Run one tool call; returns its outcome and duration in ms."""

@@ -38,6 +38,7 @@ from daemon.engines.base import (
     ThinkingDelta,
 )
 from daemon.errors import ModelCallFailed, ProviderError
+from daemon.llm.too_long import refused_for_length
 
 C = TypeVar("C")
 # What reaching the turn makes a call "published": a chunk (after it, no retry).
@@ -169,8 +170,10 @@ class ModelCall(Generic[C]):
                     return
                 except ProviderError as exc:
                     if published or not exc.transient:
-                        raise ModelCallFailed(exc.message, status=exc.status, reason=exc.reason,
-                                              provider=provider.name, attempts=attempts) from exc
+                        raise ModelCallFailed(
+                            exc.message, status=exc.status, reason=exc.reason,
+                            provider=provider.name, attempts=attempts,
+                            too_long=not published and refused_for_length(exc)) from exc
                     last, too_long = exc, None
                     retry += 1
                     if retry > provider.max_retries:

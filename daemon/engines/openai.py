@@ -15,7 +15,6 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from daemon.clock import now_ms
 from daemon.config import AgentConfig
 from daemon.engines.base import (
     ContentDelta,
@@ -27,7 +26,8 @@ from daemon.engines.base import (
     UsageReport,
 )
 from daemon.engines.modelcall import ModelCall, Route
-from daemon.engines.toolround import Answer, tool_loop
+from daemon.engines.request import Answer, CallRequest
+from daemon.engines.toolround import tool_loop
 from daemon.llm import openai_client as llm
 from daemon.store.models import MessageRecord, TokenUsage
 from daemon.tools.base import schema
@@ -73,24 +73,24 @@ def _parse_arguments(raw: str) -> Any:
 
 
 class _ChatConversation:
-    """The Chat Completions side of the tool loop: a list of role messages."""
+    """The Chat Completions side of the tool loop: each request is rendered from the
+    window's messages (the Chat Completions API holds nothing of an answer but its
+    text and calls)."""
 
     def __init__(self, agent: AgentConfig, ctx: EngineContext) -> None:
         self.agent = agent
-        self.history = list(ctx.history)
         self.tools = [schema(t) for t in ctx.tools]
 
-    def add_injected(self, message: MessageRecord) -> None:
-        self.history.append(message)
-
-    async def stream(self, iteration: int, answer: Answer, route: Route[llm.OpenAIClient]
-                     ) -> AsyncGenerator[EngineEvent, None]:
+    async def stream(self, iteration: int, answer: Answer, route: Route[llm.OpenAIClient],
+                     request: CallRequest) -> AsyncGenerator[EngineEvent, None]:
         body: dict[str, Any] = {
             "model": route.model,
-            "messages": to_openai_messages(self.agent.system, self.history),
+            "messages": to_openai_messages(request.system, list(request.messages)),
         }
-        if self.tools:
+        if self.tools and request.tools:
             body["tools"] = self.tools
+        if request.max_tokens is not None:
+            body["max_tokens"] = request.max_tokens
         content: list[str] = []
         calls: dict[int, _PendingCall] = {}
         async with aclosing(route.client.stream_chat(body)) as deltas:
@@ -110,7 +110,8 @@ class _ChatConversation:
                         delta.prompt_tokens, delta.completion_tokens,
                         delta.cached_tokens, delta.cost,
                     )
-                    yield UsageReport(usage, iteration)
+                    # prompt_tokens counts the cached part too: the whole request.
+                    yield UsageReport(usage, iteration, delta.prompt_tokens)
                 elif isinstance(delta, llm.ModelDelta):
                     yield ModelNamed(delta.model)
         answer.text = "".join(content)
@@ -123,20 +124,21 @@ class _ChatConversation:
             for i, c in sorted(calls.items())
         ]
 
-    def add_answer(self, assistant: MessageRecord) -> None:
-        self.history.append(assistant)
+    def add_answer(self, assistant: MessageRecord, answer: Answer) -> None:
+        pass  # rendered from the window's copy
 
     def add_results(self, results: list[ToolFinished]) -> None:
-        self.history.extend(
-            MessageRecord("tool", r.outcome.content, None, r.call_id, now_ms())
-            for r in results)
+        pass
 
 
 class OpenAIEngine:
-    def __init__(self, agent: AgentConfig, call: ModelCall[llm.OpenAIClient]) -> None:
+    def __init__(self, agent: AgentConfig, call: ModelCall[llm.OpenAIClient],
+                 summary_call: ModelCall[llm.OpenAIClient] | None = None) -> None:
         self.agent = agent
         self.call = call
+        self.summary_call = summary_call  # CONTRACT §15 compact_model; None: `call`
 
     def run(self, ctx: EngineContext) -> AsyncGenerator[EngineEvent, None]:
         conversation = _ChatConversation(self.agent, ctx)
-        return tool_loop(ctx, conversation, self.agent.max_iterations, self.call)
+        return tool_loop(ctx, conversation, self.agent.max_iterations, self.call,
+                         self.summary_call)

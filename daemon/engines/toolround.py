@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
 from daemon.clock import now_ms
 from daemon.engines.base import (
+    Compacted,
     EngineContext,
     EngineEvent,
     Finished,
@@ -28,9 +28,12 @@ from daemon.engines.base import (
     ToolFinished,
     ToolResults,
     ToolStarted,
+    UsageReport,
 )
-from daemon.engines.modelcall import ModelCall, Route
-from daemon.errors import MaxIterationsError
+from daemon.engines.compaction import Compactor, overflow_error
+from daemon.engines.modelcall import ModelCall
+from daemon.engines.request import Answer, Conversation
+from daemon.errors import MaxIterationsError, ModelCallFailed
 from daemon.store.models import MessageRecord
 from daemon.tools.base import ToolOutcome
 
@@ -86,60 +89,79 @@ async def run_tool_calls(
         index = group[-1] + 1
 
 
-@dataclass
-class Answer:
-    """What one LLM call answered: its text and the tool calls it asked for
-    ({id, name, arguments}), filled in by Conversation.stream."""
-
-    text: str = ""
-    calls: list[dict[str, Any]] = field(default_factory=list)
-
-
-class Conversation(Protocol):
-    """An engine's side of the tool loop: how its provider's API holds a conversation."""
-
-    def add_injected(self, message: MessageRecord) -> None:
-        """A message delivered to the running turn (steer), before the next call."""
-
-    def stream(self, iteration: int, answer: Answer, route: Route[Any]
-               ) -> AsyncGenerator[EngineEvent, None]:
-        """Make one attempt at one LLM call on `route`: yield its deltas, usage and
-        model as they come; fill `answer` only once the stream has ended (a retried
-        attempt starts from nothing)."""
-        ...
-
-    def add_answer(self, assistant: MessageRecord) -> None:
-        """The call's answer as the next call must see it."""
-
-    def add_results(self, results: list[ToolFinished]) -> None:
-        """The results of the calls the answer asked for, in order."""
-
-
 async def tool_loop(
     ctx: EngineContext, conversation: Conversation, max_iterations: int,
-    call: ModelCall[Any],
+    call: ModelCall[Any], summary_call: ModelCall[Any] | None = None,
 ) -> AsyncGenerator[EngineEvent, None]:
     """Call the LLM, run the tools it asked for, call again — until an answer asks for
     none (Finished) or more than `max_iterations` calls were needed (MaxIterationsError).
     Deliveries to the running turn join the conversation before each call. Each call
     goes through `call` (engines/modelcall.py: retries, fallback, the provider's
-    concurrency slot)."""
-    iteration = 0
-    while True:
-        iteration += 1
-        for injected in ctx.take_injected():
-            conversation.add_injected(injected)
-            yield MessageAppended(injected, iteration)
-        if iteration > max_iterations:
-            raise MaxIterationsError(max_iterations)
-        answer = Answer()
-        async with aclosing(call.stream(partial(conversation.stream, iteration, answer))
-                            ) as deltas:
-            async for event in deltas:
+    concurrency slot), after the context is compacted if it must be (CONTRACT §15,
+    engines/compaction.py; the summarising call goes through `summary_call`)."""
+    agent = ctx.agent
+    compactor = Compactor(agent, ctx.window, ctx.calibration, conversation,
+                          summary_call or call, compact_only=ctx.compact_only)
+    if ctx.compact_only:  # POST /sessions/{id}/compact: the turn is the compaction
+        summary = ""
+        async with aclosing(compactor.compact("manual", 1, force=True)) as steps:
+            async for event in steps:
+                if isinstance(event, Compacted):
+                    summary = event.summary or ""
                 yield event
+        yield Finished(summary, 1 if summary else 0)
+        return
+    iteration = 0
+    refused: ModelCallFailed | None = None  # this call was refused for its length once
+    while True:
+        if refused is None:
+            iteration += 1
+            for injected in ctx.take_injected():
+                compactor.window.append(injected)
+                yield MessageAppended(injected, iteration)
+            if iteration > max_iterations:
+                raise MaxIterationsError(max_iterations)
+            if compactor.needed():
+                async with aclosing(compactor.compact("threshold", iteration)) as steps:
+                    async for event in steps:
+                        yield event
+        answer = Answer()
+        request = compactor.request()
+        sent = compactor.window.sent_bytes()
+        try:
+            async with aclosing(call.stream(partial(conversation.stream, iteration, answer,
+                                                    request=request))) as deltas:
+                async for event in deltas:
+                    if isinstance(event, UsageReport):
+                        compactor.calibration.reported(event.prompt_tokens, sent)
+                    yield event
+        except ModelCallFailed as exc:
+            if not exc.too_long:
+                raise
+            limits = compactor.limits
+            estimate = compactor.estimate()
+            if refused is not None or not limits.on:
+                raise overflow_error(exc, estimate, agent.context_tokens) from exc
+            # The provider's window is below what it was just sent: compact as if the
+            # threshold had been passed, of a window no larger than that, and remember
+            # it for this session's later calls.
+            if estimate < limits.window:
+                compactor.calibration.learned_window = estimate
+            changed = False
+            async with aclosing(compactor.compact("overflow", iteration, force=True,
+                                                  limits=limits.lowered(estimate))) as steps:
+                async for event in steps:
+                    changed = changed or (isinstance(event, Compacted) and event.changed)
+                    yield event
+            if not changed:
+                raise overflow_error(exc, estimate, agent.context_tokens) from exc
+            refused = exc
+            continue
+        refused = None
         assistant = MessageRecord("assistant", answer.text, answer.calls or None, None,
                                   now_ms())
-        conversation.add_answer(assistant)
+        conversation.add_answer(assistant, answer)
+        compactor.window.append(assistant)
         yield MessageAppended(assistant, iteration)
         if not answer.calls:
             yield Finished(answer.text, iteration)
@@ -149,5 +171,7 @@ async def tool_loop(
             async for step in round_:
                 if isinstance(step, ToolResults):
                     results.extend(step.finished)
+                    for message in step.messages:
+                        compactor.window.append(message)
                 yield step
         conversation.add_results(results)

@@ -19,7 +19,13 @@ from typing import Any, Final
 
 import orjson
 
-from daemon.store.models import MessageRecord, SessionRecord, TokenUsage, TurnHistory
+from daemon.store.models import (
+    CompactionRecord,
+    MessageRecord,
+    SessionRecord,
+    TokenUsage,
+    TurnHistory,
+)
 
 # session.stream event types
 TURN_START: Final = "turn.start"
@@ -33,6 +39,7 @@ PROVIDER_RETRY: Final = "provider.retry"  # CONTRACT §14: before a retry's wait
 # max_concurrent), and then got it: docs/bursts.md.
 TURN_QUEUED: Final = "turn.queued"
 TURN_ADMITTED: Final = "turn.admitted"
+COMPACTION: Final = "compaction"  # CONTRACT §15: the context was compacted
 MESSAGE: Final = "message"
 USAGE: Final = "usage"
 APPROVAL_REQUEST: Final = "approval.request"  # CONTRACT §9
@@ -44,7 +51,8 @@ CHUNK_TYPES: Final = frozenset({THINKING_CHUNK, INFERENCE_CHUNK, TOOL_CHUNK})
 TERMINAL_TYPES: Final = frozenset({DONE, ERROR})
 
 TRIGGERS: Final = frozenset(
-    {"http", "sse", "agent_spawn", "agent_message", "async_inform", "wake", "schedule"}
+    {"http", "sse", "agent_spawn", "agent_message", "async_inform", "wake", "schedule",
+     "compact"}
 )
 CANCEL_REASONS: Final = frozenset(
     {"user_cancel", "budget_exceeded", "parent_cancelled", "shutdown"}
@@ -302,6 +310,38 @@ def message_wire(m: MessageRecord) -> dict[str, Any]:
         out["toolCallId"] = m.tool_call_id
     out["createdAt"] = m.created_at
     out["turnId"] = m.turn_id
+    return out
+
+
+def compaction_data(c: CompactionRecord) -> dict[str, Any]:
+    """The `compaction` event's data (CONTRACT §15), plus veild's `coversUntil`."""
+    return {"reason": c.reason, "beforeTokens": c.before_tokens,
+            "afterTokens": c.after_tokens, "prunedToolResults": c.pruned_tool_results,
+            "summary": c.summary, "coversUntil": c.covers_until}
+
+
+def summary_wire(c: CompactionRecord) -> dict[str, Any]:
+    """A summary as GET /sessions/{id}/messages lists it, at its place (CONTRACT §15):
+    `coversUntil` is how many of the session's messages (summaries not counted) it
+    covers, from the first."""
+    return {"role": "summary", "content": c.summary, "coversUntil": c.covers_until,
+            "reason": c.reason, "beforeTokens": c.before_tokens,
+            "afterTokens": c.after_tokens, "prunedToolResults": c.pruned_tool_results,
+            "createdAt": c.created_at, "turnId": c.turn_id}
+
+
+def history_wire(messages: list[MessageRecord],
+                 compactions: list[CompactionRecord]) -> list[dict[str, Any]]:
+    """Every message, and each summary once after the messages stored before it."""
+    summaries = [c for c in compactions if c.summary is not None]
+    out: list[dict[str, Any]] = []
+    at = 0
+    for index, m in enumerate(messages):
+        while at < len(summaries) and summaries[at].place <= index:
+            out.append(summary_wire(summaries[at]))
+            at += 1
+        out.append(message_wire(m))
+    out.extend(summary_wire(c) for c in summaries[at:])
     return out
 
 

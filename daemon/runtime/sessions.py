@@ -35,6 +35,7 @@ import trio
 
 from daemon.clock import new_id, now_ms
 from daemon.config import AgentConfig, Config
+from daemon.engines.context import Calibration
 from daemon.errors import Conflict, NotFound, StoreError, Unavailable
 from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
@@ -296,6 +297,12 @@ class SessionManager:
         """The session as it is now (the live record while a turn runs); never cached."""
         state = self._sessions.get(session_id)
         return state.record if state is not None else await self._stored(session_id)
+
+    def calibration(self, session_id: str) -> Calibration:
+        """The session's estimate (CONTRACT §15), if it is in memory; else a fresh one
+        (bytes only), as its next turn would start from."""
+        state = self._sessions.get(session_id)
+        return state.calibration if state is not None else Calibration()
 
     def live(self, record: SessionRecord) -> SessionRecord:
         """`record`, or the newer in-memory one while the session has a turn in flight."""

@@ -3,10 +3,11 @@ its inbox (runtime/inbox.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from daemon.clock import now_ms
+from daemon.engines.context import Calibration
 from daemon.runtime.events import SessionRef
 from daemon.runtime.inbox import Inbox
 from daemon.store.models import SessionRecord, TokenUsage
@@ -28,6 +29,9 @@ class SessionState:
     # Set when DELETE /sessions/{id} (or a prune) removed it: a task still holding this
     # state can claim nothing on it.
     deleted: bool = False
+    # CONTRACT §15: the estimate of what this session's next LLM call sends (the last
+    # call's reported input), kept in memory: a restart estimates from bytes again.
+    calibration: Calibration = field(default_factory=Calibration)
 
     @property
     def id(self) -> str:

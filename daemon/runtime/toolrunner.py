@@ -5,7 +5,7 @@ publisher for live output, and sub-agents as seen from that call."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +17,28 @@ from daemon.toolenv import tool_environment
 from daemon.tools.base import Tool, ToolContext, ToolError, ToolOutcome
 
 if TYPE_CHECKING:
+    from daemon.config import AgentConfig
+    from daemon.mcp.manager import McpManager
     from daemon.runtime.turn import Turn
+
+
+def named_tools(agent: AgentConfig, known: Mapping[str, Tool],
+                mcp: McpManager | None) -> dict[str, Tool]:
+    """Every tool `agent` names, by name (denied ones too)."""
+    tools: dict[str, Tool] = {}
+    for name in agent.tools:
+        if name in known:
+            tools[name] = known[name]
+        elif mcp is not None and name.startswith("mcp:"):
+            tools.update(mcp.tools_for(name))
+    return tools
+
+
+def offered_tools(agent: AgentConfig, known: Mapping[str, Tool],
+                  mcp: McpManager | None) -> dict[str, Tool]:
+    """The tools `agent`'s model is offered, by name: a denied one is not."""
+    return {name: tool for name, tool in named_tools(agent, known, mcp).items()
+            if approvals.policy(agent, tool) != "deny"}
 
 
 class TurnTools:
@@ -32,19 +53,11 @@ class TurnTools:
 
     def offered(self) -> dict[str, Tool]:
         """The tools offered to the model, by name: a denied one is not."""
-        return {name: tool for name, tool in self._named().items()
-                if approvals.policy(self._agent, tool) != "deny"}
+        return offered_tools(self._agent, self._services.tools, self._services.mcp)
 
     def _named(self) -> dict[str, Tool]:
         """Every tool the agent names, by name (denied ones too)."""
-        known, mcp = self._services.tools, self._services.mcp
-        tools: dict[str, Tool] = {}
-        for name in self._agent.tools:
-            if name in known:
-                tools[name] = known[name]
-            elif mcp is not None and name.startswith("mcp:"):
-                tools.update(mcp.tools_for(name))
-        return tools
+        return named_tools(self._agent, self._services.tools, self._services.mcp)
 
     async def run(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         """One call: its outcome and how long it ran (ms; an approval's wait aside)."""

@@ -34,7 +34,9 @@ import trio
 from daemon.clock import now_ms
 from daemon.config import AgentConfig
 from daemon.engines import base as eng
+from daemon.engines.context import Calibration, Window
 from daemon.errors import (
+    ContextOverflowError,
     MaxIterationsError,
     ModelCallFailed,
     ProviderError,
@@ -47,6 +49,7 @@ from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
 from daemon.runtime.approvals import Approvals
 from daemon.runtime.bus import Bus
+from daemon.runtime.context_view import base_bytes
 from daemon.runtime.inbox import TurnHold
 from daemon.runtime.ports import Store
 from daemon.runtime.publisher import TurnPublisher
@@ -55,9 +58,11 @@ from daemon.runtime.stopbound import StopBound
 from daemon.runtime.toolrunner import TurnTools
 from daemon.sandbox import Sandbox
 from daemon.store.models import (
+    CompactionRecord,
     InboxRecord,
     MessageRecord,
     SessionRecord,
+    StoredContext,
     TokenUsage,
     TurnRecord,
 )
@@ -70,6 +75,7 @@ log = logging.getLogger(__name__)
 STOP_REASONS = frozenset({"user_cancel", "parent_cancelled", "budget_exceeded"})
 # `details.reason` of an INTERNAL_ERROR terminal when the store was busy or unreachable.
 STORE_UNAVAILABLE = "store_unavailable"
+COMPACT_TRIGGER = "compact"
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,11 @@ class Turn:
         return True
 
     @property
+    def compact_only(self) -> bool:
+        """POST /sessions/{id}/compact's turn: it compacts and calls no agent (§15)."""
+        return self.trigger == COMPACT_TRIGGER
+
+    @property
     def gate_closed(self) -> bool:
         turn: Turn | None = self
         while turn is not None:
@@ -301,11 +312,12 @@ class Turn:
                 self.from_session_id, start_seq, self.schedule,
             ), record)
             self.start_stored = True
-            message = MessageRecord("user", self.message, None, None, now_ms(),
-                                    tuple(i.id for i in self.inbox_hold.drained))
-            await self._append(message, 0)
-            if self.fresh:  # as the store would read it back
-                self._history = [replace(message, inbox_ids=(), turn_id=self.id)]
+            if not self.compact_only:  # a compaction turn adds no message (§15)
+                message = MessageRecord("user", self.message, None, None, now_ms(),
+                                        tuple(i.id for i in self.inbox_hold.drained))
+                await self._append(message, 0)
+                if self.fresh:  # as the store would read it back
+                    self._history = [replace(message, inbox_ids=(), turn_id=self.id)]
         if persisting.cancelled_caught:
             raise StoreUnavailable(f"could not store the start of turn {self.id} before "
                                    "the daemon stopped")
@@ -376,15 +388,15 @@ class Turn:
 
     async def _drive(self) -> None:
         engine = self.services.engine_for(self.agent)
-        history = self._history
-        if history is None:
-            history = await self.services.store.messages(self.session.record.id)
+        # CONTRACT §15: the summary in force and the messages after it, not every one.
+        stored = (StoredContext(None, None, self._history) if self._history is not None
+                  else await self.services.store.context(self.session.record.id))
         if self.services.mcp is not None:
             # An MCP server this agent uses that has not listed its tools yet (the
             # daemon just started it) is waited for, within its startup_timeout_s:
             # the model sees the agent's tools, not a list missing them.
             await self.services.mcp.first_listing(self.agent)
-        ctx = _EngineContext(self, history)
+        ctx = _EngineContext(self, stored)
         async with aclosing(engine.run(ctx)) as stream:
             async for event in stream:
                 await self._handle(event)
@@ -459,6 +471,8 @@ class Turn:
                 else:
                     self.publisher.stream(ev.TURN_ADMITTED, {**queue,
                                                              "waitedMs": event.waited_ms})
+            case eng.Compacted():
+                await self._compacted(event)
             case eng.Finished():
                 self.content = event.content
                 self.iterations = max(self.iterations, event.iterations)
@@ -466,6 +480,25 @@ class Turn:
                     self.usage = self.usage + TokenUsage(cost=event.cost)
             case _:
                 assert_never(event)  # a new engine event must be handled here
+
+    async def _compacted(self, event: eng.Compacted) -> None:
+        """Store a compaction that changed what is sent (once; every message stays),
+        then publish it (CONTRACT §15)."""
+        record = CompactionRecord(
+            event.place, event.covers_until, event.pruned_until, event.summary, event.reason,
+            event.before_tokens, event.after_tokens, event.pruned, now_ms())
+        if event.changed:
+            with self.services.stop.shielded() as persisting:
+                await self.services.store.append_compaction(
+                    self.session.record.id, record, self.id)
+            if persisting.cancelled_caught:
+                raise StoreUnavailable(f"could not store a compaction of turn {self.id} "
+                                       "before the daemon stopped")
+        log.info("context compacted", extra={
+            "reason": event.reason, "beforeTokens": event.before_tokens,
+            "afterTokens": event.after_tokens, "pruned": event.pruned,
+            "summarised": event.summary is not None})
+        self.publisher.stream(ev.COMPACTION, ev.compaction_data(record))
 
     def _tool_finished(self, event: eng.ToolFinished) -> None:
         log.info("tool call %s", event.name, extra={
@@ -514,6 +547,10 @@ class Turn:
                 details.update(provider=first.provider, attempts=first.attempts)
             details.update(first.details or {})
             return "PROVIDER_ERROR", first.message, details or None
+        if isinstance(first, ContextOverflowError):
+            return "CONTEXT_OVERFLOW", str(first), {
+                "estimatedTokens": first.estimate, "contextTokens": first.window,
+                "providerMessage": first.provider_message[:500]}
         if isinstance(first, MaxIterationsError):
             return "MAX_ITERATIONS", str(first), {"maxIterations": first.limit}
         if isinstance(first, StoreUnavailable):
@@ -643,14 +680,19 @@ class Turn:
 class _EngineContext:
     """The turn as an engine sees it (engines.base.EngineContext)."""
 
-    def __init__(self, turn: Turn, history: Sequence[MessageRecord]) -> None:
+    def __init__(self, turn: Turn, stored: StoredContext) -> None:
         self._turn = turn
         self.agent = turn.agent
-        self.history: Sequence[MessageRecord] = history
+        self.history: Sequence[MessageRecord] = stored.messages
         self.tools: Sequence[Tool] = list(turn.tools.values())
         self.workspace = turn.workspace
         self.session_id = turn.session.record.id
         self.engine_session_id = turn.session.record.engine_session_id
+        self.compact_only = turn.compact_only
+        self.calibration: Calibration = turn.session.calibration
+        # What every call sends besides the messages counts in the estimate (§15).
+        self.window = Window.stored(stored, base_bytes=base_bytes(turn.agent, self.tools),
+                                    pinned_last=not turn.compact_only)
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         return await self._turn.run_tool(call_id, name, args)
