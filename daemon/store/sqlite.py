@@ -35,10 +35,12 @@ import trio
 
 from daemon.errors import StoreError, StoreUnavailable
 from daemon.store.models import (
+    CompactionRecord,
     InboxRecord,
     MessageRecord,
     ScheduleRecord,
     SessionRecord,
+    StoredContext,
     TokenUsage,
     TurnHistory,
     TurnRecord,
@@ -120,6 +122,63 @@ def _insert_message(conn: sqlite3.Connection, session_id: str, m: MessageRecord,
          json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id,
          m.created_at, turn_id),
     )
+
+
+def _message(row: Sequence[Any]) -> MessageRecord:
+    """A row of role, content, tool_calls, tool_call_id, created_at, turn_id."""
+    return MessageRecord(row[0], row[1], json.loads(row[2]) if row[2] else None, row[3],
+                         row[4], turn_id=row[5])
+
+
+_COMPACTION_COLUMNS = (
+    "place, covers_until, pruned_until, summary, reason, before_tokens, after_tokens, "
+    "pruned_tool_results, created_at, turn_id"
+)
+
+
+def _compaction(row: Sequence[Any]) -> CompactionRecord:
+    """A row of _COMPACTION_COLUMNS."""
+    return CompactionRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7],
+                            row[8], turn_id=row[9])
+
+
+# What a session's next LLM call starts from (`Store.context`), in one statement so that
+# it is one snapshot: part 0, the latest record with a summary and the latest of all
+# (one row when they are the same); part 1, the messages after the summary's
+# `covers_until`. The OFFSET steps over the first ones in messages_by_session without
+# returning them (a few ms for 99,000): a long session is not read whole. Each row:
+# part, id, created_at, turn_id, then a compaction's summary, reason, -, -, place,
+# covers_until, pruned_until, before_tokens, after_tokens, pruned_tool_results, or a
+# message's role, content, tool_calls, tool_call_id, -, … (the postgres store's is the same).
+_CONTEXT = (
+    "WITH summary AS (SELECT max(id) AS id FROM compactions "
+    "                 WHERE session_id = :s AND summary IS NOT NULL) "
+    "SELECT 0, id, created_at, turn_id, summary, reason, NULL, NULL, place, covers_until, "
+    "       pruned_until, before_tokens, after_tokens, pruned_tool_results "
+    "  FROM compactions "
+    " WHERE id = (SELECT id FROM summary) "
+    "    OR id = (SELECT max(id) FROM compactions WHERE session_id = :s) "
+    "UNION ALL "
+    "SELECT * FROM ("
+    "  SELECT 1, id, created_at, turn_id, role, content, tool_calls, tool_call_id, "
+    "         NULL, NULL, NULL, NULL, NULL, NULL "
+    "    FROM messages WHERE session_id = :s ORDER BY id "
+    "   LIMIT -1 OFFSET coalesce((SELECT covers_until FROM compactions "
+    "                             WHERE id = (SELECT id FROM summary)), 0)) "
+    "ORDER BY 1, 2"
+)
+
+
+def _stored_context(rows: Sequence[Sequence[Any]]) -> StoredContext:
+    """_CONTEXT's rows as a StoredContext."""
+    records = [  # by id: the latest last
+        CompactionRecord(r[8], r[9], r[10], r[4], r[5], r[11], r[12], r[13], r[2],
+                         turn_id=r[3])
+        for r in rows if r[0] == 0]
+    summary = next((c for c in reversed(records) if c.summary is not None), None)
+    return StoredContext(
+        summary=summary, latest=records[-1] if records else None,
+        messages=[_message((r[4], r[5], r[6], r[7], r[2], r[3])) for r in rows if r[0] == 1])
 
 
 def _session(row: tuple[Any, ...]) -> SessionRecord:
@@ -593,13 +652,41 @@ class Store:
                 "SELECT role, content, tool_calls, tool_call_id, created_at, turn_id "
                 "FROM messages WHERE session_id=? ORDER BY id", (session_id,),
             )
-            return [
-                MessageRecord(r[0], r[1], json.loads(r[2]) if r[2] else None, r[3], r[4],
-                              turn_id=r[5])
-                for r in rows
-            ]
+            return [_message(r) for r in rows]
 
         return await self._read(_messages)
+
+    # -- compactions (CONTRACT §15) -------------------------------------------------------
+
+    async def append_compaction(self, session_id: str, c: CompactionRecord,
+                                turn_id: str | None = None) -> None:
+        """Store one compaction of the session's context (a write like a message's)."""
+        await self._write(lambda conn: conn.execute(
+            "INSERT INTO compactions(session_id, turn_id, place, covers_until, pruned_until, "
+            "summary, reason, before_tokens, after_tokens, pruned_tool_results, created_at) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (session_id, turn_id, c.place, c.covers_until, c.pruned_until, c.summary,
+             c.reason, c.before_tokens, c.after_tokens, c.pruned_tool_results, c.created_at),
+        ))
+
+    async def compactions(self, session_id: str) -> list[CompactionRecord]:
+        """Every compaction of the session, oldest first."""
+
+        def _compactions() -> list[CompactionRecord]:
+            rows = self._rconn.execute(
+                f"SELECT {_COMPACTION_COLUMNS} FROM compactions WHERE session_id=? "
+                "ORDER BY id", (session_id,),
+            )
+            return [_compaction(r) for r in rows]
+
+        return await self._read(_compactions)
+
+    async def context(self, session_id: str) -> StoredContext:
+        """The latest summary and compaction of the session and the messages after the
+        summary, from one snapshot; only those messages are read."""
+        return await self._read(
+            lambda: _stored_context(self._rconn.execute(_CONTEXT, {"s": session_id})
+                                    .fetchall()))
 
     # -- turns ----------------------------------------------------------------------------
 
@@ -774,13 +861,13 @@ class Store:
 
     async def delete_sessions(self, session_ids: Sequence[str]) -> None:
         """Remove these sessions (a whole subtree: `subtree`'s order, parents first) with
-        their messages, turns and inbox entries in one transaction, then give the freed
-        pages back to the file system."""
+        their messages, compactions, turns and inbox entries in one transaction, then give
+        the freed pages back to the file system."""
 
         def _delete(conn: sqlite3.Connection) -> None:
             for chunk in _chunks(session_ids):
                 marks = ",".join("?" * len(chunk))
-                for table in ("messages", "turns", "inbox"):
+                for table in ("messages", "compactions", "turns", "inbox"):
                     conn.execute(f"DELETE FROM {table} WHERE session_id IN ({marks})", chunk)
             # Children before parents: every statement leaves the parent links whole.
             for chunk in _chunks(list(reversed(session_ids))):
