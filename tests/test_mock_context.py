@@ -296,14 +296,19 @@ async def test_the_default_summary(api: str) -> None:
     async with _mock() as mock, httpx.AsyncClient(timeout=10) as http:
         answer = await _send(http, mock, api, _body(api, SYSTEM, [_user(transcript)],
                                                     tools=True))
+        # A short last turn: its `#mock` line is not quoted.
+        short = await _send(http, mock, api, _body(api, SYSTEM, [_user(_transcript(
+            ("user", f"look\n{TOOLS_SCRIPT}\n  at   this")))]))
         # Without a user entry.
         empty = await _send(http, mock, api, _body(api, SYSTEM, [_user(_transcript(
             ("assistant", "hello")))]))
     assert answer.status == 200 and answer.text == expected
     assert answer.tool_calls == 0 and answer.finish in ("stop", "end_turn")
+    assert short.text == ("Summary of the earlier conversation: 1 messages; the user last "
+                          "asked: look at this.")
     assert empty.text == ("Summary of the earlier conversation: 1 messages; the user last "
                           "asked: (nothing).")
-    assert [s.compaction for s in mock.served] == [True, True]
+    assert [s.compaction for s in mock.served] == [True, True, True]
 
 
 async def test_a_compact_script_answers_the_summarising_call(api: str) -> None:
