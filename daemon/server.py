@@ -343,7 +343,9 @@ async def _serve(
             mock_roots: dict[str, str] = {}
             for name, provider in config.providers.items():
                 if provider.type == "mock":
-                    port = await services.start(serve_mock_provider, "127.0.0.1", 0)
+                    port = await services.start(partial(
+                        serve_mock_provider, max_context_chars=provider.max_context_chars),
+                        "127.0.0.1", 0)
                     mock_roots[name] = f"http://127.0.0.1:{port}"
             tools: dict[str, Tool] = {
                 t.name: t for t in (BashTool(), AgentSpawnTool(), AgentMessageTool())

@@ -5,8 +5,8 @@ chat (tool_result blocks count as tool messages, so "the N-th call after the scr
 user message" means the same thing), and the answer is streamed as the real API does:
 message_start, content blocks (thinking with a signature, text, tool_use with its input
 in input_json_delta pieces), message_delta with the usage and stop reason, message_stop.
-Failures (status, drop, garbage, hang, `fail`'s list) behave as on the Chat Completions
-face; a scripted error event is the API's `event: error`.
+Failures (status, drop, garbage, hang, `fail`'s list, a refusal for length) behave as
+on the Chat Completions face; a scripted error event is the API's `event: error`.
 """
 
 from __future__ import annotations
@@ -44,8 +44,12 @@ def as_chat(body: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def usage(messages: list[dict[str, Any]], completion: int) -> dict[str, int]:
-    prompt = sum(len(str(m.get("content") or "")) for m in messages) // 4 + 1
+def usage(messages: list[dict[str, Any]], completion: int,
+          prompt_tokens: int | None = None) -> dict[str, int]:
+    """The usage an answer reports: `prompt_tokens` (a script's `promptTokens`) as its
+    input, else an estimate from the conversation's characters."""
+    prompt = (sum(len(str(m.get("content") or "")) for m in messages) // 4 + 1
+              if prompt_tokens is None else prompt_tokens)
     return {"input_tokens": prompt, "output_tokens": completion,
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
 
@@ -67,7 +71,7 @@ def completion_tokens(spec: CallSpec) -> int:
 
 def events(spec: CallSpec, model: str, messages: list[dict[str, Any]]) -> Iterator[bytes]:
     mid = f"msg_{secrets.token_hex(8)}"
-    start_usage = {**usage(messages, 0), "output_tokens": 1}
+    start_usage = {**usage(messages, 0, spec.prompt_tokens), "output_tokens": 1}
     yield _sse("message_start", {"type": "message_start", "message": {
         "id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": start_usage}})
@@ -130,7 +134,7 @@ def whole(spec: CallSpec, model: str, messages: list[dict[str, Any]]) -> dict[st
     return {"id": f"msg_{secrets.token_hex(8)}", "type": "message", "role": "assistant",
             "model": model, "content": content,
             "stop_reason": "tool_use" if spec.tools else "end_turn", "stop_sequence": None,
-            "usage": usage(messages, completion_tokens(spec))}
+            "usage": usage(messages, completion_tokens(spec), spec.prompt_tokens)}
 
 
 ERROR_TYPES = {"overloaded": "overloaded_error", "rate_limit": "rate_limit_error"}
@@ -142,6 +146,13 @@ def error_event(kind: str) -> bytes:
     kind = ERROR_TYPES.get(kind, kind)
     return _sse("error", {"type": "error", "error": {"type": kind,
                                                      "message": f"scripted {kind}"}})
+
+
+def too_long_body(chars: int, limit: int) -> dict[str, Any]:
+    """The API's refusal of a prompt over the model's window (`maxContextChars`)."""
+    return {"type": "error", "error": {
+        "type": "invalid_request_error",
+        "message": f"prompt is too long: {chars // 4} tokens > {limit // 4} maximum"}}
 
 
 def error_body(status: int) -> dict[str, Any]:

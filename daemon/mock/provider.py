@@ -4,7 +4,9 @@ It streams like the real thing (role chunk, reasoning and content deltas one wor
 tool calls whose arguments arrive in pieces, a finish chunk, a usage chunk, `[DONE]`)
 and can misbehave on request: an HTTP error status, a dropped connection mid-stream,
 a malformed chunk, or silence; a call that fails N times (statuses with Retry-After,
-resets, error events, no answer) before it is answered; a body held open after its end.
+resets, error events, no answer) before it is answered; a body held open after its end;
+a refusal of a request longer than its window (`max_context_chars`, `maxContextChars`);
+the daemon's summarising call answered by its own script (`compact`), never a tool round.
 What it says is decided by daemon.mock.script; the one state it keeps is how often each
 scripted call was asked (for `fail`) and how many LLM requests are in flight (its log
 records that number for each request, so tests can check a concurrency cap). The same
@@ -30,7 +32,7 @@ import h11
 import trio
 
 from daemon.mock import anthropic
-from daemon.mock.script import CallSpec, call_key, plan
+from daemon.mock.script import CallSpec, call_key, is_compaction, plan, request_chars
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +104,12 @@ class _TextChunks:
         return parts[0] + _escape(text).encode() + parts[1]
 
 
-def _usage(messages: list[dict[str, Any]], completion: int) -> dict[str, Any]:
-    prompt = sum(len(str(m.get("content") or "")) for m in messages) // 4 + 1
+def _usage(messages: list[dict[str, Any]], completion: int,
+           prompt_tokens: int | None = None) -> dict[str, Any]:
+    """The usage an answer reports: `prompt_tokens` (a script's `promptTokens`) as its
+    prompt, else an estimate from the conversation's characters."""
+    prompt = (sum(len(str(m.get("content") or "")) for m in messages) // 4 + 1
+              if prompt_tokens is None else prompt_tokens)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
 
@@ -151,7 +157,7 @@ def _events(spec: CallSpec, model: str, messages: list[dict[str, Any]],
     yield _chunk(model, cid, {}, finish="tool_calls" if spec.tools else "stop")
     if include_usage and spec.usage:
         assert completion == _completion_tokens(spec)
-        yield _chunk(model, cid, None, usage=_usage(messages, completion))
+        yield _chunk(model, cid, None, usage=_usage(messages, completion, spec.prompt_tokens))
     yield b"data: [DONE]\n\n"
 
 
@@ -172,7 +178,7 @@ def _whole(spec: CallSpec, model: str, messages: list[dict[str, Any]]) -> dict[s
         "created": int(time.time()), "model": model,
         "choices": [{"index": 0, "message": message,
                      "finish_reason": "tool_calls" if spec.tools else "stop"}],
-        "usage": _usage(messages, words),
+        "usage": _usage(messages, words, spec.prompt_tokens),
     }
 
 
@@ -278,13 +284,18 @@ class Served:
     status: int
     thinking: dict[str, Any] | None = None  # what a Messages API request asked for
     tools: list[dict[str, Any]] | None = None  # the tools a Chat Completions request offered
-    messages: list[dict[str, Any]] | None = None  # the conversation it was sent (ditto)
+    # The conversation it was sent (a Messages API request's as anthropic.as_chat reads it).
+    messages: list[dict[str, Any]] | None = None
     # The scripted failure it got (`fail`): "429", "reset", "errorEvent:overloaded",
-    # "hang"; None when it was answered as scripted.
+    # "hang"; "context_length" when it was refused for its length; None when it was
+    # answered as scripted.
     fault: str | None = None
     # LLM requests in flight at the mock when this one came, itself included (the peak
     # of all of them is the most the mock ever had at once).
     in_flight: int = 1
+    compaction: bool = False  # it was the daemon's summarising call
+    request_chars: int = 0  # what it held (daemon.mock.script.request_chars)
+    request_bytes: int = 0  # its raw body's length
 
 
 @dataclass
@@ -295,6 +306,13 @@ class _Mock:
     log: list[Served] | None = None
     asked: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
+    max_context_chars: int = 0  # refuse longer requests (0: never); a script may override
+
+    def too_long(self, spec: CallSpec, chars: int) -> int | None:
+        """The window a request of `chars` characters is over (its limit), if it is."""
+        limit = self.max_context_chars if spec.max_context_chars is None \
+            else spec.max_context_chars
+        return limit if 0 < limit < chars else None
 
     def failure(self, api: str, body: dict[str, Any], spec: CallSpec,
                 conversation: Any) -> dict[str, Any] | None:
@@ -368,6 +386,23 @@ async def _fail(conn: _Conn, failure: dict[str, Any], api: str) -> None:
     await conn.json_response(status, body, headers)
 
 
+def _chat_too_long(chars: int, limit: int) -> dict[str, Any]:
+    """OpenAI's refusal of messages over the model's window (`maxContextChars`)."""
+    return {"error": {
+        "message": f"This model's maximum context length is {limit // 4} tokens. However, "
+                   f"your messages resulted in {chars // 4} tokens. Please reduce the "
+                   "length of the messages.",
+        "type": "invalid_request_error", "param": "messages",
+        "code": "context_length_exceeded"}}
+
+
+def _seen(body: dict[str, Any], raw: bytes, mock: _Mock, messages: list[dict[str, Any]],
+          compaction: bool) -> dict[str, Any]:
+    """What every log record of a request says about it."""
+    return {"messages": messages, "in_flight": mock.in_flight, "compaction": compaction,
+            "request_chars": request_chars(body), "request_bytes": len(raw)}
+
+
 async def _answer_messages(conn: _Conn, target: str, raw: bytes, mock: _Mock) -> None:
     """The Anthropic Messages API face (daemon.mock.anthropic)."""
     try:
@@ -380,19 +415,27 @@ async def _answer_messages(conn: _Conn, target: str, raw: bytes, mock: _Mock) ->
         await conn.json_response(200, {"input_tokens": anthropic.usage(messages, 0)[
             "input_tokens"]})
         return
-    spec = plan(messages, _offered(body))
+    compaction = is_compaction(body)
+    spec = plan(messages, _offered(body), compaction)
     model = spec.model or str(body.get("model") or "mock-1")
+    seen = _seen(body, raw, mock, messages, compaction)
     failure = mock.failure("messages", body, spec,
                            {"system": body.get("system"), "messages": body.get("messages")})
     if failure is not None:
         mock.record(Served(model, None, _fault_status(failure), body.get("thinking"),
-                           fault=_fault_name(failure), in_flight=mock.in_flight))
+                           fault=_fault_name(failure), **seen))
         await _fail(conn, failure, "messages")
         return
-    u = anthropic.usage(messages, anthropic.completion_tokens(spec))
+    limit = mock.too_long(spec, seen["request_chars"])
+    if limit is not None:
+        mock.record(Served(model, None, 400, body.get("thinking"), fault="context_length",
+                           **seen))
+        await conn.json_response(400, anthropic.too_long_body(seen["request_chars"], limit))
+        return
+    u = anthropic.usage(messages, anthropic.completion_tokens(spec), spec.prompt_tokens)
     mock.record(Served(model, {"prompt_tokens": u["input_tokens"],
                                "completion_tokens": u["output_tokens"]}, spec.status or 200,
-                       body.get("thinking"), in_flight=mock.in_flight))
+                       body.get("thinking"), **seen))
     if spec.status:
         await conn.json_response(spec.status, anthropic.error_body(spec.status))
     elif body.get("stream"):
@@ -433,19 +476,26 @@ async def _answer_chat(conn: _Conn, raw: bytes, mock: _Mock) -> None:
     except (ValueError, KeyError, TypeError):
         await conn.json_response(400, {"error": {"message": "bad request body"}})
         return
-    spec = plan(messages, _offered(body))
+    compaction = is_compaction(body)
+    spec = plan(messages, _offered(body), compaction)
     model = spec.model or str(body.get("model") or "mock-1")
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    seen = _seen(body, raw, mock, messages, compaction)
     failure = mock.failure("chat", body, spec, messages)
     if failure is not None:
         mock.record(Served(model, None, _fault_status(failure), tools=body.get("tools"),
-                           messages=messages, fault=_fault_name(failure),
-                           in_flight=mock.in_flight))
+                           fault=_fault_name(failure), **seen))
         await _fail(conn, failure, "chat")
         return
-    usage = _usage(messages, _completion_tokens(spec)) if spec.usage and include_usage else None
-    mock.record(Served(model, usage, spec.status or 200, tools=body.get("tools"),
-                       messages=messages, in_flight=mock.in_flight))
+    limit = mock.too_long(spec, seen["request_chars"])
+    if limit is not None:
+        mock.record(Served(model, None, 400, tools=body.get("tools"), fault="context_length",
+                           **seen))
+        await conn.json_response(400, _chat_too_long(seen["request_chars"], limit))
+        return
+    usage = (_usage(messages, _completion_tokens(spec), spec.prompt_tokens)
+             if spec.usage and include_usage else None)
+    mock.record(Served(model, usage, spec.status or 200, tools=body.get("tools"), **seen))
     if spec.status:
         await conn.json_response(spec.status, {"error": {
             "message": f"scripted failure {spec.status}", "type": "server_error"}})
@@ -479,14 +529,18 @@ async def _handle(stream: trio.SocketStream, mock: _Mock) -> None:
 
 async def serve_mock_provider(
     host: str = "127.0.0.1", port: int = 0, log: list[Served] | None = None,
-    *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+    *, max_context_chars: int = 0,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled; reports the bound port through `task_status`."""
+    """Serve until cancelled; reports the bound port through `task_status`. A request
+    holding more than `max_context_chars` characters is refused for its length (0: never;
+    a script's `maxContextChars` overrides it)."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
     try:
         task_status.started(bound)
-        await trio.serve_listeners(partial(_handle, mock=_Mock(log)), listeners)
+        mock = _Mock(log, max_context_chars=max_context_chars)
+        await trio.serve_listeners(partial(_handle, mock=mock), listeners)
     finally:
         for listener in listeners:
             listener.socket.close()

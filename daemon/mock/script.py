@@ -52,11 +52,68 @@ A call spec:
     holdOpen         true: after `[DONE]` / `message_stop` the body is held open, a
                      keep-alive comment (`: ping`) sent every 50 ms, until the client
                      goes away (or 300 s)
-`key`, `fail`, `failModel` and `holdOpen` may also stand at the top of a `calls` script,
-for every call of it that does not say otherwise.
+    promptTokens     the prompt tokens this call's usage reports (Chat Completions:
+                     usage.prompt_tokens, and total_tokens with it; Messages API:
+                     input_tokens, in message_start and in a whole answer) instead of
+                     the estimate (the messages' characters / 4, plus 1)
+    maxContextChars  refuse this call for its length, as real APIs do, when the request
+                     holds more than N characters (`request_chars` below; 0: never). It
+                     overrides the provider's own `max_context_chars` (serve_mock_provider's
+                     argument, `[providers.X] max_context_chars` for a mock provider). The
+                     refusal is HTTP 400 with the API's own body: Chat Completions
+                       {"error": {"message": "This model's maximum context length is
+                        {N//4} tokens. However, your messages resulted in {chars//4}
+                        tokens. Please reduce the length of the messages.", "type":
+                        "invalid_request_error", "param": "messages",
+                        "code": "context_length_exceeded"}}
+                     Messages API
+                       {"type": "error", "error": {"type": "invalid_request_error",
+                        "message": "prompt is too long: {chars//4} tokens > {N//4} maximum"}}
+                     and the log records it with fault "context_length". A `fail` failure
+                     due for the request comes first (it is a fault before the request is
+                     read); `status` after.
+`key`, `fail`, `failModel`, `holdOpen`, `promptTokens` and `maxContextChars` may also
+stand at the top of a `calls` script, for every call of it that does not say otherwise.
 
-The mock's log (daemon.mock.provider.Served) records each request, its `fault`, and
-how many LLM requests were in flight at the mock when it came (itself included).
+What a request holds, in characters (`request_chars`, what `maxContextChars` and the
+log's `request_chars` count; Python characters, not bytes): the Messages API's `system`
+(a string or its text blocks), and of every message its text content (a string, or its
+text parts / text blocks), its tool results (a Chat Completions `tool` message's content;
+a Messages API tool_result block's content, string or text blocks), and its tool calls'
+arguments (a Chat Completions tool call's `arguments` string as sent; a Messages API
+tool_use block's `input` as json.dumps(input, ensure_ascii=False)). A Chat Completions
+system message counts as a message. Thinking, images, names and ids are not counted.
+
+The summarising call (CONTRACT §15 compaction) is a request whose system prompt (the
+Messages API's `system`; a Chat Completions request's first message when it is a system
+or developer message) starts with COMPACTION_MARKER; its one user message is a
+transcript of the earlier conversation, which may hold the `#mock` lines of earlier user
+messages. It never follows a script it finds there (that script's tool calls would make
+the summary call a tool round). It is answered by the `compact` key of the LAST `#mock`
+line anywhere in the request (a `#mock ` anywhere in a line, the JSON after it on that
+line) whose object has one, e.g.
+
+    #mock {"say": "ok", "compact": {"say": "the summary", "delay_ms": 5, "promptTokens": 900}}
+
+— its value is a call spec like any other (say, think, delay_ms, pause_after/pause_until,
+hang_after, status, fail, promptTokens, maxContextChars, ...; tools only when it names
+them itself). The rest of that script drives the agent's own calls as usual; the
+`compact` key is read by the summarising call alone, and a turn's `maxContextChars`
+does not apply to it (its own, or the provider's, does). Without such a line (or when
+`compact` is not an object) it streams, like `say`, the default summary
+
+    Summary of the earlier conversation: K messages; the user last asked: TEXT.
+
+K is the number of `## user` / `## assistant` / `## system` / `## tool…` headings in the
+transcript (daemon.engines.summary_request's format) and TEXT the first 120 characters
+of the last `## user` entry (up to the next heading), without its `#mock` lines and with
+its whitespace collapsed to single spaces; "(nothing)" when there is no user entry.
+
+The mock's log (daemon.mock.provider.Served) records each request, its `fault`, how many
+LLM requests were in flight at the mock when it came (itself included), whether it was
+a summarising call (`compaction`), its `request_chars` and `request_bytes` (the raw
+body's length), and its conversation (`messages`; a Messages API request's as the chat
+the scripts read, daemon.mock.anthropic.as_chat).
 
 Without a script the demo behaviour applies, paced so that a person can watch it:
   - when the request offers `agent_spawn`, spawn the `helper` agent (wait) with a task,
@@ -73,10 +130,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 MARKER = "#mock "
+# What opens the system prompt of the daemon's summarising call (the daemon imports it).
+COMPACTION_MARKER = "[veild compaction]"
+SUMMARY_QUOTE = 120  # characters of the last user turn the default summary quotes
+_HEADING = re.compile(r"^## (user|assistant|system|tool)\b")
 DELIVERY = "[veild delivery from session"
 DEMO_DELAY_MS = 35  # the demo streams at a readable pace
 DEMO_HELPER = "helper"
@@ -128,6 +191,8 @@ class CallSpec:
     fail_model: str | None = None
     key: str | None = None
     hold_open: bool = False
+    prompt_tokens: int | None = None
+    max_context_chars: int | None = None  # None: the provider's own setting
     call: int = 0  # which call of its script this is (0: the first)
 
 
@@ -166,11 +231,17 @@ def _spec(raw: dict[str, Any]) -> CallSpec:
         fail_model=raw.get("failModel"),
         key=None if raw.get("key") is None else str(raw["key"]),
         hold_open=bool(raw.get("holdOpen", False)),
+        prompt_tokens=_int_or_none(raw.get("promptTokens")),
+        max_context_chars=_int_or_none(raw.get("maxContextChars")),
     )
 
 
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 # What a `calls` script's top level may say for each of its calls.
-SHARED_KEYS = ("fail", "failModel", "key", "holdOpen")
+SHARED_KEYS = ("fail", "failModel", "key", "holdOpen", "promptTokens", "maxContextChars")
 
 
 def _find_script(messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any] | None]:
@@ -224,8 +295,117 @@ def _helper_summary(messages: list[dict[str, Any]]) -> str:
     return "Done."
 
 
-def plan(messages: list[dict[str, Any]], tools: frozenset[str] = frozenset()) -> CallSpec:
-    """The spec for the call that answers `messages`, offered `tools` (by name)."""
+def _scripts_in(text: str) -> Iterator[dict[str, Any]]:
+    """Every `#mock` object in `text`, wherever in a line it stands (a transcript may
+    quote a user message's script behind a prefix)."""
+    decoder = json.JSONDecoder()
+    for line in text.splitlines():
+        at = line.find(MARKER)
+        while at >= 0:
+            try:
+                script, _ = decoder.raw_decode(line, at + len(MARKER))
+            except ValueError:
+                script = None
+            if isinstance(script, dict):
+                yield script
+            at = line.find(MARKER, at + len(MARKER))
+
+
+def system_text(body: dict[str, Any]) -> str:
+    """A request's system prompt: the Messages API's `system`, or a Chat Completions
+    request's first message when it is a system (or developer) message."""
+    if "system" in body:
+        return _content_text(body.get("system"))
+    messages = body.get("messages") or []
+    first = messages[0] if messages and isinstance(messages[0], dict) else {}
+    return _text(first) if first.get("role") in ("system", "developer") else ""
+
+
+def is_compaction(body: dict[str, Any]) -> bool:
+    """Whether the request is the daemon's summarising call (its system prompt says so)."""
+    return system_text(body).startswith(COMPACTION_MARKER)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(str(b.get("text", "")) for b in content if isinstance(b, dict)
+                   and b.get("type", "text") == "text") if isinstance(content, list) else ""
+
+
+def _content_chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    n = 0
+    for block in content if isinstance(content, list) else ():
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type", "text")
+        if kind == "text":
+            n += len(str(block.get("text", "")))
+        elif kind == "tool_result":
+            n += _content_chars(block.get("content"))
+        elif kind == "tool_use":
+            n += len(json.dumps(block.get("input", {}), ensure_ascii=False))
+    return n
+
+
+def request_chars(body: dict[str, Any]) -> int:
+    """What a request (either API's body) holds, in characters: its system prompt and
+    every message's text, tool results and tool call arguments (the docstring above)."""
+    n = _content_chars(body.get("system"))
+    for m in body.get("messages") or ():
+        if not isinstance(m, dict):
+            continue
+        n += _content_chars(m.get("content"))
+        for call in m.get("tool_calls") or ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            arguments = fn.get("arguments") if isinstance(fn, dict) else None
+            if arguments is not None:
+                n += len(arguments if isinstance(arguments, str)
+                         else json.dumps(arguments, ensure_ascii=False))
+    return n
+
+
+def default_summary(transcript: str) -> str:
+    """The summarising call's answer without a `compact` script (the docstring above)."""
+    count = 0
+    last_user: list[str] | None = None
+    entry: list[str] | None = None  # the lines of the user entry being read
+    for line in transcript.splitlines():
+        heading = _HEADING.match(line)
+        if heading:
+            count += 1
+            entry = [] if heading.group(1) == "user" else None
+            if entry is not None:
+                last_user = entry
+        elif line.startswith("# ") or line.startswith("## "):
+            entry = None  # the transcript's own sections (its task, a previous summary)
+        elif entry is not None and MARKER not in line:
+            entry.append(line)
+    asked = " ".join(" ".join(last_user).split())[:SUMMARY_QUOTE] if last_user else ""
+    return (f"Summary of the earlier conversation: {count} messages; the user last asked: "
+            f"{asked or '(nothing)'}.")
+
+
+def _compaction_spec(messages: list[dict[str, Any]]) -> CallSpec:
+    compact: Any = None
+    for m in messages:
+        for script in _scripts_in(_text(m)):
+            if "compact" in script:
+                compact = script["compact"]
+    if isinstance(compact, dict):
+        return _spec(compact)
+    users = [m for m in messages if m.get("role") == "user"]
+    return _spec({"say": default_summary(_text(users[-1]) if users else "")})
+
+
+def plan(messages: list[dict[str, Any]], tools: frozenset[str] = frozenset(),
+         compaction: bool = False) -> CallSpec:
+    """The spec for the call that answers `messages`, offered `tools` (by name); for the
+    daemon's summarising call (`compaction`), what its `compact` script says."""
+    if compaction:
+        return _compaction_spec(messages)
     user_index, script = _find_script(messages)
     calls_made = sum(1 for m in messages[user_index + 1:] if m.get("role") == "assistant")
     if script is None and user_index >= 0 and _text(messages[user_index]).startswith(DELIVERY):
