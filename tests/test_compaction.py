@@ -353,3 +353,48 @@ async def test_a_long_session_keeps_its_requests_bounded(tmp_path: Path,
     assert len([m for m in history if m["role"] != "summary"]) == 1000 + 100
     assert [m["content"] for m in history if m["role"] != "summary"][:4] == [
         rows[0].content, "", rows[2].content, "done 0"]
+
+
+MESSAGES_AGENT = """
+[providers.messages]
+type = "anthropic"
+base_url = "{root}"
+
+[agents.smallclaude]
+engine = "anthropic"
+provider = "messages"
+model = "claude-small"
+tools = ["bash"]
+context_tokens = 4000
+compact_keep_tokens = 100
+"""
+
+
+async def test_the_messages_api_compacts_the_same(tmp_path: Path, provider: Provider) -> None:
+    """The anthropic engine: a threshold compaction from reported usage (input plus the
+    cache), then a `prompt is too long` refusal compacted and sent once more, with the
+    turn's tool round sent back as it came."""
+    extra = AGENTS + MESSAGES_AGENT.replace("{root}", provider.url.removesuffix("/v1"))
+    echo = {"name": "bash", "arguments": {"command": "echo hi"}}
+    async with open_daemon(tmp_path, provider, extra=extra) as d, \
+            open_recorder(d.ws_url) as rec:
+        first = await chat(d, mock(say="one", promptTokens=3900), "smallclaude")
+        sid = first["sessionId"]
+        second = await chat(d, mock(calls=[{"tools": [echo]}, {"say": "two"}]),
+                            "smallclaude", sid)
+        assert second["content"] == "two"
+        assert [c["reason"] for c in compactions(rec.stream(second["turnId"]))] == [
+            "threshold"]
+        third = await chat(d, "p" * 3000 + "\n" + mock(say="three", maxContextChars=3420),
+                           "smallclaude", sid)
+        await rec.terminal(third["turnId"])
+        assert [c["reason"] for c in compactions(rec.stream(third["turnId"]))] == [
+            "overflow"]
+        assert third["content"] == "three"
+    refusals = [s for s in provider.served if s.fault == "context_length"]
+    assert len(refusals) == 1
+    # The last request: the summary first, then the turn's own message (one user
+    # message of two text blocks in the Messages API).
+    sent = str(provider.served[-1].messages)
+    assert sent.index("summary of the earlier conversation") < sent.index("p" * 3000)
+    assert provider.served[-1].request_chars <= 3420 < refusals[0].request_chars
