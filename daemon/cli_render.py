@@ -158,6 +158,19 @@ def retry_text(data: dict[str, Any], failed: str | None = None) -> str:
     return f"{cause}, {when} — attempt {data.get('attempt')} of {data.get('maxRetries')}"
 
 
+def compaction_text(data: dict[str, Any]) -> str:
+    """A `compaction` (CONTRACT §15) in the words of Studio's divider:
+    `context compacted · threshold · 41,200 → 9,800 tokens · 12 tool results pruned`."""
+    parts = ["context compacted", str(data.get("reason")),
+             f"{data.get('beforeTokens', 0):,} → {data.get('afterTokens', 0):,} tokens"]
+    pruned = data.get("prunedToolResults") or 0
+    if pruned:
+        parts.append(f"{pruned:,} tool result{'s' if pruned != 1 else ''} pruned")
+    if data.get("summary"):
+        parts.append("summarised")
+    return " · ".join(parts)
+
+
 class ChatView:
     """Turns envelopes of the chat's tree into lines; knows when the chat's turn ended."""
 
@@ -211,6 +224,8 @@ class ChatView:
             text = retry_text(data, self.routes.get(sid))
             self.routes[sid] = str(data.get("provider"))
             v.line(env, f"[{agent} ↻ {text}]", "yellow" if data.get("fallback") else "dim yellow")
+        elif kind == "compaction":
+            v.line(env, f"[{agent} ⇣ {compaction_text(data)}]", "dim cyan")
         elif kind in ("turn.queued", "turn.admitted"):
             state = "waiting" if kind == "turn.queued" else "admitted"
             v.line(env, f"[{agent} ⏸ {queue_text(data, state)}]", "dim")

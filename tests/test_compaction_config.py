@@ -99,3 +99,24 @@ async def test_the_summarising_call_goes_to_compact_model(tmp_path: Path,
         assert shown.count("[summary of the first") == 2
         # The agent's own calls stayed on its model.
         assert {s.model for s in provider.served if not s.compaction} == {"main-model"}
+
+
+SMALL = """
+[agents.tight]
+engine = "openai"
+provider = "mock"
+model = "tight-model"
+tools = []
+context_tokens = 4000
+compact_keep_tokens = 100
+"""
+
+
+async def test_veild_chat_says_when_it_compacts(tmp_path: Path, provider: Provider) -> None:
+    async with open_daemon(tmp_path, provider, extra=SMALL) as d:
+        first = (await d.chat(mock(say="one", promptTokens=3900), agent="tight")).json()
+        p = await cli("chat", "tight", mock(say="two"), "--session", first["sessionId"],
+                      url=d.url)
+        text = out(p)
+    assert "⇣ context compacted · threshold · " in text and "· summarised]" in text
+    assert text.index("context compacted") < text.index("two")
