@@ -17,6 +17,7 @@ from daemon.engines.context import (
     Window,
     tokens,
 )
+from daemon.engines.summary_request import transcript
 from daemon.runtime.events import history_wire
 from daemon.store.models import CompactionRecord, MessageRecord, StoredContext
 
@@ -209,8 +210,7 @@ def test_the_estimate_starts_from_the_last_report() -> None:
     assert c.estimate(4000) == 90_000
     assert c.estimate(8000) == 91_000  # plus one token per 4 bytes appended
     assert c.estimate(2000) == 45_000  # smaller (after a compaction): scaled
-    c.forget()
-    assert c.estimate(4000) == 1000
+    assert c.per_byte() == 22.5
 
 
 def test_placeholders_name_the_call_and_its_bytes() -> None:
@@ -230,3 +230,15 @@ def test_nothing_to_do_is_no_plan() -> None:
     w = Window(messages=[MessageRecord("user", "x" * 100_000)], pinned=0)
     assert w.plan(LIMITS, 25_000) is None
     assert w.plan(LIMITS, 25_000, force=True) is None
+
+
+def test_a_message_larger_than_the_transcript_is_cut_not_left_out() -> None:
+    text = transcript("the old summary", [MessageRecord("user", "a" * 20_000 + "END")], 2000)
+    assert len(text.encode()) <= 2000 * 4
+    assert "left out" in text and text.count("a") > 4000 and "END" in text
+    assert "# Previous summary\nthe old summary" in text
+    # Many messages: the newest kept whole, the oldest said to be left out.
+    many = [MessageRecord("user", f"m{i} " + "b" * 1000) for i in range(40)]
+    text = transcript(None, many, 2000)
+    assert "m39 " in text and "m0 " not in text
+    assert "earlier messages left out" in text

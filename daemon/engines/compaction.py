@@ -104,9 +104,11 @@ class Compactor:
                             self.window.pruned_until, self.window.end)
             return
         self.window = self.window.applied(plan, summary)
-        # What is sent is no longer "the last call's plus what was appended": the next
-        # report recalibrates.
-        self.calibration.forget()
+        # What is sent is smaller than what the last report counted: the estimate scales
+        # it by that report's tokens per byte, so `afterTokens` is on `beforeTokens`'
+        # scale, and the next call's estimate goes on from there (the next report
+        # recalibrates). Falling back to bytes/4 here would put "after" on another scale
+        # (a pruning that reads as growth) and re-compact soon after.
         window = self.window
         yield Compacted(reason, before, self.estimate(), plan.pruned, summary,
                         window.covers_until, window.pruned_until, window.end)

@@ -65,7 +65,7 @@ class Calibration:
     def estimate(self, size: int) -> int:
         """The provider's reported input of the last call plus one token per 4 bytes
         appended since; without a report, one per 4 bytes. A request smaller than the
-        last one (it never is, but after a compaction, which clears the report) scales."""
+        last one (after a compaction) is that report's tokens per byte of its size."""
         if self.input_tokens is None or self.sent_bytes <= 0:
             return tokens(size)
         if size >= self.sent_bytes:
@@ -83,11 +83,6 @@ class Calibration:
     def reported(self, input_tokens: int, size: int) -> None:
         if input_tokens > 0:
             self.input_tokens, self.sent_bytes = input_tokens, size
-
-    def forget(self) -> None:
-        """What is sent changed other than by appending: the last report says nothing
-        of it any more."""
-        self.input_tokens, self.sent_bytes = None, 0
 
 
 class Calibrations:

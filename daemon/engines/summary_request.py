@@ -26,6 +26,8 @@ it in: your summary replaces it. Write plain notes, no preamble, at most {{words
 
 MESSAGE_CAP = 8 * 1024  # bytes of one message in the transcript (its head and its tail)
 MIN_SUMMARY_TOKENS = 256
+_FRAMING = 200  # bytes of the transcript's headings and task line, and a left-out note
+_PART_MIN = 512  # bytes: less room than this left is not worth a cut message
 MAX_SUMMARY_TOKENS = 4096
 
 
@@ -63,11 +65,13 @@ def transcript(previous: str | None, messages: Sequence[MessageRecord],
     budget = budget_tokens * BYTES_PER_TOKEN
     head = f"# Previous summary\n{_cut(previous, budget // 2)}\n\n" if previous else ""
     entries = [_entry(m) for m in messages]
-    room = budget - len(head.encode())
+    room = budget - len(head.encode()) - _FRAMING
     kept: list[str] = []
     for entry in reversed(entries):  # the newest first: what is nearest matters most
         size = len(entry.encode()) + 2
         if size > room:
+            if room >= _PART_MIN:  # the first that does not fit, cut to the room left
+                kept.append(_cut(entry, room - 64))
             break
         kept.append(entry)
         room -= size
