@@ -1,0 +1,312 @@
+"""L1-L3 (issue 26, CONTRACT §15): one session of 2,000 turns with tool output, on an
+agent whose window is 32,000 tokens: what each LLM call sends stays bounded, compaction
+is what bounds it (and what that costs), and a turn takes as long at the end as at the
+start.
+
+The mock provider runs in the bench process (daemon.mock.provider.serve_mock_provider),
+so that its log (Served: `request_bytes`, `compaction`, `usage`, `fault`) is readable
+here; it refuses, for its length, a request over the agent's window (max_context_chars
+= 4 x context_tokens, the characters its usage counts as that many tokens), as a real
+provider would. One `veild serve` (bench/procs.py) has the agent `long`: tools
+["bash"], context_tokens = 32000, the other §15 keys their defaults (compact_at 0.8,
+compact_keep_tokens 8,000, compact_model the agent's own). `[server] sandbox` is left
+at auto: bash runs in bubblewrap when the machine has it.
+
+TURNS turns (`LONG_SESSION_TURNS`, default 2,000), one after another, all on ONE
+session, each an SSE chat whose message scripts the mock: one `bash` call printing N
+bytes (`head -c N /dev/zero | tr '\\0' x`, N cycling through 500..6,000 in steps of
+500, shuffled by the turn number), then the answer `ok <turn>`. Measured:
+
+  L1  request bytes per agent LLM call (the mock's `request_bytes`, summarising calls
+      left out): the max over the last 100 turns against the first 100; the median and
+      the max over all
+  L2  compactions: the `compaction` events of the turns (by reason; how many carried a
+      summary), and what the summarising calls cost: their input + output tokens as
+      the mock reported them, against all the tokens of the session
+  L3  time per turn (POST → its terminal frame): the median of the last 100 turns
+      against the first 100
+
+Checked for every turn (a Ledger loss each): HTTP 200, exactly one terminal and it is
+`done`, its content `ok <turn>`, its one tool call not an error and its result holding
+the N bytes; and, over the run, that every summary published was one summarising call
+the mock answered, and that the turns' tokenUsage (input + output) adds up to what the
+mock reported for every call it answered (the summarising calls included: §15 counts
+them in the turn's usage). `python -m bench.long_session` runs only these rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.procs import Proc, open_daemon
+from bench.table import Ledger, Row, print_report
+from daemon.mock.provider import Served, serve_mock_provider
+
+TURNS = int(os.environ.get("LONG_SESSION_TURNS", "2000"))
+EDGE = 100  # the first and the last this many turns are compared
+CONTEXT_TOKENS = 32_000
+COMPACT_AT = 0.8  # the default, as the agent leaves it
+SIZES = tuple(range(500, 6001, 500))  # bytes each bash call prints
+FLAT = 1.2  # "flat": the last EDGE turns within this factor of the first EDGE
+AGENT = "long"
+
+
+def config() -> str:
+    """The agent, appended to bench/procs.py's config (its provider `mock`)."""
+    return (f'[agents.{AGENT}]\nprovider = "mock"\nmodel = "{AGENT}"\ntools = ["bash"]\n'
+            f"context_tokens = {CONTEXT_TOKENS}\n")
+
+
+def size(i: int) -> int:
+    """Turn i's output size: every size of SIZES once per len(SIZES) turns, in an
+    order that is not a ramp (7 is prime to 12)."""
+    return SIZES[(i * 7) % len(SIZES)]
+
+
+def message(i: int) -> str:
+    command = f"head -c {size(i)} /dev/zero | tr '\\0' x"
+    spec = {"calls": [{"tools": [{"name": "bash", "arguments": {"command": command}}]},
+                      {"say": f"ok {i}"}]}
+    return f"turn {i}: print {size(i)} bytes\n#mock {json.dumps(spec)}"
+
+
+class Log(list[Served]):
+    """The mock's log without each request's conversation: 4,000 requests of up to the
+    window's ~128 KB each would hold half a gigabyte here for nothing."""
+
+    def append(self, served: Served) -> None:
+        super().append(dataclasses.replace(served, messages=None))
+
+
+@asynccontextmanager
+async def open_logged_mock(log: Log) -> AsyncIterator[str]:
+    """The mock provider in this process, refusing what is over the agent's window; its
+    OpenAI-compatible base URL."""
+    serve = partial(serve_mock_provider, max_context_chars=4 * CONTEXT_TOKENS)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve, "127.0.0.1", 0, log)
+        yield f"http://127.0.0.1:{port}/v1"
+        nursery.cancel_scope.cancel()
+
+
+@dataclass
+class Turn:
+    i: int
+    status: int = 0
+    error: str = ""
+    took_s: float = 0.0  # POST → its terminal frame
+    pieces: list[str] = field(default_factory=list)
+    terminals: list[dict[str, Any]] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)  # tool.result data
+    compactions: list[dict[str, Any]] = field(default_factory=list)
+    served: list[Served] = field(default_factory=list)  # the mock's log for this turn
+
+    @property
+    def content(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def tokens(self) -> int:
+        """The turn's tokenUsage, input + output, as its terminal carried it."""
+        if not self.terminals:
+            return 0
+        usage = self.terminals[-1]["data"].get("tokenUsage") or {}
+        return int(usage.get("input") or 0) + int(usage.get("output") or 0)
+
+
+async def _turn(http: httpx.AsyncClient, i: int, session: str | None) -> tuple[Turn, str]:
+    turn = Turn(i)
+    body: dict[str, Any] = {"message": message(i), "sse": True}
+    if session is not None:
+        body["sessionId"] = session
+    started = time.perf_counter()
+    async with http.stream("POST", f"/agents/{AGENT}/chat", json=body) as r:
+        turn.status = r.status_code
+        if r.status_code != 200:
+            turn.error = (await r.aread()).decode("utf-8", "replace")[:300]
+            return turn, session or ""
+        data = ""
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                data = line[6:]
+            elif not line and data:
+                event = json.loads(data)
+                data = ""
+                session = event.get("sessionId", session)
+                kind = event.get("eventType")
+                if kind == "inference.chunk":
+                    turn.pieces.append(event["data"]["content"])
+                elif kind == "tool.result":
+                    turn.results.append(event["data"])
+                elif kind == "compaction":
+                    turn.compactions.append(event["data"])
+                elif kind in ("done", "error"):
+                    turn.terminals.append(event)
+                    turn.took_s = time.perf_counter() - started
+    return turn, session or ""
+
+
+def _check(turn: Turn, ledger: Ledger) -> None:
+    what = f"long session turn {turn.i}"
+    if turn.status != 200:
+        ledger.turns += 1
+        ledger.lost(f"{what}: answered {turn.status}: {turn.error}")
+        return
+    ends = [t["eventType"] for t in turn.terminals]
+    if ends and ends[-1] == "error":
+        ledger.lost(f"{what}: error {turn.terminals[-1]['data'].get('code')}: "
+                    f"{str(turn.terminals[-1]['data'].get('message'))[:200]}")
+    n = size(turn.i)
+    if (len(turn.results) != 1 or turn.results[0]["isError"]
+            or "x" * n not in str(turn.results[0]["content"])):
+        ledger.lost(f"{what}: not one successful bash call printing {n} bytes: "
+                    f"{[(r['isError'], len(str(r['content']))) for r in turn.results]}")
+    ledger.check(what, len(turn.terminals), turn.content, f"ok {turn.i}")
+
+
+async def _session(daemon: Proc, log: Log, ledger: Ledger) -> list[Turn]:
+    turns: list[Turn] = []
+    session: str | None = None
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=120) as http:
+        for i in range(TURNS):
+            first = len(log)
+            turn, session = await _turn(http, i, session)
+            turn.served = log[first:]
+            _check(turn, ledger)
+            turns.append(turn)
+            if turn.status != 200:
+                break  # the session is not what the rest would measure
+    return turns
+
+
+def _usage_tokens(s: Served) -> int:
+    u = s.usage or {}
+    return int(u.get("prompt_tokens") or 0) + int(u.get("completion_tokens") or 0)
+
+
+def _agent_bytes(turns: list[Turn]) -> list[int]:
+    return [s.request_bytes for t in turns for s in t.served if not s.compaction]
+
+
+def _spread(values: list[int]) -> str:
+    """A median with its range, or what there is of it."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:,}"
+    return f"{statistics.median(values):,.0f} ({min(values):,}-{max(values):,})"
+
+
+def _kb(n: float) -> str:
+    return f"{n / 1024:,.1f}"
+
+
+def _rows(turns: list[Turn], log: Log, ledger: Ledger) -> list[Row]:
+    first, last = turns[:EDGE], turns[-EDGE:]
+    calls = _agent_bytes(turns)
+    chars = [s.request_chars for t in turns for s in t.served if not s.compaction]
+    head, tail = max(_agent_bytes(first)), max(_agent_bytes(last))
+    answered = [s for s in log if s.status == 200 and s.fault is None]
+    summarising = [s for s in answered if s.compaction]
+    refused = Counter(s.compaction for s in log if s.fault == "context_length")
+    events = [c for t in turns for c in t.compactions]
+    summaries = [c for c in events if c.get("summary") is not None]
+    reasons = Counter(str(c.get("reason")) for c in events)
+    cost = sum(_usage_tokens(s) for s in summarising)
+    mock_total = sum(_usage_tokens(s) for s in answered)
+    turn_total = sum(t.tokens for t in turns)
+    if len(summaries) != len(summarising):
+        ledger.lost(f"long session: {len(summaries)} summaries published, the mock "
+                    f"answered {len(summarising)} summarising calls")
+    if turn_total != mock_total:
+        ledger.lost(f"long session: the turns' tokenUsage adds up to {turn_total:,} tokens, "
+                    f"the mock reported {mock_total:,} for the calls it answered")
+    pruned = [c for c in events if c.get("summary") is None]
+    blocks = [statistics.median(t.took_s for t in turns[k:k + EDGE]) * 1000
+              for k in range(0, len(turns) - EDGE + 1, EDGE)]
+    head_t = statistics.median(t.took_s for t in first) * 1000
+    tail_t = statistics.median(t.took_s for t in last) * 1000
+    every = sorted(t.took_s for t in turns)
+    window = 4 * CONTEXT_TOKENS
+    summarised = [t.i for t in turns
+                  if any(c.get("summary") is not None for c in t.compactions)]
+    between = [b - a for a, b in pairwise(summarised)]
+    return [
+        Row(f"L1 long session, {len(turns):,} turns: request KB per agent call, max of "
+            f"the last {EDGE}", _kb(tail), _kb(head), f"{tail / head:.2f}x",
+            f"flat: ≤ {FLAT}x", tail <= FLAT * head,
+            note=f"'bare client' column here: the max of the first {EDGE} turns; one "
+                 f"session, agent context_tokens = {CONTEXT_TOKENS:,} (compact_at 0.8, "
+                 f"keep 8,000), each turn one bash call printing 500-6,000 bytes then a "
+                 f"short answer; the mock's request_bytes (the raw body) over "
+                 f"{len(calls):,} agent calls: median {_kb(statistics.median(calls))} KB, "
+                 f"max {_kb(max(calls))} KB; in characters as the mock counts them "
+                 f"(request_chars) max {max(chars):,}, the window {window:,} "
+                 f"({CONTEXT_TOKENS:,} tokens x 4), the threshold {int(COMPACT_AT * window):,}; "
+                 f"refused for "
+                 f"length by the mock: {refused[False]} agent calls, {refused[True]} "
+                 f"summarising calls"),
+        Row("L2 long session: compactions (compaction events)", f"{len(events):,}",
+            note=f"{len(summaries)} with a summary, {len(pruned)} pruning alone; by "
+                 f"reason: {', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))}; "
+                 f"turns between summaries: {_spread(between)}; a summary took the "
+                 f"estimate from {_spread([c['beforeTokens'] for c in summaries])} to "
+                 f"{_spread([c['afterTokens'] for c in summaries])} tokens, pruning "
+                 f"alone from {_spread([c['beforeTokens'] for c in pruned])} to "
+                 f"{_spread([c['afterTokens'] for c in pruned])}; the "
+                 f"{len(summarising)} summarising calls cost {cost:,} tokens (input + "
+                 f"output, as the mock reported them), {cost / max(mock_total, 1):.1%} of "
+                 f"the session's {mock_total:,} (= the turns' tokenUsage: {turn_total:,})"),
+        Row(f"L3 long session: time per turn, median of the last {EDGE}, ms",
+            f"{tail_t:.1f}", f"{head_t:.1f}", f"{tail_t / head_t:.2f}x",
+            f"flat: ≤ {FLAT}x", tail_t <= FLAT * head_t,
+            note=f"'bare client' column here: the median of the first {EDGE} turns; "
+                 f"POST → the terminal frame (SSE), bash in the sandbox when there is "
+                 f"one; all {len(turns):,}: median "
+                 f"{statistics.median(every) * 1000:.1f} ms, p99 "
+                 f"{every[min(len(every) - 1, int(len(every) * 0.99))] * 1000:.1f} ms, "
+                 f"{sum(every):.0f} s in all; the medians of each {EDGE} turns: "
+                 f"{', '.join(f'{b:.0f}' for b in blocks)}"),
+    ]
+
+
+async def long_rows(ledger: Ledger) -> list[Row]:
+    log = Log()
+    async with open_logged_mock(log) as url, open_daemon(url, config()) as daemon:
+        turns = await _session(daemon, log, ledger)
+    if len(turns) < 2 * EDGE:
+        return [Row("L1 long session", "FAILED",
+                    note=f"{len(turns)} turns ran; {2 * EDGE} are needed to compare")]
+    return _rows(turns, log, ledger)
+
+
+async def main() -> int:
+    """`python -m bench.long_session`: only these rows, in make bench's table."""
+    from bench.run import _header
+
+    header = _header()
+    ledger = Ledger()
+    rows = await long_rows(ledger)
+    return print_report(rows, header, ledger)
+
+
+if __name__ == "__main__":
+    raise SystemExit(trio.run(main))
