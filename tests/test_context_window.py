@@ -15,7 +15,6 @@ from daemon.engines.context import (
     Calibration,
     Limits,
     Window,
-    message_bytes,
     tokens,
 )
 from daemon.runtime.events import history_wire
@@ -75,7 +74,7 @@ class Session:
             return False
         summary = None
         if plan.summarise:
-            previous, covered = self.window.to_summarise(plan)
+            _previous, covered = self.window.to_summarise(plan)
             assert covered, "a summary always covers something new"
             assert all(m.role != "tool" or m.tool_call_id for m in covered)
             summary = "s" * SUMMARY
@@ -88,7 +87,6 @@ class Session:
         if summary is not None:
             stop = kept if old.pinned is None else min(kept, old.pinned)
             assert w.covers_until == stop
-        assert w.pruned_until >= kept
         for m, was in zip(w.sent()[1 if w.summary else 0:], w.messages, strict=True):
             if was.role == "tool" and m.content == was.content:
                 position = w.covers_until + w.messages.index(was)
@@ -221,7 +219,7 @@ def test_placeholders_name_the_call_and_its_bytes() -> None:
                          MessageRecord("tool", "x" * 5000, None, "c1"),
                          MessageRecord("assistant", "ok"), MessageRecord("user", "next")],
                pinned=4)
-    plan = w.plan(Limits(4000, 0.8, 10), 3300)  # pruning 5,000 bytes brings it under
+    plan = w.plan(Limits(4000, 0.8, 5), 3300)  # pruning 5,000 bytes brings it under
     assert plan is not None and plan.pruned == 1 and plan.summarise == 0
     sent = w.applied(plan, None).sent()
     assert sent[2].content == PLACEHOLDER.format(call_id="c1", name="bash", size=5000)

@@ -82,13 +82,20 @@ class Compactor:
         Compacted — unless nothing would change (and the compaction is not manual)."""
         limits = limits or self.limits
         before = self.estimate()
-        plan = self.window.plan(limits, before, force=force)
+        plan = self.window.plan(limits, before, force=force,
+                                per_byte=self.calibration.per_byte())
         summary: str | None = None
+        # The summarising call's usage follows the compaction it paid for (CONTRACT §15
+        # lists them so: compaction, usage); its waits are said as they happen.
+        usage: list[UsageReport] = []
         if plan is not None and plan.summarise:
             found: list[str] = []
             async with aclosing(self._summarise(plan, limits, iteration, found)) as events:
                 async for event in events:
-                    yield event
+                    if isinstance(event, UsageReport):
+                        usage.append(event)
+                    else:
+                        yield event
             summary = found[0]
         if plan is None:
             if reason != "manual":
@@ -103,6 +110,8 @@ class Compactor:
         window = self.window
         yield Compacted(reason, before, self.estimate(), plan.pruned, summary,
                         window.covers_until, window.pruned_until, window.end)
+        for report in usage:
+            yield report
 
     async def _summarise(self, plan: Plan, limits: Limits, iteration: int,
                          found: list[str]) -> AsyncGenerator[EngineEvent, None]:

@@ -10,8 +10,9 @@ part it covers, and how far tool results are pruned. What a call is sent is
 
 Before each call the estimate of that (`Calibration.estimate`) is compared with
 `compact_at x context_tokens`; past it, `plan` says what to do:
-  1. the kept part: the most recent messages holding `compact_keep_tokens`, starting at
-     a message that is not a tool result (a call is never separated from its results);
+  1. the kept part: the most recent whole messages that fit in `compact_keep_tokens`
+     (the last one always), starting at a message that is not a tool result (a call
+     is never separated from its results);
   2. prune the tool results before the kept part;
   3. if still over, summarise everything before the kept part — but never the turn's
      own user message or what follows it: the summary stops there (`pinned`), so the
@@ -23,6 +24,7 @@ not messages), as the store counts them (store/models.py CompactionRecord).
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -70,6 +72,14 @@ class Calibration:
             return self.input_tokens + tokens(size - self.sent_bytes)
         return self.input_tokens * size // self.sent_bytes
 
+    def per_byte(self) -> float:
+        """Tokens per byte, as the last report has it (else the rule's 1/4): the kept
+        part is measured on the estimate's scale, so "the most recent
+        compact_keep_tokens" means the same tokens the threshold counts."""
+        if self.input_tokens is None or self.sent_bytes <= 0:
+            return 1 / BYTES_PER_TOKEN
+        return self.input_tokens / self.sent_bytes
+
     def reported(self, input_tokens: int, size: int) -> None:
         if input_tokens > 0:
             self.input_tokens, self.sent_bytes = input_tokens, size
@@ -78,6 +88,32 @@ class Calibration:
         """What is sent changed other than by appending: the last report says nothing
         of it any more."""
         self.input_tokens, self.sent_bytes = None, 0
+
+
+class Calibrations:
+    """Each session's Calibration, kept while the session is not in memory (an idle
+    session's state is dropped after each turn), the `most` used most recently: a
+    session past it estimates from bytes again, as after a restart."""
+
+    def __init__(self, most: int = 10_000) -> None:
+        self._most = most
+        self._by_session: OrderedDict[str, Calibration] = OrderedDict()
+
+    def of(self, session_id: str) -> Calibration:
+        found = self._by_session.pop(session_id, None)
+        if found is None:
+            found = Calibration()
+            if len(self._by_session) >= self._most:
+                self._by_session.popitem(last=False)
+        self._by_session[session_id] = found
+        return found
+
+    def peek(self, session_id: str) -> Calibration:
+        """The session's Calibration if one is kept, else a fresh one (not kept)."""
+        return self._by_session.get(session_id) or Calibration()
+
+    def forget(self, session_id: str) -> None:
+        self._by_session.pop(session_id, None)
 
 
 @dataclass(frozen=True)
@@ -191,30 +227,37 @@ class Window:
 
     # -- compaction -----------------------------------------------------------------------
 
-    def kept_from(self, keep_tokens: int) -> int:
+    def kept_from(self, keep_tokens: int, per_byte: float = 1 / BYTES_PER_TOKEN) -> int:
         """The index (into `messages`) where the kept part starts: the most recent
-        messages holding `keep_tokens` (the one that crosses it included), moved back
-        to a message that is not a tool result."""
-        held, index = 0, len(self.messages)
-        while index > 0 and tokens(held) < keep_tokens:
+        whole messages that fit in `keep_tokens` (`per_byte`: the estimate's tokens per
+        byte), the last one always, moved back to a message that is not a tool result
+        (a call is never separated from its results)."""
+        index = len(self.messages)
+        if index:
             index -= 1
-            held += self._sizes[index]
+            held = self._sizes[index]
+            while index > 0 and (held + self._sizes[index - 1]) * per_byte <= keep_tokens:
+                index -= 1
+                held += self._sizes[index]
         while index > 0 and self.messages[index].role == "tool":
             index -= 1
         return index
 
-    def plan(self, limits: Limits, estimate: int, *, force: bool = False) -> Plan | None:
+    def plan(self, limits: Limits, estimate: int, *, force: bool = False,
+             per_byte: float = 1 / BYTES_PER_TOKEN) -> Plan | None:
         """What a compaction would do now (None: nothing would change). Without `force`
         it summarises only if pruning leaves the estimate over the threshold; with it
-        (an overflow, a manual compaction) it summarises whatever may be summarised."""
-        kept = self.kept_from(limits.keep)
+        (an overflow, a manual compaction) it summarises whatever may be summarised.
+        `per_byte`: the estimate's tokens per byte (Calibration.per_byte)."""
+        kept = self.kept_from(limits.keep, per_byte)
         prune_to = max(self.pruned_until, self.covers_until + kept)
         pruned = self._prunable(self.pruned_until, prune_to)
         pinned = len(self.messages) if self.pinned is None else self.pinned - self.covers_until
         summarise = max(0, min(kept, pinned))
         if not force and summarise and pruned:
             after = replace(self, pruned_until=prune_to, messages=list(self.messages))
-            if estimate - tokens(self.sent_bytes() - after.sent_bytes()) <= limits.threshold:
+            freed = (self.sent_bytes() - after.sent_bytes()) * per_byte
+            if estimate - freed <= limits.threshold:
                 summarise = 0
         if not summarise and not pruned:
             return None

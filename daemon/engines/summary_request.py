@@ -9,9 +9,9 @@ import json
 from collections.abc import Sequence
 
 from daemon.engines.context import BYTES_PER_TOKEN
+from daemon.mock.script import COMPACTION_MARKER
 from daemon.store.models import MessageRecord
 
-COMPACTION_MARKER = "[veild compaction]"  # TODO(merge mock): one constant
 # The marker opens the prompt so that a test double (daemon/mock) can tell this call from
 # the agent's own; a real model reads it as a title.
 SYSTEM = f"""{COMPACTION_MARKER} You summarise the earlier part of a conversation between \

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -104,7 +105,12 @@ async def tool_loop(
                           summary_call or call, compact_only=ctx.compact_only)
     if ctx.compact_only:  # POST /sessions/{id}/compact: the turn is the compaction
         summary = ""
-        async with aclosing(compactor.compact("manual", 1, force=True)) as steps:
+        # Asked for now, it frees room whatever the estimate: it keeps at most a quarter
+        # of what is sent (and at most compact_keep_tokens) word for word.
+        limits = compactor.limits
+        limits = replace(limits, keep=min(limits.keep, compactor.estimate() // 4))
+        async with aclosing(compactor.compact("manual", 1, force=True,
+                                              limits=limits)) as steps:
             async for event in steps:
                 if isinstance(event, Compacted):
                     summary = event.summary or ""

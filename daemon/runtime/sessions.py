@@ -35,7 +35,7 @@ import trio
 
 from daemon.clock import new_id, now_ms
 from daemon.config import AgentConfig, Config
-from daemon.engines.context import Calibration
+from daemon.engines.context import Calibration, Calibrations
 from daemon.errors import Conflict, NotFound, StoreError, Unavailable
 from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
@@ -107,6 +107,8 @@ class SessionManager:
             services, sub_agents=lambda turn, call_id: TurnAgents(self, turn, call_id)
         )
         self._sessions: dict[str, SessionState] = {}
+        # CONTRACT §15: each session's estimate outlives its in-memory state.
+        self._calibrations = Calibrations()
         self._nursery: trio.Nursery | None = None
         self.closing = False
         # Sessions being deleted (no turn may be claimed on them), and how many
@@ -240,7 +242,7 @@ class SessionManager:
         )
         await self.store.create_session(record)
         state = SessionState(record, ev.SessionRef.of(record, parent.ref if parent else None),
-                             self._new_inbox(sid))
+                             self._new_inbox(sid), calibration=self._calibrations.of(sid))
         self._sessions[sid] = state
         self.bus.publish("session.created", state.ref, {"session": ev.session_wire(record)})
         return state
@@ -263,7 +265,8 @@ class SessionManager:
         # offer our read-back to it. That read may be older than what its turns have
         # consumed since (an entry offered again would be consumed twice); what was
         # stored after its own read arrives through the delivery that stored it.
-        ours = SessionState(record, ref, self._new_inbox(session_id))
+        ours = SessionState(record, ref, self._new_inbox(session_id),
+                            calibration=self._calibrations.of(session_id))
         state = self._sessions.setdefault(session_id, ours)
         if state is ours:
             state.inbox.offer_all(pending)
@@ -301,8 +304,7 @@ class SessionManager:
     def calibration(self, session_id: str) -> Calibration:
         """The session's estimate (CONTRACT §15), if it is in memory; else a fresh one
         (bytes only), as its next turn would start from."""
-        state = self._sessions.get(session_id)
-        return state.calibration if state is not None else Calibration()
+        return self._calibrations.peek(session_id)
 
     def live(self, record: SessionRecord) -> SessionRecord:
         """`record`, or the newer in-memory one while the session has a turn in flight."""
@@ -614,6 +616,7 @@ class SessionManager:
                 self._deletions += 1
                 for sid in ids:
                     state = self._sessions.pop(sid, None)
+                    self._calibrations.forget(sid)
                     if state is not None:
                         state.deleted = True
                 for record in reversed(tree):

@@ -30,7 +30,8 @@ class SessionState:
     # state can claim nothing on it.
     deleted: bool = False
     # CONTRACT §15: the estimate of what this session's next LLM call sends (the last
-    # call's reported input), kept in memory: a restart estimates from bytes again.
+    # call's reported input); SessionManager keeps it past this state (Calibrations),
+    # in memory: a restart estimates from bytes again.
     calibration: Calibration = field(default_factory=Calibration)
 
     @property

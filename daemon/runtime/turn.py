@@ -610,7 +610,9 @@ class Turn:
             token_usage=self.usage,
             tool_calls=tuple(self.tool_calls),
         )
-        record = self.session.mark("idle", usage=self.usage, model=self.model)
+        # A compaction's model is the summariser's: the session's stays its agent's.
+        record = self.session.mark("idle", usage=self.usage,
+                                   model=None if self.compact_only else self.model)
         replies, quiet = self._replies(code, message), self._quiet(code, details)
         # A turn whose start never reached the store has no row to close: unless it owes
         # replies, it does not wait for a store that just failed it a second time.

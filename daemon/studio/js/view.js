@@ -10,9 +10,17 @@
 // call's answer would stream: live while it waits (a countdown), then a small past note
 // that stays above the answer (retry.js has the words). A turn or call that waits for a
 // slot (`turn.queued`, then `turn.admitted`) is a notice the same way (queue.js).
+//
+// A compaction of the context (CONTRACT §15) is a divider at its place in the turn that
+// made it — from the live `compaction` event, or from a `summary` entry of the stored
+// messages (compaction.js has the words). Each turn is drawn from exactly one of the two
+// (a finished turn from the store, a running one from the bus), so a divider is never
+// doubled; the store lists only compactions that summarised, so a prune-only divider is
+// live-only.
 
 import { markSandbox } from './agents.js';
 import { api } from './api.js';
+import { compactionText, compactionTitle, fromSummary, summaryLabel } from './compaction.js';
 import { fmtCost, fmtDuration, fmtTime, fmtTokens, h, shortId } from './dom.js';
 import { TextSink } from './flush.js';
 import { renderMarkdown } from './markdown.js';
@@ -24,7 +32,7 @@ const DELIVERY = /^\[veild delivery from (?:session (\S+) \(agent "([^"]*)"\)|ou
 function triggerLabel(trigger) {
   return {
     http: 'chat', sse: 'chat', agent_spawn: 'spawned', agent_message: 'message',
-    async_inform: 'async message', wake: 'wake', schedule: 'schedule',
+    async_inform: 'async message', wake: 'wake', schedule: 'schedule', compact: 'compaction',
   }[trigger] || trigger || 'turn';
 }
 
@@ -76,6 +84,25 @@ function renderInto(el, text) {
     console.error('markdown renderer failed; showing the text as it is', err);
     el.textContent = text;
   }
+}
+
+/** A compaction's divider (`d`: the `compaction` event's data): its line, and its
+ * summary folded (rendered as markdown) when it summarised; none when pruning was enough. */
+function compactionDivider(d) {
+  const summarised = typeof d.summary === 'string';
+  const el = h('div.compaction', {
+    'data-testid': 'compaction', 'data-reason': d.reason || '',
+    'data-before-tokens': String(d.beforeTokens ?? ''), 'data-after-tokens': String(d.afterTokens ?? ''),
+    'data-pruned': String(d.prunedToolResults ?? 0), 'data-summarised': String(summarised),
+    'data-covers-until': String(d.coversUntil ?? ''),
+  }, h('div.compaction-line', { title: compactionTitle(d) },
+    h('span.compaction-text', { text: compactionText(d) })));
+  if (summarised) {
+    const body = h('div.md.compaction-summary', { 'data-testid': 'compaction-summary' });
+    renderInto(body, d.summary);
+    el.append(h('details.compaction-fold', {}, h('summary', { text: summaryLabel(d) }), body));
+  }
+  return el;
 }
 
 function finishedText(parent, content) {
@@ -219,6 +246,7 @@ class Body {
     this.retrying = null;  // the live notice of the running call's retry
     this.queued = null;  // the live notice of a wait for a slot: {el, text, d}
     this.route = null;     // the provider of the running call's last announcement
+    this.compactOnly = false;  // a turn with trigger `compact`: it has no user message
   }
 
   finishOpen() {
@@ -252,10 +280,15 @@ class Body {
       case 'provider.retry': this.retry(e); break;
       case 'turn.queued': this.queue(e.data || {}); break;
       case 'turn.admitted': this.admitted(e.data || {}); break;
+      case 'compaction':
+        this.finishOpen();
+        this.el.append(compactionDivider(d));
+        break;
       case 'message':
         this.route = null;  // a call ended: the next one starts at the agent's provider
         if (d.role === 'user') {
           this.finishOpen();
+          if (this.compactOnly && !d.content) break;  // a compaction's turn: no bubble
           this.el.append(userBubble(d.content, this.who, d.delivered ? { fromSessionId: d.fromSessionId } : null));
         } else if (d.role === 'assistant') {
           this.finishOpen();
@@ -429,7 +462,10 @@ class Body {
   past(messages, turn = {}) {
     let own = true;
     for (const m of messages) {
-      if (m.role === 'user') {
+      if (m.role === 'summary') {
+        this.el.append(compactionDivider(fromSummary(m)));
+      } else if (m.role === 'user') {
+        if (turn.trigger === 'compact' && !m.content) continue;  // a compaction's turn
         const delivered = own ? (turn.trigger === 'wake' ? { fromSessionId: turn.fromSessionId } : null)
           : (turn.trigger ? { fromSessionId: null } : null);
         own = false;
@@ -553,6 +589,7 @@ class TurnView {
       this.trigger.textContent = schedule ? `${triggerLabel(trigger)} ${schedule}` : triggerLabel(trigger);
       this.el.dataset.trigger = trigger;
       this.el.dataset.schedule = schedule || '';
+      this.body.compactOnly = trigger === 'compact';
     }
     if (fromSessionId) {
       const from = this.view.tree.get(fromSessionId);
