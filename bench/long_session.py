@@ -57,6 +57,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.procs import Proc, open_daemon
+from bench.procstat import cpu_seconds
 from bench.table import Ledger, Row, print_report
 from daemon.mock.provider import Served, serve_mock_provider
 
@@ -113,6 +114,7 @@ class Turn:
     status: int = 0
     error: str = ""
     took_s: float = 0.0  # POST → its terminal frame
+    cpu_s: float = 0.0  # the daemon process's user+sys meanwhile (/proc, 10 ms ticks)
     pieces: list[str] = field(default_factory=list)
     terminals: list[dict[str, Any]] = field(default_factory=list)
     results: list[dict[str, Any]] = field(default_factory=list)  # tool.result data
@@ -187,8 +189,9 @@ async def _session(daemon: Proc, log: Log, ledger: Ledger) -> list[Turn]:
     session: str | None = None
     async with httpx.AsyncClient(base_url=daemon.url, timeout=120) as http:
         for i in range(TURNS):
-            first = len(log)
+            first, cpu = len(log), cpu_seconds(daemon.pid)
             turn, session = await _turn(http, i, session)
+            turn.cpu_s = cpu_seconds(daemon.pid) - cpu
             turn.served = log[first:]
             _check(turn, ledger)
             turns.append(turn)
@@ -219,16 +222,60 @@ def _kb(n: float) -> str:
     return f"{n / 1024:,.1f}"
 
 
-def _rows(turns: list[Turn], log: Log, ledger: Ledger) -> list[Row]:
-    first, last = turns[:EDGE], turns[-EDGE:]
+def _blocks(turns: list[Turn]) -> list[list[Turn]]:
+    """The turns in runs of EDGE (a last shorter run left out)."""
+    return [turns[k:k + EDGE] for k in range(0, len(turns) - EDGE + 1, EDGE)]
+
+
+def _ms_per_turn(turns: list[Turn]) -> float:
+    """The daemon's CPU per turn over these turns, ms."""
+    return sum(t.cpu_s for t in turns) / len(turns) * 1000
+
+
+def _median_ms(turns: list[Turn]) -> float:
+    return statistics.median(t.took_s for t in turns) * 1000
+
+
+def _size_rows(turns: list[Turn], log: Log) -> list[Row]:
+    """L1: what each agent call sent, by the mock's count."""
+    half = len(turns) // 2
     calls = _agent_bytes(turns)
     chars = [s.request_chars for t in turns for s in t.served if not s.compaction]
-    head, tail = max(_agent_bytes(first)), max(_agent_bytes(last))
+    head, tail = max(_agent_bytes(turns[:EDGE])), max(_agent_bytes(turns[-EDGE:]))
+    early, late = max(_agent_bytes(turns[:half])), max(_agent_bytes(turns[half:]))
+    refused = Counter(s.compaction for s in log if s.fault == "context_length")
+    window = 4 * CONTEXT_TOKENS
+    return [
+        Row(f"L1 long session, {len(turns):,} turns: request KB per agent call, max of "
+            f"the last {EDGE}", _kb(tail), _kb(head), f"{tail / head:.2f}x",
+            note=f"'bare client' column here: the max of the first {EDGE} turns; one "
+                 f"session, agent context_tokens = {CONTEXT_TOKENS:,} (compact_at "
+                 f"{COMPACT_AT}, keep 8,000), each turn one bash call printing 500-6,000 "
+                 f"bytes then a short answer; the mock's request_bytes (the raw body), "
+                 f"{len(calls):,} agent calls: median {_kb(statistics.median(calls))} KB, "
+                 f"max {_kb(max(calls))} KB; the max of each {EDGE} turns: "
+                 f"{', '.join(_kb(max(_agent_bytes(b))) for b in _blocks(turns))}; of the "
+                 f"second half {_kb(late)} KB, of the first {_kb(early)} KB "
+                 f"({late / early:.2f}x)"),
+        Row("L1 long session: request characters per agent call, max (the mock's count)",
+            f"{max(chars):,}", target=f"≤ {window:,} (the window)",
+            holds=max(chars) <= window and not refused,
+            note=f"request_chars, the characters the mock counts as 4 to a token "
+                 f"(CONTEXT_TOKENS x 4 = the window it refuses beyond): median "
+                 f"{statistics.median(chars):,.0f}; compact_at x the window = "
+                 f"{int(COMPACT_AT * window):,}; refused for length by the mock: "
+                 f"{refused[False]} agent calls, {refused[True]} summarising calls"),
+    ]
+
+
+def _compaction_row(turns: list[Turn], log: Log, ledger: Ledger) -> Row:
+    """L2: the compactions and what their summarising calls cost; checked against the
+    mock's log and the turns' usage."""
     answered = [s for s in log if s.status == 200 and s.fault is None]
     summarising = [s for s in answered if s.compaction]
-    refused = Counter(s.compaction for s in log if s.fault == "context_length")
     events = [c for t in turns for c in t.compactions]
     summaries = [c for c in events if c.get("summary") is not None]
+    pruned = [c for c in events if c.get("summary") is None]
     reasons = Counter(str(c.get("reason")) for c in events)
     cost = sum(_usage_tokens(s) for s in summarising)
     mock_total = sum(_usage_tokens(s) for s in answered)
@@ -239,52 +286,50 @@ def _rows(turns: list[Turn], log: Log, ledger: Ledger) -> list[Row]:
     if turn_total != mock_total:
         ledger.lost(f"long session: the turns' tokenUsage adds up to {turn_total:,} tokens, "
                     f"the mock reported {mock_total:,} for the calls it answered")
-    pruned = [c for c in events if c.get("summary") is None]
-    blocks = [statistics.median(t.took_s for t in turns[k:k + EDGE]) * 1000
-              for k in range(0, len(turns) - EDGE + 1, EDGE)]
-    head_t = statistics.median(t.took_s for t in first) * 1000
-    tail_t = statistics.median(t.took_s for t in last) * 1000
-    every = sorted(t.took_s for t in turns)
-    window = 4 * CONTEXT_TOKENS
     summarised = [t.i for t in turns
                   if any(c.get("summary") is not None for c in t.compactions)]
     between = [b - a for a, b in pairwise(summarised)]
+    return Row(
+        "L2 long session: compactions (compaction events)", f"{len(events):,}",
+        note=f"{len(summaries)} with a summary, {len(pruned)} pruning alone; by reason: "
+             f"{', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))}; turns between "
+             f"summaries: {_spread(between)}; beforeTokens → afterTokens (medians, "
+             f"ranges): a summary "
+             f"{_spread([c['beforeTokens'] for c in summaries])} → "
+             f"{_spread([c['afterTokens'] for c in summaries])}, pruning alone "
+             f"{_spread([c['beforeTokens'] for c in pruned])} → "
+             f"{_spread([c['afterTokens'] for c in pruned])}; the {len(summarising)} "
+             f"summarising calls cost {cost:,} tokens (input + output, as the mock "
+             f"reported them), {cost / max(mock_total, 1):.1%} of the session's "
+             f"{mock_total:,} (= the turns' tokenUsage: {turn_total:,})")
+
+
+def _time_rows(turns: list[Turn]) -> list[Row]:
+    """L3: a turn's wall time and the daemon's CPU for it, early against late."""
+    half = len(turns) // 2
+    first, last = turns[:EDGE], turns[-EDGE:]
+    head, tail = _median_ms(first), _median_ms(last)
+    early, late = _ms_per_turn(turns[:half]), _ms_per_turn(turns[half:])
+    every = sorted(t.took_s for t in turns)
     return [
-        Row(f"L1 long session, {len(turns):,} turns: request KB per agent call, max of "
-            f"the last {EDGE}", _kb(tail), _kb(head), f"{tail / head:.2f}x",
-            f"flat: ≤ {FLAT}x", tail <= FLAT * head,
-            note=f"'bare client' column here: the max of the first {EDGE} turns; one "
-                 f"session, agent context_tokens = {CONTEXT_TOKENS:,} (compact_at 0.8, "
-                 f"keep 8,000), each turn one bash call printing 500-6,000 bytes then a "
-                 f"short answer; the mock's request_bytes (the raw body) over "
-                 f"{len(calls):,} agent calls: median {_kb(statistics.median(calls))} KB, "
-                 f"max {_kb(max(calls))} KB; in characters as the mock counts them "
-                 f"(request_chars) max {max(chars):,}, the window {window:,} "
-                 f"({CONTEXT_TOKENS:,} tokens x 4), the threshold {int(COMPACT_AT * window):,}; "
-                 f"refused for "
-                 f"length by the mock: {refused[False]} agent calls, {refused[True]} "
-                 f"summarising calls"),
-        Row("L2 long session: compactions (compaction events)", f"{len(events):,}",
-            note=f"{len(summaries)} with a summary, {len(pruned)} pruning alone; by "
-                 f"reason: {', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))}; "
-                 f"turns between summaries: {_spread(between)}; a summary took the "
-                 f"estimate from {_spread([c['beforeTokens'] for c in summaries])} to "
-                 f"{_spread([c['afterTokens'] for c in summaries])} tokens, pruning "
-                 f"alone from {_spread([c['beforeTokens'] for c in pruned])} to "
-                 f"{_spread([c['afterTokens'] for c in pruned])}; the "
-                 f"{len(summarising)} summarising calls cost {cost:,} tokens (input + "
-                 f"output, as the mock reported them), {cost / max(mock_total, 1):.1%} of "
-                 f"the session's {mock_total:,} (= the turns' tokenUsage: {turn_total:,})"),
         Row(f"L3 long session: time per turn, median of the last {EDGE}, ms",
-            f"{tail_t:.1f}", f"{head_t:.1f}", f"{tail_t / head_t:.2f}x",
-            f"flat: ≤ {FLAT}x", tail_t <= FLAT * head_t,
+            f"{tail:.1f}", f"{head:.1f}", f"{tail / head:.2f}x", f"flat: ≤ {FLAT}x",
+            tail <= FLAT * head,
             note=f"'bare client' column here: the median of the first {EDGE} turns; "
                  f"POST → the terminal frame (SSE), bash in the sandbox when there is "
-                 f"one; all {len(turns):,}: median "
-                 f"{statistics.median(every) * 1000:.1f} ms, p99 "
-                 f"{every[min(len(every) - 1, int(len(every) * 0.99))] * 1000:.1f} ms, "
-                 f"{sum(every):.0f} s in all; the medians of each {EDGE} turns: "
-                 f"{', '.join(f'{b:.0f}' for b in blocks)}"),
+                 f"one; all {len(turns):,}: median {statistics.median(every) * 1000:.1f} "
+                 f"ms, p99 {every[min(len(every) - 1, int(len(every) * 0.99))] * 1000:.1f}"
+                 f" ms, {sum(every):.0f} s in all; the median of each {EDGE} turns: "
+                 f"{', '.join(f'{_median_ms(b):.0f}' for b in _blocks(turns))}; of the "
+                 f"second half {_median_ms(turns[half:]):.1f}, of the first "
+                 f"{_median_ms(turns[:half]):.1f}"),
+        Row("L3 long session: the daemon's CPU per turn, second half, ms", f"{late:.1f}",
+            f"{early:.1f}", f"{late / early:.2f}x", f"flat: ≤ {FLAT}x", late <= FLAT * early,
+            note=f"'bare client' column here: the first half; user+sys of the daemon "
+                 f"process (/proc, 10 ms ticks) over each turn, bash's own processes not "
+                 f"included; the last {EDGE} turns {_ms_per_turn(last):.1f}, the first "
+                 f"{EDGE} {_ms_per_turn(first):.1f}; of each {EDGE} turns: "
+                 f"{', '.join(f'{_ms_per_turn(b):.1f}' for b in _blocks(turns))}"),
     ]
 
 
@@ -295,7 +340,8 @@ async def long_rows(ledger: Ledger) -> list[Row]:
     if len(turns) < 2 * EDGE:
         return [Row("L1 long session", "FAILED",
                     note=f"{len(turns)} turns ran; {2 * EDGE} are needed to compare")]
-    return _rows(turns, log, ledger)
+    return [*_size_rows(turns, log), _compaction_row(turns, log, ledger),
+            *_time_rows(turns)]
 
 
 async def main() -> int:
