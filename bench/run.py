@@ -18,9 +18,11 @@ a target that does not hold is a `NO` in the table, not an exit status.
   R1-R4   bench/chaos.py (turns against a provider that answers 429 and resets, against
           the same turns without faults; `--no-resets`: only the 429s)
   peers   bench/peers.py          extras  bench/extras.py, bench/publish.py (durable log)
+  L1-L3   bench/long_session.py (2,000 turns on one session with a 32,000-token window:
+          request size, compactions, time per turn; LONG_SESSION_TURNS sets the count)
 
 `python -m bench.run --only p1,p3` runs only those phases (p1 p2 p3 p3x chats p4 p5
-extras publish durable cluster sandbox chaos peers), `--repeat N` runs them N times and
+extras publish durable cluster sandbox chaos peers long), `--repeat N` runs them N times and
 prints each table: a quicker loop while working on one row. `--burn N` runs N CPU-burning
 processes (busy loops at the bench's own niceness) during each phase, as on a shared
 machine. `make bench` runs everything once.
@@ -49,6 +51,7 @@ from bench import (
     children,
     cluster,
     extras,
+    long_session,
     peers,
     publish,
     sandbox,
@@ -61,7 +64,7 @@ from bench.table import Ledger, Row, render
 Phase = Callable[[], Awaitable[list[Row]]]
 PHASE_LIMIT_S = 600
 PHASES = ("p1", "p2", "p3", "p3x", "chats", "p4", "p5", "extras", "publish", "durable",
-          "cluster", "sandbox", "chaos", "peers")
+          "cluster", "sandbox", "chaos", "peers", "long")
 BURN = "while True: pass"
 
 
@@ -203,6 +206,9 @@ async def _run(only: set[str], resets: bool = True, burn: int = 0) -> int:
             await _phase("chaos", lambda: chaos.chaos_rows(ledger, resets), ledger, rows)
         if "peers" in only:
             await _phase("peers", lambda: peers.peer_rows(mock.url, ledger, rows), ledger,
+                         rows)
+        if "long" in only:
+            await _phase("long session", lambda: long_session.long_rows(ledger), ledger,
                          rows)
     print(render([*rows, Row("-- extras (no target) --", ""), *extra], header))
     if ledger.losses:
