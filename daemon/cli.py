@@ -30,7 +30,7 @@ from daemon.cli_http import (
 )
 from daemon.cli_safe import print_table, safe, safe_line
 from daemon.config import Config, bind_host, check_exposure, load_config, resolve_config_path
-from daemon.errors import BusUnavailable, ConfigError, StoreError
+from daemon.errors import BusUnavailable, ConfigError, Fenced, StoreError
 from daemon.observe.logs import configure_logging, one_line
 
 EXIT_CONFIG = EXIT_USAGE
@@ -95,6 +95,8 @@ def _startup_failure(exc: BaseException, config: Config) -> str | None:
     for leaf in leaves:
         if isinstance(leaf, BusUnavailable):  # the cluster's Redis (§13): it names it
             return f"bus error: {leaf}"
+        if isinstance(leaf, Fenced):  # §13.8: stopped, it rejoins when restarted
+            return f"cluster: {leaf}: exiting (a restart joins with a new epoch)"
         if isinstance(leaf, StoreError):
             if config.cluster is not None:  # PostgreSQL: the data dir holds none of it
                 return f"store error: {leaf}"

@@ -197,6 +197,27 @@ class NodeIdInUse(StoreError):
         self.node_id = node_id
 
 
+class Fenced(StoreError):
+    """This node was swept as dead while it lived (CONTRACT §13.8): its lease epoch is
+    no longer current, so the store refused a write of one of its turns. The turn stops
+    here and publishes nothing (the sweeper published its INTERRUPTED terminal)."""
+
+    def __init__(self, node_id: str, epoch: int | None) -> None:
+        super().__init__(f"node {node_id!r} (epoch {epoch}) was swept as dead by another "
+                         "node while it lived (paused, cut off or stalled past lease_s)")
+        self.node_id = node_id
+        self.epoch = epoch
+
+
+class TurnClosed(StoreError):
+    """The turn's end was stored already (a sweeper interrupted it): it is not closed
+    twice, and its terminal is not published twice (CONTRACT §5.1, §13.8)."""
+
+    def __init__(self, turn_id: str) -> None:
+        super().__init__(f"turn {turn_id} was ended already (by a sweep)")
+        self.turn_id = turn_id
+
+
 class OwnedElsewhere(StoreError):
     """The session is owned by another node: its turns run there (CONTRACT §13)."""
 

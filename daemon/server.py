@@ -30,7 +30,7 @@ from daemon.engines.base import Engine
 from daemon.engines.claude_cli import ClaudeCliEngine
 from daemon.engines.modelcall import ModelCall, ProviderSlots, Route
 from daemon.engines.openai import OpenAIEngine
-from daemon.errors import ServiceUnavailable
+from daemon.errors import Fenced, ServiceUnavailable
 from daemon.eventlog.sqlite import SqliteEventLog
 from daemon.httpserver import Connections, HttpServer, bind_socket
 from daemon.llm.anthropic_client import AnthropicClient
@@ -245,11 +245,13 @@ async def _join_cluster(
     with the same id: NodeIdInUse, exit 1), its control stream served (operations other
     nodes route here for the sessions it owns), its lease renewed."""
     from daemon.api.actions import answer_routed
+    from daemon.cluster.clock import StoreClock
     from daemon.cluster.control import ControlChannel
     from daemon.cluster.routing import Router
 
+    store_clock = StoreClock()  # the store's clock, measured by the heartbeat (§13.8)
     node = ClusterNode(config, config.node_id, store, cast("Degradable", event_log), redis,
-                       stop.set)
+                       stop.set, store_clock)
     await node.register(url)
     # A routed JSON chat holds its call (and the owner's handler) for its whole turn: the
     # bounds leave room for as many as turns may run, plus the short operations (a
@@ -423,3 +425,7 @@ async def _serve(
                     left = max(0.0, deadline - trio.current_time() - 0.2)
                     await http_server.close(min(server.client_close_grace_s, left))
             services.cancel_scope.cancel()
+    if cluster is not None and cluster.fenced:
+        # Swept while it lived (CONTRACT §13.8): it stopped publishing for those turns;
+        # the daemon exits 1 with this line (a restart rejoins with a new epoch).
+        raise Fenced(cluster.node_id, cluster.epoch)

@@ -6,6 +6,7 @@ the advisory lock, migrations, an unreachable or busy database. A real PostgreSQ
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -15,14 +16,16 @@ import trio
 
 from daemon.config import ClusterConfig, ServerConfig
 from daemon.errors import (
+    Fenced,
     InboxConsumed,
     NodeIdInUse,
     OwnedElsewhere,
     StoreError,
     StoreUnavailable,
+    TurnClosed,
 )
 from daemon.store import open_store
-from daemon.store.models import InboxRecord, MessageRecord, NodeRecord, TurnRecord
+from daemon.store.models import InboxRecord, MessageRecord, TurnRecord
 from daemon.store.postgres import PostgresStore, _migrations, lock_key
 from tests.pgserver import (  # noqa: F401  (fixtures)
     PgServer,
@@ -66,27 +69,110 @@ async def wait_for_lock_waiters(url: str, count: int) -> None:
 
 
 async def test_node_ids_leases_and_sweeping(two: tuple[PostgresStore, PostgresStore]) -> None:
+    """Leases are on the store's clock (CONTRACT §13.8): a lease of -1 s is past now,
+    whatever this process's clock says; each registration gets a new, larger epoch."""
     a, b = two
-    await a.register_node("a", "http://a:1", lease_until_ms=15_000, now_ms=1000)
+    ea = await a.register_node("a", "http://a:1", 60_000)
     with pytest.raises(NodeIdInUse) as info:
-        await b.register_node("a", "http://other:2", lease_until_ms=16_000, now_ms=2000)
+        await b.register_node("a", "http://other:2", 60_000)
     assert "'a'" in str(info.value) and info.value.node_id == "a"
-    await b.register_node("b", "http://b:1", lease_until_ms=17_000, now_ms=2000)
-    assert await a.nodes() == [NodeRecord("a", "http://a:1", 1000, 15_000),
-                               NodeRecord("b", "http://b:1", 2000, 17_000)]
+    eb = await b.register_node("b", "http://b:1", -1000)  # its lease has run out
+    assert eb > ea and a.epoch == ea and b.epoch == eb
+    assert [(n.node_id, n.url, n.epoch, n.alive) for n in await a.nodes()] == [
+        ("a", "http://a:1", ea, True), ("b", "http://b:1", eb, False)]
 
-    assert await a.heartbeat("a", 30_000) is True
-    assert await b.expired_nodes(20_000) == ["b"]
-    assert await b.expired_nodes(40_000) == ["b", "a"]  # longest dead first
-    assert await b.expired_nodes(10_000) == []
+    store_ms = await a.heartbeat("a", 60_000)
+    assert store_ms is not None and abs(store_ms - time.time() * 1000) < 60_000
+    assert await b.expired_nodes() == [("b", eb)]
 
-    # A node that died with this id can come back once its lease is past.
-    await a.register_node("b", "http://b:2", lease_until_ms=60_000, now_ms=45_000)
-    assert (await a.nodes())[1] == NodeRecord("b", "http://b:2", 45_000, 60_000)
+    # A node that died with this id can come back once its lease is past: a new epoch.
+    eb2 = await b.register_node("b", "http://b:2", 60_000)
+    assert eb2 > eb and await a.expired_nodes() == []
+    assert await b.heartbeat("b", 60_000) is not None
 
-    await b.drop_node("a")  # swept
-    assert await a.heartbeat("a", 50_000) is False
-    assert [n.node_id for n in await a.nodes()] == ["b"]
+    await a.drop_node("b", eb)  # an old epoch's drop: the live row stays
+    assert [n.node_id for n in await a.nodes()] == ["a", "b"]
+    await a.drop_node("b", eb2)
+    assert [n.node_id for n in await a.nodes()] == ["a"]
+    assert await b.heartbeat("b", 60_000) is None
+
+
+def _expire(url: str, node_id: str) -> None:
+    """The node's lease runs out, as a pause (SIGSTOP) longer than a lease would let it."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE nodes SET lease_until = lease_until - 600000 WHERE node_id=%s",
+                     (node_id,))
+
+
+async def test_a_swept_node_is_fenced(two: tuple[PostgresStore, PostgresStore],
+                                      pg_url: str) -> None:  # noqa: F811
+    """CONTRACT §13.8: once its lease is past no write of the node's turns is taken, and
+    once a sweeper fenced it (a new epoch) none ever is, while the sweeper's own writes
+    close its turns once (TurnClosed for a second end)."""
+    a, b = two
+    refused: list[int] = []
+    a.on_fenced = lambda: refused.append(1)
+    ea = await a.register_node("a", "http://a:1", 60_000)
+    await b.register_node("b", "http://b:1", 60_000)
+    sa = session("sa")
+    await a.create_session(sa)
+    await a.start_turn(TurnRecord("ta", "sa", "chat", 3000), running(sa, 3000))
+    await a.append_message("sa", MessageRecord("user", "hi", None, None, 3000), "ta")
+
+    _expire(pg_url, "a")
+    with pytest.raises(Fenced):  # past its lease: nothing, even before a sweep
+        await a.append_message("sa", MessageRecord("assistant", "late", None, None, 3001),
+                               "ta")
+    assert refused == [1]
+    assert await b.expired_nodes() == [("a", ea)]
+    fenced = await b.fence_node("a", ea)
+    assert fenced is not None and fenced > ea
+    assert await b.fence_node("a", ea) is None  # that epoch is gone
+    assert await b.fence_node("a", fenced) == fenced  # a sweep that goes on (idempotent)
+    assert await b.expired_nodes() == [("a", fenced)]  # swept rows stay until dropped
+
+    assert await a.heartbeat("a", 60_000) is None  # it cannot renew: it learns
+    for write in (
+        a.append_message("sa", MessageRecord("assistant", "x", None, None, 3002), "ta"),
+        a.end_turn("ta", "done", 3003, sa),
+        a.deliver(delivery("sa", "to the swept")),
+        a.start_turn(TurnRecord("tz", "sa", "chat", 3004), running(sa, 3004)),
+    ):
+        with pytest.raises(Fenced):
+            await write
+    assert len(refused) == 5
+
+    await b.end_turn("ta", "INTERRUPTED", 3005, sa)  # the sweeper's end
+    with pytest.raises(TurnClosed):
+        await b.end_turn("ta", "done", 3006, sa)
+    assert [m.content for m in await b.messages("sa")] == ["hi"]
+    assert await b.turn_code("ta") == "INTERRUPTED"
+
+
+async def test_the_fence_waits_for_a_write_in_flight_and_the_heartbeat_does_not(
+        two: tuple[PostgresStore, PostgresStore], pg_url: str) -> None:  # noqa: F811
+    """The guard's KEY SHARE lock: a fence waits for the transaction that holds it (so a
+    write commits before the fence or is refused after), a heartbeat does not."""
+    a, b = two
+    ea = await a.register_node("a", "http://a:1", 60_000)
+    with psycopg.connect(pg_url) as writer:  # a turn's write, mid-transaction
+        assert writer.execute("SELECT 1 FROM nodes WHERE node_id='a' AND epoch=%s "
+                              "FOR KEY SHARE", (ea,)).fetchone() is not None
+        with trio.fail_after(10):
+            assert await a.heartbeat("a", 60_000) is not None  # not behind it
+        await trio.to_thread.run_sync(_expire, pg_url, "a")
+        outcome: list[int | None] = []
+
+        async def fence() -> None:
+            outcome.append(await b.fence_node("a", ea))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fence)
+            with trio.fail_after(10):
+                await wait_for_lock_waiters(pg_url, 1)
+            assert outcome == []  # waits for the write's commit
+            writer.commit()
+        assert outcome and outcome[0] is not None and outcome[0] > ea
 
 
 async def test_ownership_follows_the_creating_node(

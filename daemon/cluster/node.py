@@ -3,14 +3,22 @@ schedule leader.
 
     register            at start: a row in the store's `nodes` table; a live node with
                         the same id → NodeIdInUse (the daemon exits 1 naming it)
-    serve (heartbeat)   every lease_s/3 the lease is renewed to now + lease_s. A node is
-                        dead once its lease has run out: a node stopped by SIGKILL, or
-                        one whose event loop stalled longer than a lease. A node that
-                        finds its own row gone was swept as dead while it lived: its
-                        turns already have INTERRUPTED terminals, so it stops at once
-                        rather than publish a second one.
+    register            at start: a row in the store's `nodes` table with a new epoch; a
+                        live node with the same id → NodeIdInUse (the daemon exits 1
+                        naming it). The store and the bus check that epoch on every
+                        write of this node's turns from then on (fencing, §13.8).
+    serve (heartbeat)   every lease_s/3 the lease is renewed to the store's now + lease_s,
+                        on a connection of its own with a short timeout; the answer
+                        carries the store's clock (cluster/clock.py). A node is dead
+                        once its lease has run out on the store's clock: a node stopped
+                        by SIGKILL, or one paused, cut off or stalled longer than a
+                        lease. A node that finds its epoch gone was swept as dead while
+                        it lived (so does a write the store or the bus refused): its
+                        turns have INTERRUPTED terminals already and nothing more of
+                        theirs is published; it stops and exits 1 with one line.
     serve_sweeper       every lease_s/3, whoever holds the sweeper's advisory lock (one
-                        node at a time) takes each dead node: INTERRUPTED terminals for
+                        node at a time) takes each dead node: fenced first (a new epoch
+                        in the store, then the bus's fence key), then INTERRUPTED for
                         its turns, their owed replies delivered, its sessions idle and
                         released (the next node that needs one claims it), their
                         inboxes drained, the node's row removed — all through the
@@ -34,7 +42,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from daemon.clock import now_ms
-from daemon.errors import ServiceUnavailable, StoreError
+from daemon.cluster.clock import StoreClock
+from daemon.errors import ServiceUnavailable, StoreError, StoreUnavailable, TurnClosed
 
 if TYPE_CHECKING:
     from daemon.cluster.redis import Client
@@ -52,11 +61,18 @@ class Degradable(Protocol):
     @property
     def degraded(self) -> bool: ...
 
+    def set_writer_epoch(self, node_id: str, epoch: int,
+                         on_fenced: Callable[[], None]) -> None: ...
+
 
 class ClusterNode:
     def __init__(self, config: ClusterConfig, node_id: str, store: ClusterStore,
-                 bus_log: Degradable, redis: Client, on_swept: Callable[[], None]) -> None:
+                 bus_log: Degradable, redis: Client, on_swept: Callable[[], None],
+                 clock: StoreClock | None = None) -> None:
         self.config = config
+        self.clock = clock or StoreClock()
+        self.epoch: int | None = None
+        self.fenced = False  # swept while alive: the daemon stops and exits 1
         self._redis = redis
         self._leading: set[str] = set()  # the services this node leads now
         self.node_id = node_id
@@ -87,15 +103,35 @@ class ClusterNode:
         return self._store_lost or self._log.degraded
 
     async def register(self, url: str) -> None:
-        now = now_ms()
-        await self._store.register_node(self.node_id, url, now + self.lease_ms, now)
+        self.epoch = await self._store.register_node(self.node_id, url, self.lease_ms)
+        self._store.on_fenced = self.fence_detected
+        self._log.set_writer_epoch(self.node_id, self.epoch, self.fence_detected)
+        log.info("node %s joined the cluster with epoch %d", self.node_id, self.epoch)
+
+    def fence_detected(self) -> None:
+        """The store refused a write, the bus an append, or the heartbeat found the
+        epoch gone: another node swept this one while it lived (CONTRACT §13.8). Once:
+        one line, then the daemon stops (its turns stop and publish nothing) and exits
+        1. It does not rejoin in place: its memory (running turns, sessions, pending
+        approvals, MCP connections) describes sessions other nodes own now; a restart
+        (systemd's Restart=) joins with a new epoch and nothing stale."""
+        if self.fenced:
+            return
+        self.fenced = True
+        log.critical("node %s was swept as dead by another node while it lived (no "
+                     "lease renewed for longer than lease_s = %s): its turns were "
+                     "interrupted there; stopping", self.node_id, self.config.lease_s)
+        self._on_swept()
 
     async def leave(self) -> None:
         """A clean stop: this node's sessions released, its row removed (its turns have
-        ended `shutdown`), so no sweep is needed and another node may take them."""
+        ended `shutdown`), so no sweep is needed and another node may take them. A
+        fenced node leaves nothing: the sweeper releases what was its."""
+        if self.fenced:
+            return
         try:
             await self._store.release_sessions(self.node_id)
-            await self._store.drop_node(self.node_id)
+            await self._store.drop_node(self.node_id, self.epoch)
         except StoreError as exc:
             log.warning("leaving the cluster: %s (a sweeper will do it)", exc)
 
@@ -108,7 +144,10 @@ class ClusterNode:
         while True:
             await trio.sleep(self.period_s)
             try:
-                alive = await self._store.heartbeat(self.node_id, now_ms() + self.lease_ms)
+                sent = now_ms()
+                store_ms = await self._store.heartbeat(self.node_id, self.lease_ms)
+                if store_ms is not None:
+                    self.clock.observe(store_ms, sent, now_ms())
             except StoreError as exc:
                 if not self._store_lost:
                     log.error("cluster store unreachable: %s", exc)
@@ -117,10 +156,8 @@ class ClusterNode:
             if self._store_lost:
                 log.info("cluster store reachable again")
             self._store_lost = False
-            if not alive:
-                log.critical("node %s was swept as dead (no heartbeat for longer than "
-                             "lease_s = %s): stopping", self.node_id, self.config.lease_s)
-                self._on_swept()
+            if store_ms is None:
+                self.fence_detected()
                 return
 
     # -- the sweeper ----------------------------------------------------------------------
@@ -144,31 +181,55 @@ class ClusterNode:
         async with self._store.try_advisory_lock(SWEEPER_LOCK) as held:
             if not held:
                 return 0
-            for node_id in await self._store.expired_nodes(now_ms()):
+            for node_id, epoch in await self._store.expired_nodes():
                 if node_id == self.node_id:
                     continue  # this node's own lease ran out while it stalled: it renews
-                await self._sweep_node(node_id, sessions)
-                swept += 1
+                if await self._sweep_node(node_id, epoch, sessions):
+                    swept += 1
         return swept
 
-    async def _sweep_node(self, dead: str, sessions: SessionManager) -> None:
+    async def _fence(self, dead: str, epoch: int) -> int | None:
+        """Fence the dead node before anything is published for its turns: in the store
+        (every write of its turns refused from the commit on), then on the bus (its
+        appends refused). None: it is alive after all (it renewed its lease)."""
+        from daemon.cluster.redis import TRANSIENT
+        from daemon.eventlog.redis import fence_node
+
+        fenced = await self._store.fence_node(dead, epoch)
+        if fenced is None:
+            return None
+        try:
+            with trio.fail_after(self.config.connect_timeout_s):
+                await fence_node(self._redis, dead, fenced)
+        except TRANSIENT as exc:  # the next sweep tries again (the row stays `swept`)
+            raise StoreUnavailable(f"cannot fence node {dead} on the bus: {exc}") from exc
+        return fenced
+
+    async def _sweep_node(self, dead: str, epoch: int, sessions: SessionManager) -> bool:
+        fenced = await self._fence(dead, epoch)
+        if fenced is None:
+            return False
         turns = await self._store.node_unfinished_turns(dead)
         log.warning("node %s is dead (its lease ran out): %d turn(s) interrupted",
                     dead, len(turns))
         owed = []
         for turn in turns:
-            owed.extend(await sessions.interrupt(
-                turn, f"node {dead} stopped while this turn ran"))
+            try:
+                owed.extend(await sessions.interrupt(
+                    turn, f"node {dead} stopped while this turn ran"))
+            except TurnClosed:
+                continue  # ended (stored) by another sweep meanwhile: it has its terminal
             self.interrupted += 1
         for session_id in await self._store.node_running_sessions(dead):
             await sessions.set_idle(session_id)
         released = await self._store.release_sessions(dead)
-        await self._store.drop_node(dead)
+        await self._store.drop_node(dead, fenced)
         self.swept += 1
         # Replies the turns owed wake whoever was owed them (an interruption is not a
         # Stop); the released sessions' inboxes drain — each where it is owned now.
         await sessions.hand_over(owed)
         await sessions.wake_released(released)
+        return True
 
     # -- a service on one node at a time --------------------------------------------------
 

@@ -37,10 +37,12 @@ from daemon.engines import base as eng
 from daemon.engines.context import Calibration, Window
 from daemon.errors import (
     ContextOverflowError,
+    Fenced,
     MaxIterationsError,
     ModelCallFailed,
     ProviderError,
     StoreUnavailable,
+    TurnClosed,
 )
 from daemon.mcp.manager import McpManager
 from daemon.observe.logs import turn_context
@@ -122,6 +124,10 @@ class TurnOutcome:
     @property
     def cancel_reason(self) -> str | None:
         return (self.details or {}).get("reason") if self.cancelled else None
+
+
+# _store_end's answer for an end the store refused because the turn was swept.
+_SWEPT = "swept"
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -614,12 +620,17 @@ class Turn:
         record = self.session.mark("idle", usage=self.usage,
                                    model=None if self.compact_only else self.model)
         replies, quiet = self._replies(code, message), self._quiet(code, details)
+        # Swept while it ran (CONTRACT §13.8): another node published its INTERRUPTED
+        # terminal, so it ends here and publishes nothing more — no end stored, no reply.
+        silent = any(isinstance(e, (Fenced, TurnClosed)) for e in _leaves(failure)) \
+            if failure is not None else False
         # A turn whose start never reached the store has no row to close: unless it owes
         # replies, it does not wait for a store that just failed it a second time.
-        if self.start_stored or replies or quiet:
+        if not silent and (self.start_stored or replies or quiet):
             unstored = await self._store_end(code, details, record, replies, quiet,
                                              stats.model)
-            if unstored is not None:
+            silent = unstored is _SWEPT
+            if unstored is not None and not silent:
                 # Its terminal says so: its replies were not delivered, and the store
                 # still holds the turn open. The restart's recovery finds this terminal
                 # in the event log, closes the row with its code and publishes no
@@ -633,6 +644,14 @@ class Turn:
                                f"(done) could not be stored: {unstored}")
                 else:
                     details = {**(details or {}), "stored": False}
+        if silent:
+            log.warning("turn %s stops without a terminal of its own: this node was "
+                        "swept and another published it", self.id)
+            self.session.turn_ended(self)
+            self.outcome = TurnOutcome(self.id, "INTERRUPTED", "this node was swept",
+                                       None, self.content, stats, record)
+            self.finished.set()
+            return
         if code is None:
             self.publisher.plain("chat.response", {"event": {
                 "content": self.content, "toolCount": len(self.tool_calls),
@@ -666,6 +685,8 @@ class Turn:
                     usage=self.usage, model=model,
                 )
                 return None
+            except (Fenced, TurnClosed):
+                return _SWEPT
             except StoreUnavailable as exc:
                 log.error("could not persist the end of turn %s: %s", self.id, exc)
                 reason = str(exc)

@@ -160,4 +160,6 @@ class NodeRecord:
     node_id: str
     url: str  # where the other nodes reach it
     started_at: int  # ms
-    lease_until: int  # ms: dead once this is past
+    lease_until: int  # ms on the store's clock: dead once this is past
+    epoch: int = 0  # its lease epoch (CONTRACT §13.8)
+    alive: bool = True  # its lease has not run out (on the store's clock), not swept

@@ -48,11 +48,13 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from daemon.config import redact_url
 from daemon.errors import (
+    Fenced,
     InboxConsumed,
     NodeIdInUse,
     OwnedElsewhere,
     StoreError,
     StoreUnavailable,
+    TurnClosed,
 )
 from daemon.store.models import (
     CompactionRecord,
@@ -238,6 +240,21 @@ async def connect(url: str, *, timeout_s: float) -> Conn:
         await trio.sleep(_RETRY_EVERY_S)  # a retry's pace, not synchronisation
 
 
+# The store's clock (CONTRACT §13.8): leases and sweeps compare with this, never with a
+# node's wall clock. clock_timestamp(), not now(): a transaction's now() is its start.
+_NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+# The writer's lease is current: its node's row has the writer's epoch and its lease has
+# not run out. KEY SHARE: a sweeper's fence (an UPDATE of `epoch`, a unique column, so
+# it takes the row's FOR UPDATE lock) waits for this transaction, and this one sees the
+# fence once it is committed — a turn's write commits before its node is fenced or is
+# refused after. The heartbeat's UPDATE of lease_until does not wait for it.
+_LIVE = (f"SELECT 1 FROM nodes WHERE node_id=%s AND epoch=%s AND lease_until > {_NOW_MS} "
+         "FOR KEY SHARE")
+# The heartbeat's own connection answers within this share of a lease, or the beat is
+# given up (the next one reconnects): a slow pool never delays it, a hung one never
+# holds it.
+_BEAT_SHARE = 0.3
+
 _INSERT_MESSAGE = (
     "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
     "created_at, turn_id) VALUES (%s,%s,%s,%s,%s,%s,%s)")
@@ -316,6 +333,11 @@ class PostgresStore:
         self._limiter = trio.CapacityLimiter(_POOL_MAX)
         self._progress = Progress()  # calls finished: a queue that moves, or stuck?
         self.migrated = tuple(migrated)  # the migrations this open applied
+        # This node's lease epoch (CONTRACT §13.8), once registered: every write of a
+        # turn is conditional on it (_guard). None: no write is fenced (not a node yet).
+        self.epoch: int | None = None
+        self._beat: Conn | None = None  # the heartbeat's connection (not the pool's)
+        self.on_fenced: Callable[[], None] | None = None  # told of each refused write
 
     @property
     def node_id(self) -> str:
@@ -373,7 +395,30 @@ class PostgresStore:
         the pool's thread, its wait cancellable; a stalled server is its pool's timeout)."""
 
     async def aclose(self) -> None:
+        beat, self._beat = self._beat, None
+        if beat is not None:
+            await trio.to_thread.run_sync(beat.close)
         await trio.to_thread.run_sync(self._pool.close)
+
+    def _guard(self, conn: Conn) -> None:
+        """In a turn's write transaction: refuse it (Fenced) unless this node's lease,
+        with its epoch, is current."""
+        if self.epoch is not None and conn.execute(
+                _LIVE, (self._node_id, self.epoch)).fetchone() is None:
+            raise Fenced(self._node_id, self.epoch)
+
+    async def _fenced(self, fn: Callable[[Conn], T]) -> T:
+        """`fn`'s statements in one transaction, after the guard: a write of a turn."""
+        def _guarded(conn: Conn) -> T:
+            self._guard(conn)
+            return fn(conn)
+
+        try:
+            return await self._run(_guarded, write=True, tx=True)
+        except Fenced:
+            if self.on_fenced is not None:
+                self.on_fenced()
+            raise
 
     def _work(self, fn: Callable[[Conn], T], write: bool, tx: bool, wait_s: float) -> T:
         # In the worker thread: one pooled connection (waited for at most `wait_s`, what
@@ -516,8 +561,7 @@ class PostgresStore:
                 _consume_inbox(conn, m.inbox_ids, turn_id)
             conn.execute(_INSERT_MESSAGE, _message_row(session_id, m, turn_id))
 
-        # Most messages consume nothing: one statement, no transaction around it.
-        await (self._write if m.inbox_ids else self._statement)(_append)
+        await self._fenced(_append)
 
     async def append_messages(self, session_id: str, ms: Sequence[MessageRecord],
                               turn_id: str | None = None) -> None:
@@ -532,7 +576,7 @@ class PostgresStore:
                 cursor.executemany(_INSERT_MESSAGE,
                                    [_message_row(session_id, m, turn_id) for m in ms])
 
-        await self._write(_append_all)
+        await self._fenced(_append_all)
 
     async def messages(self, session_id: str) -> list[MessageRecord]:
         rows = await self._rows(
@@ -544,13 +588,13 @@ class PostgresStore:
 
     async def append_compaction(self, session_id: str, c: CompactionRecord,
                                 turn_id: str | None = None) -> None:
-        """Store one compaction of the session's context (one statement, like a message)."""
-        await self._execute(
+        """Store one compaction of the session's context (a write of its turn: fenced)."""
+        await self._fenced(lambda conn: conn.execute(
             "INSERT INTO compactions(session_id, turn_id, place, covers_until, pruned_until, "
             "summary, reason, before_tokens, after_tokens, pruned_tool_results, created_at) "
             "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
             (session_id, turn_id, c.place, c.covers_until, c.pruned_until, c.summary,
-             c.reason, c.before_tokens, c.after_tokens, c.pruned_tool_results, c.created_at))
+             c.reason, c.before_tokens, c.after_tokens, c.pruned_tool_results, c.created_at)))
 
     async def compactions(self, session_id: str) -> list[CompactionRecord]:
         """Every compaction of the session, oldest first."""
@@ -587,7 +631,7 @@ class PostgresStore:
                          "owner=COALESCE(owner, %s) WHERE id=%s",
                          (session.status, session.updated_at, self._node_id, session.id))
 
-        await self._write(_start)
+        await self._fenced(_start)
 
     async def end_turn(
         self, turn_id: str, code: str, ended_at: int, session: SessionRecord,
@@ -603,11 +647,17 @@ class PostgresStore:
         t = usage or TokenUsage()
 
         def _end(conn: Conn) -> list[InboxRecord]:
-            conn.execute(
+            # Only an open turn ends (one terminal, CONTRACT §5.1): a turn a sweeper
+            # closed already is not closed a second time, by its own node or another.
+            closed = conn.execute(
                 "UPDATE turns SET ended_at=%s, terminal_code=%s, cancel_reason=%s, model=%s, "
-                "input_tokens=%s, output_tokens=%s, cache_tokens=%s, cost=%s WHERE id=%s",
+                "input_tokens=%s, output_tokens=%s, cache_tokens=%s, cost=%s "
+                "WHERE id=%s AND ended_at IS NULL",
                 (ended_at, code, cancel_reason, model, t.input, t.output, t.cache, t.cost,
-                 turn_id))
+                 turn_id)).rowcount
+            if not closed and conn.execute("SELECT 1 FROM turns WHERE id=%s",
+                                           (turn_id,)).fetchone():
+                raise TurnClosed(turn_id)
             conn.execute(
                 "UPDATE sessions SET status=%s, updated_at=%s, model=%s, input_tokens=%s, "
                 "output_tokens=%s, cache_tokens=%s, cost=%s WHERE id=%s",
@@ -621,7 +671,7 @@ class PostgresStore:
                     if conn.execute("SELECT 1 FROM sessions WHERE id=%s FOR KEY SHARE",
                                     (d.session_id,)).fetchone()]
 
-        return await self._write(_end)
+        return await self._fenced(_end)
 
     async def turn_code(self, turn_id: str) -> str | None:
         rows = await self._rows("SELECT terminal_code FROM turns WHERE id=%s", (turn_id,))
@@ -643,7 +693,7 @@ class PostgresStore:
     # -- inbox ----------------------------------------------------------------------------
 
     async def deliver(self, d: InboxRecord) -> InboxRecord:
-        return await self._statement(lambda conn: _insert_inbox(conn, d))
+        return await self._fenced(lambda conn: _insert_inbox(conn, d))
 
     async def pending_inbox(self, session_id: str) -> list[InboxRecord]:
         rows = await self._rows(
@@ -720,36 +770,87 @@ class PostgresStore:
 
     # -- the cluster (ClusterStore) -------------------------------------------------------
 
-    async def register_node(self, node_id: str, url: str, lease_until_ms: int,
-                            now_ms: int) -> None:
-        """Insert this node's row, or take over one whose lease is past (a node that
-        died with this id); NodeIdInUse while a live node has it."""
+    async def register_node(self, node_id: str, url: str, lease_ms: int) -> int:
+        """Insert this node's row with a new epoch, or take over one whose lease is past
+        (a node that died with this id); NodeIdInUse while a live node has it. Returns
+        the epoch, which this store's writes of turns are conditional on from now."""
         rows = await self._statement(lambda conn: conn.execute(
-            "INSERT INTO nodes(node_id, url, started_at, lease_until) VALUES (%s,%s,%s,%s) "
+            "INSERT INTO nodes(node_id, url, started_at, lease_until) "
+            f"VALUES (%s, %s, {_NOW_MS}, {_NOW_MS} + %s) "
             "ON CONFLICT (node_id) DO UPDATE SET url=excluded.url, "
-            "started_at=excluded.started_at, lease_until=excluded.lease_until "
-            "WHERE nodes.lease_until <= %s RETURNING node_id",
-            (node_id, url, now_ms, lease_until_ms, now_ms)).fetchall())
+            "started_at=excluded.started_at, lease_until=excluded.lease_until, "
+            "epoch=nextval('node_epochs'), swept=FALSE "
+            f"WHERE nodes.lease_until <= {_NOW_MS} RETURNING epoch",
+            (node_id, url, lease_ms)).fetchall())
         if not rows:
             raise NodeIdInUse(node_id)
+        self.epoch = int(rows[0][0])
+        return self.epoch
 
-    async def heartbeat(self, node_id: str, lease_until_ms: int) -> bool:
-        """Renew the lease; False when the row is gone (a sweeper took this node)."""
-        return await self._execute("UPDATE nodes SET lease_until=%s WHERE node_id=%s",
-                                   (lease_until_ms, node_id)) == 1
+    async def heartbeat(self, node_id: str, lease_ms: int) -> int | None:
+        """Renew the lease to the store's now + `lease_ms`; returns the store's clock
+        (ms), or None when this node's row no longer has its epoch (a sweeper fenced
+        it). On a connection of its own, never queued behind the pool's work, and given
+        up after a share of the lease (StoreUnavailable): a beat that cannot be made
+        soon is worth nothing later."""
+        timeout_s = max(0.2, lease_ms / 1000 * _BEAT_SHARE)
 
-    async def expired_nodes(self, now_ms: int) -> list[str]:
+        def _beat() -> int | None:
+            if self._beat is None:
+                self._beat = connect_once(self._url, timeout_s=timeout_s)
+                self._beat.execute(f"SET statement_timeout = {int(timeout_s * 1000)}")
+            row = self._beat.execute(
+                f"UPDATE nodes SET lease_until = {_NOW_MS} + %s "
+                f"WHERE node_id=%s AND epoch=%s RETURNING {_NOW_MS}",
+                (lease_ms, node_id, self.epoch)).fetchone()
+            return None if row is None else int(row[0])
+
+        try:
+            with trio.fail_after(timeout_s + _CONNECT_ATTEMPT_S):
+                return await trio.to_thread.run_sync(_beat, abandon_on_cancel=True)
+        except (psycopg.Error, trio.TooSlowError) as exc:
+            # The connection is in an unknown state (or still held by the abandoned
+            # thread): the next beat opens a fresh one.
+            beat, self._beat = self._beat, None
+            if beat is not None:
+                beat.close()  # psycopg's close does not wait for a running query
+            if isinstance(exc, trio.TooSlowError):
+                raise StoreUnavailable(f"the heartbeat got no answer from {self._database} "
+                                       f"within {timeout_s:g}s") from exc
+            raise translate(exc, self._database, self._busy_timeout_s) from exc
+
+    async def expired_nodes(self) -> list[tuple[str, int]]:
+        """(node_id, epoch) of each node whose lease is past on the store's clock, or
+        that a sweep fenced and has not finished; the longest dead first."""
         rows = await self._rows(
-            "SELECT node_id FROM nodes WHERE lease_until < %s ORDER BY lease_until, node_id",
-            (now_ms,))
-        return [r[0] for r in rows]
+            f"SELECT node_id, epoch FROM nodes WHERE lease_until < {_NOW_MS} OR swept "
+            "ORDER BY lease_until, node_id")
+        return [(r[0], int(r[1])) for r in rows]
 
-    async def drop_node(self, node_id: str) -> None:
-        await self._execute("DELETE FROM nodes WHERE node_id=%s", (node_id,))
+    async def fence_node(self, node_id: str, epoch: int) -> int | None:
+        """Fence a dead node (CONTRACT §13.8): its row gets a new epoch and `swept`, so
+        from the commit on every write of its turns is refused (it waits for those in
+        flight). Returns the row's epoch now (the one to fence the bus with), or None
+        when the row is no longer the dead one (it renewed its lease, or was dropped)."""
+        rows = await self._statement(lambda conn: conn.execute(
+            "UPDATE nodes SET epoch = CASE WHEN swept THEN epoch "
+            "ELSE nextval('node_epochs') END, swept = TRUE "
+            f"WHERE node_id=%s AND epoch=%s AND (swept OR lease_until < {_NOW_MS}) "
+            "RETURNING epoch", (node_id, epoch)).fetchall())
+        return int(rows[0][0]) if rows else None
+
+    async def drop_node(self, node_id: str, epoch: int | None = None) -> None:
+        """Remove a node's row (with `epoch`: only while it still has that epoch)."""
+        if epoch is None:
+            await self._execute("DELETE FROM nodes WHERE node_id=%s", (node_id,))
+        else:
+            await self._execute("DELETE FROM nodes WHERE node_id=%s AND epoch=%s",
+                                (node_id, epoch))
 
     async def nodes(self) -> list[NodeRecord]:
         rows = await self._rows(
-            "SELECT node_id, url, started_at, lease_until FROM nodes ORDER BY node_id")
+            "SELECT node_id, url, started_at, lease_until, epoch, "
+            f"lease_until > {_NOW_MS} AND NOT swept FROM nodes ORDER BY node_id")
         return [NodeRecord(*r) for r in rows]
 
     async def session_owner(self, session_id: str) -> str | None:
