@@ -1,0 +1,216 @@
+"""Fencing and one clock (CONTRACT §13.8) across real processes on a real PostgreSQL and
+redis-server: a node paused past its lease (SIGSTOP) is swept by another, and when it
+wakes (SIGCONT) it publishes nothing more for the turns it was swept of — no chunk, no
+message, no second terminal, no delivery — and exits 1 with one line; a node whose wall
+clock is minutes off (libfaketime) is neither swept nor sweeps.
+
+The mock streams the paused node's turn slowly (a chunk every DRIP_MS), so it has text
+to publish the moment it wakes: what the fence must stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from tests.clusterkit import LEASE_S, Backends
+from tests.harness import (
+    Provider,
+    Recorder,
+    assert_one_terminal_last,
+    mock,
+    open_recorder,
+    spawn,
+)
+from tests.process import spawn_daemon
+from tests.test_cluster_nodes import (  # noqa: F401  (the backends fixture)
+    SWEEP_MARGIN_S,
+    NodeProc,
+    backends,
+    chat_until_killed,
+    chunks_of,
+    db,
+    fence,
+    node_config,
+    node_rows,
+    terminals_of,
+)
+
+DRIP_MS = 20
+# A turn that goes on streaming for a minute, a chunk every DRIP_MS.
+DRIP = {"say": 3000, "delay_ms": DRIP_MS}
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+# How long a woken node may take to notice it was fenced and exit (its first write or
+# heartbeat, then a graceful stop with nothing to publish).
+EXIT_S = 20
+
+
+@asynccontextmanager
+async def open_node(stack: AsyncExitStack, tmp: Path, provider: Provider,
+                    backends: Backends, index: int, node_id: str, *,  # noqa: F811
+                    env: dict[str, str] | None = None) -> AsyncIterator[NodeProc]:
+    path = node_config(tmp, provider, backends, index, node_id)
+    log_path = path.parent / f"{node_id}.log"
+    log_file = stack.enter_context(log_path.open("ab"))
+    proc = await stack.enter_async_context(spawn_daemon(
+        path, stderr=log_file, log_level="INFO",
+        env=None if env is None else {**os.environ, **env}))
+    async with httpx.AsyncClient(base_url=proc.url, timeout=30) as http:
+        yield NodeProc(node_id, proc, http, log_path)
+
+
+async def pause_until_swept(a: NodeProc, rec: Recorder, turn_ids: list[str]) -> dict[str, Any]:
+    """SIGSTOP `a` until the recorder (on another node) has the INTERRUPTED terminal of
+    every turn; returns those terminals by turn id."""
+    a.proc.process.send_signal(signal.SIGSTOP)
+    terminals = {}
+    with trio.fail_after(2 * LEASE_S + SWEEP_MARGIN_S + 10):
+        for turn in turn_ids:
+            terminals[turn] = await rec.terminal(turn)
+            assert terminals[turn]["data"]["code"] == "INTERRUPTED", terminals[turn]
+    return terminals
+
+
+async def wake_and_exit(a: NodeProc) -> int:
+    a.proc.process.send_signal(signal.SIGCONT)
+    with trio.fail_after(EXIT_S):
+        return await a.proc.process.wait()
+
+
+def swept_line(a: NodeProc) -> str:
+    """The paused node's one line about it (the CLI's last line on stderr)."""
+    lines = a.log_path.read_text().strip().splitlines()
+    return lines[-1]
+
+
+def nothing_after_the_terminal(rec: Recorder, turn_id: str, terminal: dict[str, Any]) -> None:
+    stream = rec.stream(turn_id)
+    assert len(terminals_of(rec, turn_id)) == 1, [e["eventType"] for e in stream]
+    assert_one_terminal_last(stream)
+    assert stream[-1]["seq"] == terminal["seq"]
+    # Nothing of the session after it either (a message, a session.updated from A).
+    later = [e for e in rec.events if e.get("sessionId") == terminal["sessionId"]
+             and e.get("seq", 0) > terminal["seq"]
+             and e.get("turnId") in (None, turn_id)]
+    assert all(e.get("type") == "session.updated" and e.get("turnId") is None
+               for e in later), later
+
+
+async def test_a_paused_node_swept_mid_turn_publishes_nothing_more_and_exits_1(
+    tmp_path: Path, provider: Provider, backends: Backends,  # noqa: F811
+) -> None:
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(
+            open_node(stack, tmp_path, provider, backends, 0, "node-a"))
+        b = await stack.enter_async_context(
+            open_node(stack, tmp_path, provider, backends, 1, "node-b"))
+        rec = await stack.enter_async_context(open_recorder(b.ws_url))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(chat_until_killed, a, mock(**DRIP))
+            [start] = await chunks_of(rec, 1, n=3)  # streaming on A, seen on B
+            turn, sid = start["turnId"], start["sessionId"]
+            terminal = (await pause_until_swept(a, rec, [turn]))[turn]
+            assert node_rows(backends, tmp_path) == ["node-b"]
+            status = await wake_and_exit(a)
+        assert status == 1, a.log_path.read_text()[-2000:]
+        line = swept_line(a)
+        assert "node-a" in line and "swept" in line and "Traceback" not in line, line
+        await fence(rec, b)  # B's writer is past anything queued before
+        nothing_after_the_terminal(rec, turn, terminal)
+        # The store has nothing of A's after the sweep: the turn closed once, by B.
+        assert db(backends, tmp_path, "SELECT terminal_code FROM turns WHERE id=%s",
+                  turn) == [("INTERRUPTED",)]
+        assert db(backends, tmp_path, "SELECT count(*) FROM messages WHERE turn_id=%s "
+                  "AND role='assistant'", turn) == [(0,)]
+        # The session runs a new turn, on B, once.
+        r = await b.http.post("/agents/plain/chat",
+                              json={"message": mock(say="again"), "sessionId": sid})
+        assert r.status_code == 200 and r.json()["content"] == "again", r.text
+        turns = (await b.http.get(f"/sessions/{sid}/turns")).json()["turns"]
+        assert [(t["terminal"], t["errorCode"]) for t in turns] == [
+            ("error", "INTERRUPTED"), ("done", None)]
+
+
+async def test_a_paused_node_s_no_wait_child_is_delivered_once(
+    tmp_path: Path, provider: Provider, backends: Backends,  # noqa: F811
+) -> None:
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(
+            open_node(stack, tmp_path, provider, backends, 0, "node-a"))
+        b = await stack.enter_async_context(
+            open_node(stack, tmp_path, provider, backends, 1, "node-b"))
+        rec = await stack.enter_async_context(open_recorder(b.ws_url))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(chat_until_killed, a, mock(calls=[
+                {"tools": [spawn("plain", mock(**DRIP), wait=False)]}, DRIP,
+            ]), "assistant")
+            starts = await chunks_of(rec, 2, n=3)
+            parent = next(s for s in starts if s["data"]["trigger"] == "http")
+            child = next(s for s in starts if s is not parent)
+            ids = [parent["turnId"], child["turnId"]]
+            terminals = await pause_until_swept(a, rec, ids)
+            status = await wake_and_exit(a)
+        assert status == 1, a.log_path.read_text()[-2000:]
+        with trio.fail_after(15):
+            wake = await rec.wait_for(lambda evs: next((
+                e for e in evs if e.get("eventType") == "turn.start"
+                and e["sessionId"] == parent["sessionId"]
+                and e["data"]["trigger"] == "wake"), None))
+            assert (await rec.terminal(wake["turnId"]))["eventType"] == "done"
+        await fence(rec, b)
+        for turn in ids:
+            nothing_after_the_terminal(rec, turn, terminals[turn])
+        wakes = [e for e in rec.stream(session_id=parent["sessionId"])
+                 if e["eventType"] == "turn.start" and e["data"]["trigger"] == "wake"]
+        assert [w["turnId"] for w in wakes] == [wake["turnId"]]
+        inbox = db(backends, tmp_path,
+                   "SELECT from_session_id, consumed_by_turn FROM inbox "
+                   "WHERE session_id=%s", parent["sessionId"])
+        assert inbox == [(child["sessionId"], wake["turnId"])], inbox
+
+
+async def test_a_node_minutes_off_is_not_swept_and_does_not_sweep(
+    tmp_path: Path, provider: Provider, backends: Backends,  # noqa: F811
+) -> None:
+    """Node B's wall clock runs 5 minutes ahead (libfaketime): leases are on the store's
+    clock, so over several leases neither node is taken for dead, and turns end done
+    on both, also a session of A's continued through B."""
+    assert LIBFAKETIME.exists(), "libfaketime (Debian's faketime) is not installed"
+    skew = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": "+300s",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(
+            open_node(stack, tmp_path, provider, backends, 0, "node-a"))
+        b = await stack.enter_async_context(
+            open_node(stack, tmp_path, provider, backends, 1, "node-b", env=skew))
+        health = (await b.http.get("/health")).json()
+        rec = await stack.enter_async_context(open_recorder(a.ws_url))
+        assert health["status"] == "ok", health
+        # B's own clock is ahead: its events' ts say so (it is faked, really).
+        r = await b.http.post("/agents/plain/chat", json={"message": mock(say="on b")})
+        assert r.status_code == 200, r.text
+        end = trio.current_time() + 3 * LEASE_S
+        turns = []
+        while trio.current_time() < end:  # several leases of traffic on both nodes
+            for node in (a, b):
+                r = await node.http.post("/agents/plain/chat",
+                                         json={"message": mock(say="tick", delay_ms=50)})
+                assert r.status_code == 200 and r.json()["content"] == "tick", r.text
+                turns.append(r.json()["turnId"])
+        sid = (await a.http.post("/agents/plain/chat",
+                                 json={"message": mock(say="a's")})).json()["sessionId"]
+        r = await b.http.post("/agents/plain/chat",
+                              json={"message": mock(say="via b"), "sessionId": sid})
+        assert r.status_code == 200 and r.json()["content"] == "via b", r.text
+        for turn in turns:
+            assert (await rec.terminal(turn))["eventType"] == "done"
+        assert node_rows(backends, tmp_path) == ["node-a", "node-b"]
+        assert not [e for e in rec.events if e.get("eventType") == "error"]
+        for node in (a, b):
+            assert "swept" not in node.log_path.read_text()
