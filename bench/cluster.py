@@ -14,6 +14,11 @@ C2: 100 streams paced at 50 tokens/s (as P2), their sessions created half on eac
 C3: a node runs a streaming turn and is SIGKILLed; the time from the kill to the turn's
     INTERRUPTED terminal reaching a /ws on the surviving node (lease_s = 2, median of 3),
     against the 2 x lease_s bound (docs/cluster.md).
+C4: a node runs a streaming turn and is paused (SIGSTOP) until the survivor has published
+    its INTERRUPTED, then woken (SIGCONT): the time from SIGCONT to its first refused
+    write (the line it logs when the store, the bus or its heartbeat refuses it) and to
+    its exit (status 1), and that no chunk of the turn reached the survivor's /ws after
+    the terminal (CONTRACT §13.8; median of 3).
 
 Every turn is checked by the Ledger: one terminal, every word once and in order (the
 interrupted turn: a whole prefix).
@@ -286,6 +291,86 @@ async def c3(mock_url: str, pg: PgServer, ledger: Ledger) -> list[Row]:
                      "the surviving node received it")]
 
 
+async def _pause_once(mock_url: str, survivor: Proc, cluster: Cluster, run: int,
+                      ledger: Ledger) -> tuple[float, float]:
+    """Seconds from SIGCONT of a swept node to its first refused write, and to its exit."""
+    what = f"C4 run {run}"
+    with tempfile.TemporaryFile() as log:
+        async with open_daemon(mock_url, cluster_table(
+                cluster.store, cluster.redis.url, f"paused-{run}", C3_LEASE_S),
+                stderr=log) as paused, \
+                open_collector(survivor.url, types=TYPES) as col, \
+                httpx.AsyncClient(base_url=paused.url, timeout=600) as http:
+            async with trio.open_nursery() as nursery:
+                async def chat() -> None:
+                    try:
+                        await http.post("/agents/bench/chat", json={
+                            "message": script(say=100_000, delay_ms=5)})
+                    except httpx.TransportError:
+                        pass  # the node exits: what this run is about
+
+                nursery.start_soon(chat)
+                await col.wait(lambda: any(t.first_chunk for t in col.turns.values()))
+                os.kill(paused.pid, signal.SIGSTOP)
+                ((k, turn),) = col.turns.items()
+                await col.wait(lambda: bool(turn.terminals))
+                woken = time.perf_counter()
+                os.kill(paused.pid, signal.SIGCONT)
+                refused = exited = None
+                with trio.fail_after(60):
+                    while exited is None:
+                        log.seek(0)
+                        if refused is None and b"was swept" in log.read():
+                            refused = time.perf_counter() - woken
+                        if _ended(paused.pid):
+                            exited = time.perf_counter() - woken
+                        await trio.sleep(0.005)  # a poll of the log and /proc: no event
+                nursery.cancel_scope.cancel()
+                # Every chunk the woken node still sent would be here by now: its writer
+                # queued them before it exited, and the survivor's tailer is live.
+                await fence_turn(survivor, col)
+    ledger.prefix(f"{what}, {turn.describe(k)}", len(turn.terminals), turn.content)
+    code = turn.terminals[0]["data"].get("code") if turn.terminals else None
+    if code != "INTERRUPTED":
+        ledger.lost(f"{what}: the terminal is {turn.describe(k)}, not INTERRUPTED")
+    if turn.chunks_after_terminal:
+        ledger.lost(f"{what}: {turn.chunks_after_terminal} chunks after the terminal")
+    if refused is None:
+        ledger.lost(f"{what}: the woken node never said it was swept")
+    return (refused if refused is not None else exited), exited
+
+
+def _ended(pid: int) -> bool:
+    """The process has exited (a zombie until its parent reaps it, or gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+async def fence_turn(node: Proc, col: Collector) -> None:
+    """A short turn on `node` seen to its end on `col`."""
+    async with httpx.AsyncClient(base_url=node.url, timeout=60) as http:
+        r = await http.post("/agents/bench/chat", json={"message": script(say=3)})
+    turn_id = r.json()["turnId"]
+    await col.wait(lambda: turn_id in col.turns and bool(col.turns[turn_id].terminals))
+
+
+async def c4(mock_url: str, pg: PgServer, ledger: Ledger) -> list[Row]:
+    async with open_cluster(mock_url, pg, ("survivor",), C3_LEASE_S) as cluster:
+        (survivor,) = cluster.nodes
+        runs = [await _pause_once(mock_url, survivor, cluster, run, ledger)
+                for run in range(C3_RUNS)]
+    refused, exited = [r for r, _ in runs], [e for _, e in runs]
+    return [Row("C4 SIGCONT of a swept node → its first refused write, s",
+                f"{statistics.median(refused):.3f}", target="", holds=None,
+                note=f"lease_s = {C3_LEASE_S:g}, median of {C3_RUNS}: "
+                     f"{', '.join(f'{t:.3f}' for t in refused)} s (the line it logs); to its "
+                     f"exit (status 1): {', '.join(f'{t:.2f}' for t in exited)} s; no chunk "
+                     "of the paused turn after its INTERRUPTED on the survivor's /ws")]
+
+
 def _check_installed() -> None:
     """The test helpers fail the way pytest does (a BaseException the bench's phase would
     not catch) when PostgreSQL or Redis is missing: say so here, as a failed phase."""
@@ -303,6 +388,7 @@ async def cluster_rows(mock_url: str, ledger: Ledger) -> list[Row]:
             rows += await c1(embedded, cluster, ledger)
             rows += await c2(embedded, cluster, ledger)
         rows += await c3(mock_url, pg, ledger)
+        rows += await c4(mock_url, pg, ledger)
     return rows
 
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -36,9 +37,10 @@ async def _line(process: trio.Process) -> str:
 
 
 @asynccontextmanager
-async def _process(args: list[str], env: dict[str, str] | None = None) -> AsyncIterator[Proc]:
+async def _process(args: list[str], env: dict[str, str] | None = None,
+                   stderr: Any = None) -> AsyncIterator[Proc]:
     process = await trio.lowlevel.open_process([sys.executable, "-m", "daemon", *args],
-                                               stdout=-1, env=env)
+                                               stdout=-1, env=env, stderr=stderr)
     try:
         url = (await _line(process)).split(" on ")[1]
         yield Proc(url, process.pid)
@@ -77,12 +79,15 @@ def cluster_table(store: str, bus: str, node_id: str, lease_s: float) -> str:
 
 
 @asynccontextmanager
-async def open_daemon(provider_url: str, extra: str = "") -> AsyncIterator[Proc]:
+async def open_daemon(provider_url: str, extra: str = "",
+                      stderr: Any = None) -> AsyncIterator[Proc]:
     """One `veild serve`; `extra` is appended to its config (a [cluster] table makes it
-    a cluster node, with its own data_dir as every node has)."""
+    a cluster node, with its own data_dir as every node has); `stderr`: where its log
+    goes (a file object; None: inherited)."""
     with tempfile.TemporaryDirectory(prefix="veild-bench-") as tmp:
         config = Path(tmp) / "daemon.toml"
         config.write_text(config_text(Path(tmp) / "data", provider_url, extra))
         async with _process(["serve", "--config", str(config)],
-                            env={"VEILD_LOG": "WARNING", "PATH": "/usr/bin:/bin"}) as proc:
+                            env={"VEILD_LOG": "WARNING", "PATH": "/usr/bin:/bin"},
+                            stderr=stderr) as proc:
             yield proc

@@ -51,6 +51,10 @@ LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 EXIT_S = 20
 
 
+def _installed(path: Path) -> bool:
+    return path.exists()
+
+
 @asynccontextmanager
 async def open_node(stack: AsyncExitStack, tmp: Path, provider: Provider,
                     backends: Backends, index: int, node_id: str, *,  # noqa: F811
@@ -181,7 +185,7 @@ async def test_a_node_minutes_off_is_not_swept_and_does_not_sweep(
     """Node B's wall clock runs 5 minutes ahead (libfaketime): leases are on the store's
     clock, so over several leases neither node is taken for dead, and turns end done
     on both, also a session of A's continued through B."""
-    assert LIBFAKETIME.exists(), "libfaketime (Debian's faketime) is not installed"
+    assert _installed(LIBFAKETIME), "libfaketime (Debian's faketime) is not installed"
     skew = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": "+300s",
             "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
     async with AsyncExitStack() as stack:
