@@ -39,7 +39,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -258,6 +258,10 @@ _BEAT_SHARE = 0.3
 _INSERT_MESSAGE = (
     "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
     "created_at, turn_id) VALUES (%s,%s,%s,%s,%s,%s,%s)")
+# The same, taken only while the writer's lease is current (_LIVE): no row when fenced.
+_INSERT_MESSAGE_FENCED = (
+    f"WITH live AS ({_LIVE}) INSERT INTO messages(session_id, role, content, tool_calls, "
+    "tool_call_id, created_at, turn_id) SELECT %s,%s,%s,%s,%s,%s,%s FROM live")
 
 
 def _message_row(session_id: str, m: MessageRecord, turn_id: str | None) -> tuple[Any, ...]:
@@ -420,6 +424,11 @@ class PostgresStore:
                 self.on_fenced()
             raise
 
+    def _refused(self) -> NoReturn:
+        if self.on_fenced is not None:
+            self.on_fenced()
+        raise Fenced(self._node_id, self.epoch)
+
     def _work(self, fn: Callable[[Conn], T], write: bool, tx: bool, wait_s: float) -> T:
         # In the worker thread: one pooled connection (waited for at most `wait_s`, what
         # is left of the call's busy timeout); `tx`: fn's statements in one transaction
@@ -561,7 +570,14 @@ class PostgresStore:
                 _consume_inbox(conn, m.inbox_ids, turn_id)
             conn.execute(_INSERT_MESSAGE, _message_row(session_id, m, turn_id))
 
-        await self._fenced(_append)
+        if m.inbox_ids or self.epoch is None:
+            await (self._fenced if m.inbox_ids else self._statement)(_append)
+            return
+        # Most messages consume nothing: one statement, the guard inside it (its lock
+        # held to the statement's end, as a transaction's to its commit).
+        row = _message_row(session_id, m, turn_id)
+        if await self._execute(_INSERT_MESSAGE_FENCED, (self._node_id, self.epoch, *row)) == 0:
+            self._refused()
 
     async def append_messages(self, session_id: str, ms: Sequence[MessageRecord],
                               turn_id: str | None = None) -> None:
