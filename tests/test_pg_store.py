@@ -130,6 +130,8 @@ async def test_a_swept_node_is_fenced(two: tuple[PostgresStore, PostgresStore],
     assert await b.fence_node("a", ea) is None  # that epoch is gone
     assert await b.fence_node("a", fenced) == fenced  # a sweep that goes on (idempotent)
     assert await b.expired_nodes() == [("a", fenced)]  # swept rows stay until dropped
+    with pytest.raises(NodeIdInUse):  # a restart with its id waits for the sweep's end
+        await b.register_node("a", "http://a:2", 60_000)
 
     assert await a.heartbeat("a", 60_000) is None  # it cannot renew: it learns
     for write in (

@@ -788,15 +788,17 @@ class PostgresStore:
 
     async def register_node(self, node_id: str, url: str, lease_ms: int) -> int:
         """Insert this node's row with a new epoch, or take over one whose lease is past
-        (a node that died with this id); NodeIdInUse while a live node has it. Returns
-        the epoch, which this store's writes of turns are conditional on from now."""
+        (a node that died with this id); NodeIdInUse while a live node has it, or while
+        a sweep of the old one is under way (its row is `swept` until the sweep ends:
+        the old turns must be the sweeper's alone). Returns the epoch, which this
+        store's writes of turns are conditional on from now."""
         rows = await self._statement(lambda conn: conn.execute(
             "INSERT INTO nodes(node_id, url, started_at, lease_until) "
             f"VALUES (%s, %s, {_NOW_MS}, {_NOW_MS} + %s) "
             "ON CONFLICT (node_id) DO UPDATE SET url=excluded.url, "
             "started_at=excluded.started_at, lease_until=excluded.lease_until, "
             "epoch=nextval('node_epochs'), swept=FALSE "
-            f"WHERE nodes.lease_until <= {_NOW_MS} RETURNING epoch",
+            f"WHERE nodes.lease_until <= {_NOW_MS} AND NOT nodes.swept RETURNING epoch",
             (node_id, url, lease_ms)).fetchall())
         if not rows:
             raise NodeIdInUse(node_id)
