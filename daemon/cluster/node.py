@@ -44,6 +44,7 @@ import trio
 from daemon.clock import now_ms
 from daemon.cluster.clock import StoreClock
 from daemon.errors import ServiceUnavailable, StoreError, StoreUnavailable, TurnClosed
+from daemon.runtime.published import published_terminals
 
 if TYPE_CHECKING:
     from daemon.cluster.redis import Client
@@ -117,10 +118,11 @@ class ClusterNode:
         (systemd's Restart=) joins with a new epoch and nothing stale."""
         if self.fenced:
             return
-        self.fenced = True
-        log.critical("node %s was swept as dead by another node while it lived (no "
-                     "lease renewed for longer than lease_s = %s): its turns were "
-                     "interrupted there; stopping", self.node_id, self.config.lease_s)
+        self.fenced = True  # the heartbeat stops too: the lease runs out, a sweep comes
+        log.critical("node %s was swept as dead by another node while it lived (or its "
+                     "lease ran out first: no lease renewed for longer than lease_s = "
+                     "%s): its turns are interrupted by the sweep; stopping",
+                     self.node_id, self.config.lease_s)
         self._on_swept()
 
     async def leave(self) -> None:
@@ -141,8 +143,10 @@ class ClusterNode:
                     ) -> None:
         """The heartbeat."""
         task_status.started()
-        while True:
+        while not self.fenced:
             await trio.sleep(self.period_s)
+            if self.fenced:
+                return
             try:
                 sent = now_ms()
                 store_ms = await self._store.heartbeat(self.node_id, self.lease_ms)
@@ -180,12 +184,18 @@ class ClusterNode:
         swept = 0
         async with self._store.try_advisory_lock(SWEEPER_LOCK) as held:
             if not held:
+                # Its holder may be a node that is paused, not dead (its connection
+                # lives on): a dead node's connections are ended, so the lock frees.
+                await self._store.end_dead_connections()
                 return 0
             for node_id, epoch in await self._store.expired_nodes():
                 if node_id == self.node_id:
                     continue  # this node's own lease ran out while it stalled: it renews
-                if await self._sweep_node(node_id, epoch, sessions):
-                    swept += 1
+                try:
+                    if await self._sweep_node(node_id, epoch, sessions):
+                        swept += 1
+                except StoreError as exc:  # one node's sweep failing holds up no other
+                    log.warning("sweep of node %s skipped: %s", node_id, exc)
         return swept
 
     async def _fence(self, dead: str, epoch: int) -> int | None:
@@ -212,11 +222,17 @@ class ClusterNode:
         turns = await self._store.node_unfinished_turns(dead)
         log.warning("node %s is dead (its lease ran out): %d turn(s) interrupted",
                     dead, len(turns))
+        # A turn whose end the dead node could not store (its store was cut off, its
+        # bus was not) may have published its terminal: that one is kept, its code
+        # stored, and no second terminal published. Behind the bus's fence the log
+        # can no longer change for those turns, so what this finds is final.
+        published = await published_terminals(sessions.bus.log, turns)
         owed = []
         for turn in turns:
             try:
                 owed.extend(await sessions.interrupt(
-                    turn, f"node {dead} stopped while this turn ran"))
+                    turn, f"node {dead} stopped while this turn ran",
+                    published.get(turn.id)))
             except TurnClosed:
                 continue  # ended (stored) by another sweep meanwhile: it has its terminal
             self.interrupted += 1

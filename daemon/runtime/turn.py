@@ -622,11 +622,15 @@ class Turn:
         replies, quiet = self._replies(code, message), self._quiet(code, details)
         # Swept while it ran (CONTRACT §13.8): another node published its INTERRUPTED
         # terminal, so it ends here and publishes nothing more — no end stored, no reply.
-        silent = any(isinstance(e, (Fenced, TurnClosed)) for e in _leaves(failure)) \
-            if failure is not None else False
+        # (Its row is open, so the sweep ends it. One whose start was refused has no
+        # row: it publishes its terminal, which the bus drops if the node was swept.)
+        leaves = _leaves(failure) if failure is not None else []
+        fenced = any(isinstance(e, Fenced) for e in leaves)
+        silent = any(isinstance(e, TurnClosed) for e in leaves) or (
+            fenced and self.start_stored)
         # A turn whose start never reached the store has no row to close: unless it owes
         # replies, it does not wait for a store that just failed it a second time.
-        if not silent and (self.start_stored or replies or quiet):
+        if not silent and not fenced and (self.start_stored or replies or quiet):
             unstored = await self._store_end(code, details, record, replies, quiet,
                                              stats.model)
             silent = unstored is _SWEPT
@@ -685,8 +689,12 @@ class Turn:
                     usage=self.usage, model=model,
                 )
                 return None
-            except (Fenced, TurnClosed):
+            except TurnClosed:
                 return _SWEPT
+            except Fenced as exc:
+                if self.start_stored:
+                    return _SWEPT
+                reason = str(exc)
             except StoreUnavailable as exc:
                 log.error("could not persist the end of turn %s: %s", self.id, exc)
                 reason = str(exc)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -72,6 +73,7 @@ from daemon.store.queueing import Progress, Shield, acquire_while_moving
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
+log = logging.getLogger(__name__)
 
 _POOL_MIN, _POOL_MAX = 1, 8
 # Attempts of a transaction that lost a deadlock or a serialization check.
@@ -216,13 +218,22 @@ def _retryable(exc: Exception) -> bool:
     return (getattr(exc, "sqlstate", None) or "") in _RETRY_STATES
 
 
-def connect_once(url: str, *, timeout_s: float, autocommit: bool = True) -> Conn:
+def app_name(node_id: str) -> str:
+    """Every connection of a node says whose it is (pg_stat_activity.application_name):
+    a sweeper ends a dead node's connections by it (fence_node)."""
+    return f"veild:{node_id}"[:63]
+
+
+def connect_once(url: str, *, timeout_s: float, autocommit: bool = True,
+                 node_id: str | None = None) -> Conn:
     """One blocking connection attempt (in a worker thread)."""
+    extra: dict[str, Any] = {} if node_id is None else {"application_name": app_name(node_id)}
     return psycopg.connect(url, autocommit=autocommit,
-                           connect_timeout=max(_CONNECT_ATTEMPT_S, int(timeout_s + 0.999)))
+                           connect_timeout=max(_CONNECT_ATTEMPT_S, int(timeout_s + 0.999)),
+                           **extra)
 
 
-async def connect(url: str, *, timeout_s: float) -> Conn:
+async def connect(url: str, *, timeout_s: float, node_id: str | None = None) -> Conn:
     """A connection to `url`, retried until `timeout_s` has passed; then
     StoreUnavailable naming the database (without its password)."""
     deadline = trio.current_time() + timeout_s
@@ -230,7 +241,7 @@ async def connect(url: str, *, timeout_s: float) -> Conn:
         attempt_s = min(deadline - trio.current_time(), _CONNECT_ATTEMPT_S)
         try:
             return await trio.to_thread.run_sync(
-                functools.partial(connect_once, url, timeout_s=attempt_s))
+                functools.partial(connect_once, url, timeout_s=attempt_s, node_id=node_id))
         except psycopg.Error as exc:
             if trio.current_time() + _RETRY_EVERY_S >= deadline \
                     or not isinstance(exc, psycopg.OperationalError):
@@ -250,6 +261,10 @@ _NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
 # refused after. The heartbeat's UPDATE of lease_until does not wait for it.
 _LIVE = (f"SELECT 1 FROM nodes WHERE node_id=%s AND epoch=%s AND lease_until > {_NOW_MS} "
          "FOR KEY SHARE")
+# Server-side TCP keepalives: a peer that vanished (no FIN) is noticed within ~11 s, not
+# the kernel's two hours, and what its connection held is freed.
+_KEEPALIVES = ("SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; "
+               "SET tcp_keepalives_count = 3")
 # The heartbeat's own connection answers within this share of a lease, or the beat is
 # given up (the next one reconnects): a slow pool never delays it, a hung one never
 # holds it.
@@ -341,6 +356,9 @@ class PostgresStore:
         # turn is conditional on it (_guard). None: no write is fenced (not a node yet).
         self.epoch: int | None = None
         self._beat: Conn | None = None  # the heartbeat's connection (not the pool's)
+        # Its own worker threads: never queued behind the default limiter's (reads
+        # abandoned by cancelled callers among them).
+        self._beat_limiter = trio.CapacityLimiter(2)
         self.on_fenced: Callable[[], None] | None = None  # told of each refused write
 
     @property
@@ -368,14 +386,20 @@ class PostgresStore:
 
         def _configure(c: Conn) -> None:
             # A statement that waits (on a lock another node holds) past the store's busy
-            # timeout fails, like SQLite's busy timeout: 503, not a hung request.
+            # timeout fails, like SQLite's busy timeout: 503, not a hung request. A
+            # transaction left open by a node that was paused or cut off mid-way ends
+            # as soon, and frees the node row's lock a sweeper's fence waits for; the
+            # server's keepalives find a vanished peer within ~11 s.
             c.execute(f"SET statement_timeout = {timeout_ms}")
+            c.execute(f"SET idle_in_transaction_session_timeout = {timeout_ms}")
+            c.execute(_KEEPALIVES)
 
         def _open_pool() -> ConnectionPool[Any]:
             pool: ConnectionPool[Any] = ConnectionPool(
                 url, min_size=_POOL_MIN, max_size=_POOL_MAX, open=False,
                 timeout=busy_timeout_s, configure=_configure, name=f"veild-{node_id}",
-                kwargs={"autocommit": True, "connect_timeout": _CONNECT_ATTEMPT_S},
+                kwargs={"autocommit": True, "connect_timeout": _CONNECT_ATTEMPT_S,
+                        "application_name": app_name(node_id)},
                 reconnect_timeout=max(connect_timeout_s, 60.0),
             )
             try:
@@ -507,13 +531,15 @@ class PostgresStore:
     # -- sessions -------------------------------------------------------------------------
 
     async def create_session(self, s: SessionRecord) -> None:
-        await self._execute(
+        """A session owned by this node (a fenced node creates none: a swept turn's
+        spawn, say)."""
+        await self._fenced(lambda conn: conn.execute(
             "INSERT INTO sessions(id, agent_name, parent_session_id, root_session_id, depth, "
             "spawn_tool_call_id, status, created_at, updated_at, model, owner) "
             "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
             (s.id, s.agent_name, s.parent_session_id, s.root_session_id, s.depth,
              s.spawn_tool_call_id, s.status, s.created_at, s.updated_at, s.model,
-             self._node_id))
+             self._node_id)))
 
     async def save_session(self, s: SessionRecord) -> None:
         u = s.token_usage
@@ -523,8 +549,11 @@ class PostgresStore:
             (s.status, s.updated_at, s.model, u.input, u.output, u.cache, u.cost, s.id))
 
     async def set_engine_session(self, session_id: str, engine_session_id: str | None) -> None:
-        await self._execute("UPDATE sessions SET engine_session_id=%s WHERE id=%s",
-                            (engine_session_id, session_id))
+        """A write of the running turn (claude-cli's session id): fenced, so a swept
+        node never points a session another node runs now at its own CLI session."""
+        await self._fenced(lambda conn: conn.execute(
+            "UPDATE sessions SET engine_session_id=%s WHERE id=%s",
+            (engine_session_id, session_id)))
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         rows = await self._rows(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id=%s",
@@ -812,29 +841,39 @@ class PostgresStore:
         up after a share of the lease (StoreUnavailable): a beat that cannot be made
         soon is worth nothing later."""
         timeout_s = max(0.2, lease_ms / 1000 * _BEAT_SHARE)
+        conn = self._beat
 
-        def _beat() -> int | None:
-            if self._beat is None:
-                self._beat = connect_once(self._url, timeout_s=timeout_s)
-                self._beat.execute(f"SET statement_timeout = {int(timeout_s * 1000)}")
-            row = self._beat.execute(
-                f"UPDATE nodes SET lease_until = {_NOW_MS} + %s "
-                f"WHERE node_id=%s AND epoch=%s RETURNING {_NOW_MS}",
-                (lease_ms, node_id, self.epoch)).fetchone()
-            return None if row is None else int(row[0])
+        def _beat() -> tuple[Conn, int | None]:
+            # The connection is the worker's own until it returns: one abandoned on a
+            # timeout closes what it opened and never touches the next beat's.
+            c = conn
+            if c is None:
+                c = connect_once(self._url, timeout_s=timeout_s, node_id=self._node_id)
+            try:
+                if conn is None:
+                    c.execute(f"SET statement_timeout = {int(timeout_s * 1000)}")
+                    c.execute(_KEEPALIVES)
+                row = c.execute(
+                    f"UPDATE nodes SET lease_until = {_NOW_MS} + %s "
+                    f"WHERE node_id=%s AND epoch=%s RETURNING {_NOW_MS}",
+                    (lease_ms, node_id, self.epoch)).fetchone()
+            except BaseException:
+                c.close()
+                raise
+            return c, None if row is None else int(row[0])
 
+        self._beat = None  # back only after a beat that succeeded
         try:
             with trio.fail_after(timeout_s + _CONNECT_ATTEMPT_S):
-                return await trio.to_thread.run_sync(_beat, abandon_on_cancel=True)
-        except (psycopg.Error, trio.TooSlowError) as exc:
-            # The connection is in an unknown state (or still held by the abandoned
-            # thread): the next beat opens a fresh one.
-            beat, self._beat = self._beat, None
-            if beat is not None:
-                beat.close()  # psycopg's close does not wait for a running query
-            if isinstance(exc, trio.TooSlowError):
-                raise StoreUnavailable(f"the heartbeat got no answer from {self._database} "
-                                       f"within {timeout_s:g}s") from exc
+                self._beat, store_ms = await trio.to_thread.run_sync(
+                    _beat, abandon_on_cancel=True, limiter=self._beat_limiter)
+            return store_ms
+        except trio.TooSlowError as exc:
+            # The abandoned worker ends on its own (its statement timeout, or the
+            # connect's), closing its connection; the next beat opens a fresh one.
+            raise StoreUnavailable(f"the heartbeat got no answer from {self._database} "
+                                   f"within {timeout_s:g}s") from exc
+        except psycopg.Error as exc:
             raise translate(exc, self._database, self._busy_timeout_s) from exc
 
     async def expired_nodes(self) -> list[tuple[str, int]]:
@@ -849,13 +888,39 @@ class PostgresStore:
         """Fence a dead node (CONTRACT §13.8): its row gets a new epoch and `swept`, so
         from the commit on every write of its turns is refused (it waits for those in
         flight). Returns the row's epoch now (the one to fence the bus with), or None
-        when the row is no longer the dead one (it renewed its lease, or was dropped)."""
+        when the row is no longer the dead one (it renewed its lease, or was dropped).
+
+        First the dead node's connections are ended (pg_terminate_backend, by their
+        application_name): a transaction it left open when it was paused would hold
+        its row's lock, and the advisory locks it holds (the sweeper's, a leader's)
+        would stay held by a process that is not dead, only stopped. Ending another
+        role's backends needs pg_signal_backend: without it the fence waits for the
+        idle-in-transaction timeout instead."""
+        await self.end_dead_connections()
         rows = await self._statement(lambda conn: conn.execute(
             "UPDATE nodes SET epoch = CASE WHEN swept THEN epoch "
             "ELSE nextval('node_epochs') END, swept = TRUE "
             f"WHERE node_id=%s AND epoch=%s AND (swept OR lease_until < {_NOW_MS}) "
             "RETURNING epoch", (node_id, epoch)).fetchall())
         return int(rows[0][0]) if rows else None
+
+    async def end_dead_connections(self) -> int:
+        """End the connections of every node whose lease is past (or that is swept):
+        see fence_node. Also called by a node that found the sweeper's lock taken,
+        since a paused holder would keep it for as long as it is paused."""
+        try:
+            rows = await self._statement(lambda conn: conn.execute(
+                "SELECT count(pg_terminate_backend(a.pid)) FROM pg_stat_activity a "
+                "JOIN nodes n ON a.application_name = left('veild:' || n.node_id, 63) "
+                f"WHERE (n.swept OR n.lease_until < {_NOW_MS}) "
+                "AND a.datname = current_database() AND a.pid <> pg_backend_pid()"
+            ).fetchall())
+        except StoreUnavailable:
+            raise
+        except StoreError as exc:  # no right to signal them: the timeouts end them
+            log.warning("cannot end a dead node's connections: %s", exc)
+            return 0
+        return int(rows[0][0]) if rows else 0
 
     async def drop_node(self, node_id: str, epoch: int | None = None) -> None:
         """Remove a node's row (with `epoch`: only while it still has that epoch)."""
@@ -931,7 +996,8 @@ class PostgresStore:
         true when held). The lock is freed when the block ends, or by the server when
         the connection dies (the process with it) — `still_held()` tells a long
         holder (the schedule leader) that it lost it that way."""
-        conn = await connect(self._url, timeout_s=self._connect_timeout_s)
+        conn = await connect(self._url, timeout_s=self._connect_timeout_s,
+                             node_id=self._node_id)
 
         def _try() -> tuple[Any, ...] | None:
             # TCP keepalives from the server's side: a holder whose machine vanishes
