@@ -106,7 +106,7 @@ def nothing_after_the_terminal(rec: Recorder, turn_id: str, terminal: dict[str, 
              and e.get("turnId") in (None, turn_id)]
     updates = [e for e in later if e.get("type") == "session.updated"]
     assert len(later) == len(updates) == 1, later
-    assert updates[0]["data"]["session"]["status"] == "idle", updates
+    assert updates[0]["session"]["status"] == "idle", updates
 
 
 async def test_a_paused_node_swept_mid_turn_publishes_nothing_more_and_exits_1(
