@@ -504,7 +504,7 @@ class RedisEventLog:
             assert isinstance(reply, list) and len(reply) == 2, reply
             code, value = int(reply[0]), int(reply[1])
             if code == _OK:
-                if restart >= 0 and durable:
+                if restart > 0 and durable:
                     log.warning("event log: seqs go on from %d, above the store's seq "
                                 "reservation", value)
                 self._loss_noticed = False
@@ -518,9 +518,10 @@ class RedisEventLog:
                 raise _Refused
             assert self._reserve is not None
             if code == _NO_COUNTER:
-                self._notice_loss("the writer found the seq counter gone")
                 restart = await self._reserve(0)  # the reservation now: above every seq
                 self._reserved = max(self._reserved, restart)
+                if restart > 0 or self._seen() > 0:  # else: a new cluster, nothing lost
+                    self._notice_loss("the writer found the seq counter gone")
             else:  # _OVER_CEILING: move the durable reservation ahead first
                 self._reserved = await self._reserve(value + n + self._reserve_step)
                 self.reservations += 1
