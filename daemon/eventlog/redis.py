@@ -601,7 +601,10 @@ class RedisEventLog:
                 for entries in reply.values():
                     self._deliver_entries(entries)
             elif self._reserve is not None:
-                await self._check_loss()  # idle for BLOCK_MS: one GET
+                try:
+                    await self._check_loss()  # idle for BLOCK_MS: one GET
+                except TRANSIENT:
+                    pass  # the next read reports the connection
 
     def _deliver_entries(self, entries: list[list[Any]]) -> None:
         deliver = self._deliver
