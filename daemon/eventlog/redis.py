@@ -28,8 +28,39 @@ A lost connection: the writer and the tailer retry with a bounded backoff, `degr
 is True meanwhile (/health reports it), nothing queued is lost within the bound, and the
 tailer resumes from the last id it delivered. A batch whose reply was lost is re-sent
 with the same token; the script recognises it and answers the seq it got, so an append
-is never applied twice. A Redis that lost its data (a restart without persistence) has
-its seq raised back above the highest seq this node has seen, so seqs never repeat.
+is never applied twice.
+
+The seq floor is durable (CONTRACT §13.9). Redis alone cannot keep it: a restart without
+persistence, FLUSHALL or a failover to an empty replica takes the counter with it, and a
+node that lagged would hand out seqs clients already hold. So the store keeps a
+reservation (`reserve`, the store's `raise_seq_reserved`: PostgreSQL, GREATEST, never
+lowered) and every seq handed out is <= a reservation that was durable before it was:
+the append script refuses a batch that would go above the reservation this node knows
+(its `ceiling`); the writer then raises the reservation by `reserve_step` (1,000,000)
+past the counter and sends the batch again. A counter key that is gone means Redis lost
+its data: the script refuses the batch, the writer re-reads the reservation from the
+store and the counter restarts above it (and above the stream's top and every seq this
+node saw). The cost per batch stays one script call; the store is called only when the
+counter crosses the ceiling (once per `reserve_step` seqs per node) or is gone. Seqs
+skip numbers after a loss (the contract allows it). Without `reserve` (tests, tools) the
+floor is only what this node saw, as before.
+
+A loss is noticed and logged once per node (the writer finds the counter gone; the
+tailer, when idle or after a lost connection, finds it gone or below what it delivered).
+Every tailer that lagged behind what was lost sees the next seq jump past the restart
+point and reports the range to the Bus (`lost`): its subscribers end lagged and resume
+with since=, where the replay answers a `stream.gap` for the vanished seqs (PagedReplay:
+the stream's first entry above since+1, or nothing, is a Gap in their place). A client
+resuming across the loss on any node gets the same Gap; never an old seq again. Not
+covered: a failover to a replica that is behind, not empty (its counter exists but is
+low): the floor is then only the stream's top and what this node saw; and two losses
+within one store round trip of each other.
+
+Fencing on the bus (§13.8): `set_writer_epoch(node_id, epoch, on_fenced)` makes every
+append script call also read `fence_key(node_id)`; once a sweeper has raised it to the
+node's epoch or above (`fence_node`), the batch is refused whole — nothing is XADDed —
+dropped and counted (`fenced_events`), `on_fenced` is called once, and what is
+submitted after is dropped here without a call, until a new epoch is set.
 
 Replay (`since=`): the ring of recent events this node delivered, and below it XRANGE
 pages from the stream; below what the stream retains (`retention_events` seqs), a
@@ -54,7 +85,7 @@ from coredis.tokens import PrefixToken
 from coredis.typing import Key
 
 from daemon.cluster.redis import COMMAND_TIMEOUT_S, TRANSIENT, Client, connect
-from daemon.errors import BusUnavailable
+from daemon.errors import BusUnavailable, StoreUnavailable
 from daemon.eventlog.ring import PagedReplay, Ring
 from daemon.runtime.events import CHUNK_TYPES, Envelope
 
@@ -76,50 +107,103 @@ RING_BYTES = 32 * 1024 * 1024
 # How long a writer's last-batch record lives (a retry comes well within it).
 TOKEN_TTL_S = 3600
 
+# How far past the counter a node raises the store's seq reservation when it runs out.
+RESERVE_STEP = 1_000_000
+
 SEQ_PREFIX: Final = b'{"seq":0,'
 SEP: Final = b"\x1f"
 _SEP: Final = "\x1f"
 
-# KEYS: the seq counter, the stream, this writer's last-batch record.
-# ARGV: n, maxlen, seq floor, batch token, then 2 fields per event, then the token's TTL.
-# The counter is first raised to the floor and to the stream's last id: a counter lost
-# (evicted, or a restart without persistence) never hands out a seq twice.
+# What the append script answers: [code, value].
+_OK, _FENCED, _NO_COUNTER, _OVER_CEILING = 0, 1, 2, 3
+
+# KEYS: the seq counter, the stream, this writer's last-batch record, its fence key.
+# ARGV: n, maxlen, seq floor, batch token, ceiling (-1: none), restart floor (-1: a
+# missing counter is refused), epoch (0: not fenced), the token's TTL, then 2 fields per
+# event. Answers [0, first seq] (appended, or the token's batch was), [1, 0] (fenced:
+# nothing appended), [2, 0] (the counter is gone: Redis lost its data), [3, counter]
+# (the batch would go above the ceiling: nothing appended). The counter is first raised
+# to the floor and to the stream's last id.
 _APPEND = """
 local done = redis.call('GET', KEYS[3])
 if done then
   local sep = string.find(done, ':', 1, true)
   if string.sub(done, 1, sep - 1) == ARGV[4] then
-    return tonumber(string.sub(done, sep + 1))
+    return {0, tonumber(string.sub(done, sep + 1))}
   end
+end
+local epoch = tonumber(ARGV[7])
+if epoch > 0 and tonumber(redis.call('GET', KEYS[4]) or '0') >= epoch then
+  return {1, 0}
 end
 local n = tonumber(ARGV[1])
 local floor = tonumber(ARGV[3])
+local counter = redis.call('GET', KEYS[1])
+if counter then
+  counter = tonumber(counter)
+else
+  local restart = tonumber(ARGV[6])
+  if restart < 0 then
+    return {2, 0}
+  end
+  floor = math.max(floor, restart)
+  counter = 0
+end
 local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
 if top[1] then
   floor = math.max(floor, tonumber(string.match(top[1][1], '^(%d+)')))
 end
-if tonumber(redis.call('GET', KEYS[1]) or '0') < floor then
-  redis.call('SET', KEYS[1], string.format('%d', floor))
+counter = math.max(counter, floor)
+local ceiling = tonumber(ARGV[5])
+if ceiling >= 0 and counter + n > ceiling then
+  return {3, counter}
 end
-local first = redis.call('INCRBY', KEYS[1], n) - n + 1
-local at = 5
+redis.call('SET', KEYS[1], string.format('%d', counter + n))
+local first = counter + 1
+local at = 9
 for i = 0, n - 1 do
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], string.format('%d-0', first + i),
     'm', ARGV[at], 'd', ARGV[at + 1])
   at = at + 2
 end
-redis.call('SET', KEYS[3], ARGV[4] .. ':' .. string.format('%d', first), 'EX', ARGV[5 + 2 * n])
-return first
+redis.call('SET', KEYS[3], ARGV[4] .. ':' .. string.format('%d', first), 'EX', ARGV[8])
+return {0, first}
 """
 
-# KEYS: the seq counter. ARGV: the floor. Raises the counter to the floor; 1 if it did.
-_FLOOR = """
-if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
+# KEYS: a node's fence key. ARGV: the epoch. Raises the key to the epoch; the value now.
+_FENCE = """
+local now = tonumber(redis.call('GET', KEYS[1]) or '0')
+local epoch = tonumber(ARGV[1])
+if epoch > now then
   redis.call('SET', KEYS[1], ARGV[1])
-  return 1
+  return epoch
 end
-return 0
+return now
 """
+
+Reserve = Callable[[int], Awaitable[int]]
+# What the writer retries: Redis, or the store while the reservation must move.
+RETRIED: tuple[type[BaseException], ...] = (*TRANSIENT, StoreUnavailable)
+
+
+def fence_key(node_id: str, *, key_prefix: str = "veild") -> str:
+    """The Redis key that fences `node_id`'s appends: its epoch, or above, is refused."""
+    return f"{key_prefix}:fence:{node_id}"
+
+
+async def fence_node(client: Client, node_id: str, epoch: int, *,
+                     key_prefix: str = "veild") -> int:
+    """Refuse every append `node_id` makes under `epoch` or below, from now on: raises its
+    fence key to max(current, epoch), atomically; the value now stored."""
+    with trio.fail_after(COMMAND_TIMEOUT_S):
+        value: object = await client.eval(
+            _FENCE, keys=[fence_key(node_id, key_prefix=key_prefix)], args=[epoch])
+    assert isinstance(value, int)
+    return value
+
+
+class _Refused(Exception):
+    """The batch was refused for a fence: drop it."""
 
 
 class RedisEventLog:
@@ -134,14 +218,26 @@ class RedisEventLog:
         self, client: Client, latest: int, *, key_prefix: str = "veild",
         retention_events: int = 1_000_000, max_pending_bytes: int = DEFAULT_PENDING_BYTES,
         ring_events: int = RING_EVENTS, ring_bytes: int = RING_BYTES,
-        fence_timeout_s: float = 10.0,
+        fence_timeout_s: float = 10.0, reserve: Reserve | None = None, reserved: int = 0,
+        reserve_step: int = RESERVE_STEP,
     ) -> None:
         self._client = client
+        self._key_prefix = key_prefix
         self._seq_key = f"{key_prefix}:seq"
         self._stream = f"{key_prefix}:events"
         self._token_key = f"{key_prefix}:writer:{os.urandom(8).hex()}"
         self._append = client.register_script(_APPEND)
-        self._floor_script = client.register_script(_FLOOR)
+        # The store's seq reservation (None: no durable floor) and what this node
+        # last knew of it: no seq above it is handed out.
+        self._reserve = reserve
+        self._reserved = reserved
+        self._reserve_step = reserve_step
+        self._loss_noticed = False
+        # Fencing on the bus: this node's fence key and epoch (0: not fenced).
+        self._fence_key = fence_key("", key_prefix=key_prefix)
+        self._epoch = 0
+        self._on_fenced: Callable[[], None] | None = None
+        self._fenced = False
         self._retention_events = retention_events
         self._max_pending_bytes = max_pending_bytes
         self._fence_timeout_s = fence_timeout_s
@@ -169,17 +265,26 @@ class RedisEventLog:
         self.dropped_chunks = 0
         self.lost_seqs = 0  # seqs trimmed before the tailer read them
         self.appends = 0  # script calls that appended a batch
+        self.fenced_events = 0  # events dropped because this node was fenced
+        self.reservations = 0  # times this node raised the store's seq reservation
 
     @classmethod
-    async def open(cls, client: Client, **kwargs: Any) -> RedisEventLog:
-        """A log over a connected client (cluster/redis.connect), tailing from now."""
+    async def open(cls, client: Client, *, reserve: Reserve | None = None,
+                   **kwargs: Any) -> RedisEventLog:
+        """A log over a connected client (cluster/redis.connect), tailing from now.
+        `reserve` is the store's `raise_seq_reserved` (the durable seq floor): on a
+        Redis without a counter, the log starts at the store's reservation."""
         key_prefix = kwargs.get("key_prefix", "veild")
         try:
             with trio.fail_after(COMMAND_TIMEOUT_S):
                 raw = await client.get(f"{key_prefix}:seq")
         except TRANSIENT as exc:
             raise BusUnavailable(f"cannot read the bus's seq: {exc}") from exc
-        return cls(client, int(raw or 0), **kwargs)
+        if reserve is None:
+            return cls(client, int(raw or 0), **kwargs)
+        reserved = await reserve(0)  # reads it (never lowers it)
+        latest = int(raw) if raw is not None else reserved
+        return cls(client, latest, reserve=reserve, reserved=reserved, **kwargs)
 
     @classmethod
     @asynccontextmanager
@@ -265,6 +370,19 @@ class RedisEventLog:
         assert waited.cancelled_caught
         raise BusUnavailable("the bus did not take this node's events in time")
 
+    def set_writer_epoch(self, node_id: str, epoch: int,
+                         on_fenced: Callable[[], None]) -> None:
+        """From now on every append is refused once `fence_key(node_id)` reaches
+        `epoch` (a sweeper's `fence_node`): the batch is dropped and counted
+        (`fenced_events`), `on_fenced()` is called once (synchronously, from the
+        writer), and what is submitted after is dropped until a new epoch is set."""
+        if epoch <= 0:
+            raise ValueError(f"an epoch is positive: {epoch}")
+        self._fence_key = fence_key(node_id, key_prefix=self._key_prefix)
+        self._epoch = epoch
+        self._on_fenced = on_fenced
+        self._fenced = False
+
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                     ) -> None:
         """The writer and the tailer."""
@@ -282,7 +400,10 @@ class RedisEventLog:
                 batch, token = self._next_batch()
                 try:
                     first = await self._append_batch(batch, token)
-                except TRANSIENT as exc:
+                except _Refused:
+                    self._drop(batch)
+                    continue
+                except RETRIED as exc:
                     log.error("event log: %d events not appended at close: %s",
                               len(self._pending), exc)
                     return
@@ -297,8 +418,12 @@ class RedisEventLog:
                 self._wanted = trio.Event()
             async with self._write_lock:
                 batch, token = self._next_batch()
-                first = await self._retrying(
-                    partial(self._append_batch, batch, token), "append")
+                try:
+                    first = await self._retrying(
+                        partial(self._append_batch, batch, token), "append")
+                except _Refused:
+                    self._drop(batch)
+                    continue
                 self._acknowledge(batch, first)
 
     def _next_batch(self) -> tuple[list[Envelope], str]:
@@ -328,6 +453,19 @@ class RedisEventLog:
         self.appends += 1
         self._acked_lot.unpark_all()
 
+    def _drop(self, batch: list[Envelope]) -> None:
+        """`batch`, at the front of the queue, was refused for a fence: gone, counted;
+        a fence() waiting for it no longer waits."""
+        self._in_flight = None
+        for _ in batch:
+            self._pending.popleft()
+        self._pending_bytes -= sum(len(e.data) for e in batch)
+        self._acked += len(batch)
+        self.fenced_events += len(batch)
+        if self._overflowing and self._pending_bytes <= self._max_pending_bytes // 2:
+            self._overflowing = False
+        self._acked_lot.unpark_all()
+
     def _take_batch(self) -> list[Envelope]:
         batch: list[Envelope] = []
         size = 0
@@ -339,20 +477,61 @@ class RedisEventLog:
         return batch
 
     async def _append_batch(self, batch: list[Envelope], token: str) -> int:
-        args: list[str | bytes | int] = [len(batch), self._retention_events,
-                                         self._seen(), token]
+        """Append `batch` with one script call (more only when the store's reservation
+        must move first: the ceiling is crossed, or Redis lost the counter); its first
+        seq. Raises _Refused if this node is fenced."""
+        if self._fenced:
+            raise _Refused
+        n = len(batch)
+        fields: list[str | bytes | int] = []
         for env in batch:
             data = env.data
             if not data.startswith(SEQ_PREFIX):
                 raise ValueError(f"a submitted envelope must be built with seq 0: {env!r}")
-            args += [_meta(env), data]
-        args.append(TOKEN_TTL_S)
-        with trio.fail_after(COMMAND_TIMEOUT_S):
-            first: object = await self._append(
-                keys=[self._seq_key, self._stream, self._token_key], args=args,
-            )
-        assert isinstance(first, int)
-        return first
+            fields += [_meta(env), data]
+        durable = self._reserve is not None
+        restart = -1 if durable else 0  # without a store: the floor is what this node saw
+        while True:
+            args: list[str | bytes | int] = [
+                n, self._retention_events, self._seen(), token,
+                self._reserved if durable else -1, restart, self._epoch, TOKEN_TTL_S,
+                *fields]
+            with trio.fail_after(COMMAND_TIMEOUT_S):
+                reply: object = await self._append(
+                    keys=[self._seq_key, self._stream, self._token_key, self._fence_key],
+                    args=args,
+                )
+            assert isinstance(reply, list) and len(reply) == 2, reply
+            code, value = int(reply[0]), int(reply[1])
+            if code == _OK:
+                if restart > 0 and durable:
+                    log.warning("event log: seqs go on from %d, above the store's seq "
+                                "reservation", value)
+                self._loss_noticed = False
+                return value
+            if code == _FENCED:
+                self._fenced = True
+                log.error("event log: this node was fenced on the bus (epoch %d): "
+                          "its events are dropped", self._epoch)
+                if self._on_fenced is not None:
+                    self._on_fenced()
+                raise _Refused
+            assert self._reserve is not None
+            if code == _NO_COUNTER:
+                restart = await self._reserve(0)  # the reservation now: above every seq
+                self._reserved = max(self._reserved, restart)
+                if restart > 0 or self._seen() > 0:  # else: a new cluster, nothing lost
+                    self._notice_loss("the writer found the seq counter gone")
+            else:  # _OVER_CEILING: move the durable reservation ahead first
+                self._reserved = await self._reserve(value + n + self._reserve_step)
+                self.reservations += 1
+
+    def _notice_loss(self, how: str) -> None:
+        if not self._loss_noticed:
+            self._loss_noticed = True
+            log.error("event log: the bus lost its data (%s: a restart without "
+                      "persistence, FLUSHALL or a failover?); seqs go on above the "
+                      "store's reservation, what it held is replayed as a stream.gap", how)
 
     def _seen(self) -> int:
         """The highest seq this node knows was assigned: the floor of every new one."""
@@ -377,7 +556,7 @@ class RedisEventLog:
         while True:
             try:
                 result = await op()
-            except TRANSIENT as exc:
+            except RETRIED as exc:
                 if not self._writer_failing:
                     log.error("event log: could not %s (%s: %s); retrying",
                               what, type(exc).__name__, exc)
@@ -397,7 +576,7 @@ class RedisEventLog:
         while True:
             try:
                 if self._tailer_failing:
-                    await self._raise_floor()
+                    await self._check_loss()
                 with trio.fail_after(COMMAND_TIMEOUT_S + BLOCK_MS / 1000):
                     # Raw, not coredis's StreamEntry shape: building it per entry cost
                     # as much as the rest of the tailer.
@@ -421,6 +600,11 @@ class RedisEventLog:
             if reply:
                 for entries in reply.values():
                     self._deliver_entries(entries)
+            elif self._reserve is not None:
+                try:
+                    await self._check_loss()  # idle for BLOCK_MS: one GET
+                except TRANSIENT:
+                    pass  # the next read reports the connection
 
     def _deliver_entries(self, entries: list[list[Any]]) -> None:
         deliver = self._deliver
@@ -442,15 +626,17 @@ class RedisEventLog:
             if deliver is not None:
                 deliver(env)
 
-    async def _raise_floor(self) -> None:
-        """After a lost connection: a Redis that came back without its data has its seq
-        raised above every seq this node saw, so none is handed out twice."""
+    async def _check_loss(self) -> None:
+        """After a lost connection, or idle: a counter gone, or below what this node
+        delivered, is a Redis that lost its data. Logged once; the writer restarts the
+        counter above the store's reservation (without a store, above what it saw)."""
         with trio.fail_after(COMMAND_TIMEOUT_S):
-            raised: object = await self._floor_script(keys=[self._seq_key], args=[self._seen()])
-        if raised:
-            log.error("event log: the bus lost its seq (a restart without persistence?); "
-                      "seqs go on above %d, what it held is replayed as a stream.gap",
-                      self._seen())
+            raw = await self._client.get(self._seq_key)
+        if raw is None and self._latest == 0:
+            return  # nothing was ever appended
+        if raw is None or int(raw) < self._latest:
+            self._notice_loss(f"the tailer found the seq counter at {raw and int(raw)}, "
+                              f"below seq {self._latest} it delivered")
 
     async def _read(self, after: int, upto: int, limit: int) -> list[Envelope]:
         try:

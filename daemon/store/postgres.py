@@ -528,6 +528,19 @@ class PostgresStore:
         rows = await self._rows("SELECT value FROM meta WHERE key = 'seq_reserved'")
         return int(rows[0][0]) if rows else None
 
+    async def raise_seq_reserved(self, value: int) -> int:
+        """Raise the seq reservation to at least `value` (never lowers it): the value
+        now stored, durable when this returns (the cluster's seq floor, §13.9)."""
+        def upsert(conn: Conn) -> int:
+            row = conn.execute(
+                "INSERT INTO meta(key, value) VALUES ('seq_reserved', %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = "
+                "GREATEST(meta.value::bigint, excluded.value::bigint)::text "
+                "RETURNING value", (str(value),)).fetchone()
+            assert row is not None
+            return int(row[0])
+        return await self._statement(upsert)
+
     # -- sessions -------------------------------------------------------------------------
 
     async def create_session(self, s: SessionRecord) -> None:

@@ -565,6 +565,18 @@ class Store:
         value = await self._call(self._get_meta, "seq_reserved")
         return int(value) if value is not None else None
 
+    async def raise_seq_reserved(self, value: int) -> int:
+        """Raise the seq reservation to at least `value` (never lowers it); the value
+        now stored (parity with the cluster's store)."""
+        def upsert(conn: sqlite3.Connection) -> int:
+            conn.execute(
+                "INSERT INTO meta(key, value) VALUES('seq_reserved', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value=CAST(MAX(CAST(value AS INTEGER), "
+                "CAST(excluded.value AS INTEGER)) AS TEXT)", (str(value),))
+            row = conn.execute("SELECT value FROM meta WHERE key='seq_reserved'").fetchone()
+            return int(row[0])
+        return await self._write(upsert)
+
     # -- sessions -------------------------------------------------------------------------
 
     async def create_session(self, s: SessionRecord) -> None:
