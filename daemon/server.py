@@ -301,7 +301,11 @@ async def _open_backends(
     stack.push_async_callback(_bounded_close, store.aclose)
     redis = await stack.enter_async_context(
         connect(cluster.bus, connect_timeout_s=cluster.connect_timeout_s))
-    event_log = await RedisEventLog.open(redis, retention_events=cluster.retention_events)
+    # The durable seq floor (CONTRACT §13.9): seqs are reserved in PostgreSQL ahead of
+    # Redis's counter, so a Redis that lost its data never hands out a seq again.
+    event_log = await RedisEventLog.open(
+        redis, retention_events=cluster.retention_events,
+        reserve=cast("ClusterStore", store).raise_seq_reserved)
     stack.push_async_callback(_bounded_close, event_log.aclose)
     return store, event_log, redis
 
