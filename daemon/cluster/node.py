@@ -74,6 +74,7 @@ class ClusterNode:
         self.clock = clock or StoreClock()
         self.epoch: int | None = None
         self.fenced = False  # swept while alive: the daemon stops and exits 1
+        self.leaving = False  # a clean stop: its row is removed, no more heartbeats
         self._redis = redis
         self._leading: set[str] = set()  # the services this node leads now
         self.node_id = node_id
@@ -116,7 +117,7 @@ class ClusterNode:
         1. It does not rejoin in place: its memory (running turns, sessions, pending
         approvals, MCP connections) describes sessions other nodes own now; a restart
         (systemd's Restart=) joins with a new epoch and nothing stale."""
-        if self.fenced:
+        if self.fenced or self.leaving:
             return
         self.fenced = True  # the heartbeat stops too: the lease runs out, a sweep comes
         log.critical("node %s was swept as dead by another node while it lived (or its "
@@ -131,6 +132,7 @@ class ClusterNode:
         fenced node leaves nothing: the sweeper releases what was its."""
         if self.fenced:
             return
+        self.leaving = True  # the heartbeat stops: its row is about to go
         try:
             await self._store.release_sessions(self.node_id)
             await self._store.drop_node(self.node_id, self.epoch)
@@ -143,9 +145,12 @@ class ClusterNode:
                     ) -> None:
         """The heartbeat."""
         task_status.started()
+        # Beats on a fixed cadence (a slow beat does not push the next one later).
+        next_at = trio.current_time()
         while not self.fenced:
-            await trio.sleep(self.period_s)
-            if self.fenced:
+            next_at = max(next_at + self.period_s, trio.current_time())
+            await trio.sleep_until(next_at)
+            if self.fenced or self.leaving:
                 return
             try:
                 sent = now_ms()

@@ -85,7 +85,13 @@ class Filter:
 Item = Envelope | Gap | str
 
 
-def _cost(item: Envelope | ChunkRun | str) -> int:
+# What a queued stream.gap counts against the subscriber's bound (its frame's size).
+GAP_COST = 64
+
+
+def _cost(item: Envelope | ChunkRun | Gap | str) -> int:
+    if isinstance(item, Gap):
+        return GAP_COST
     return len(item) if isinstance(item, str) else item.size
 
 
@@ -105,7 +111,7 @@ class Subscription:
         self.filter = flt
         self._replay = replay
         self._control: deque[str] = deque()  # frames that go before everything else
-        self._queue: deque[Envelope | ChunkRun | str] = deque()
+        self._queue: deque[Envelope | ChunkRun | Gap | str] = deque()
         self._bytes = 0  # what the queue's items cost (Envelope.size)
         self._max_bytes = bus.queue_bytes
         self._coalesce_after = bus.coalesce_after
@@ -163,6 +169,16 @@ class Subscription:
             return
         self._queue.append(frame)
         self._grew(len(frame))
+        if self._receiver:
+            self._receiver.unpark()
+
+    def push_gap(self, gap: Gap) -> None:
+        """Queue a `stream.gap` in order with the events: seqs the bus will never
+        deliver (whatever the filter: a client must know it has a hole)."""
+        if self.end_reason is not None:
+            return
+        self._queue.append(gap)
+        self._grew(GAP_COST)
         if self._receiver:
             self._receiver.unpark()
 
@@ -241,6 +257,8 @@ class Subscription:
                 batch.append(item)
                 if isinstance(item, Envelope):
                     self.last_seq = item.seq
+                elif isinstance(item, Gap):
+                    self.last_seq = max(self.last_seq, item.last)
         return batch
 
     def __enter__(self) -> Subscription:
@@ -325,13 +343,14 @@ class Bus:
         return self.log.latest_seq
 
     def _lost(self, first: int, last: int) -> None:
-        """The remote log will never hand back seqs first..last: every subscriber ends
-        lagged, so it resumes with since= and its replay says `stream.gap` for them —
-        never a silent hole."""
-        log.error("bus: seqs %d..%d cannot be delivered; %d subscribers resume from the log",
+        """The remote log will never hand back seqs first..last (Redis lost its data:
+        CONTRACT §13.9): every subscriber gets a `stream.gap` for them in their place,
+        in order, and goes on — never a silent hole, and no reconnect for it."""
+        log.error("bus: seqs %d..%d cannot be delivered; %d subscribers get a stream.gap",
                   first, last, len(self._all))
+        gap = Gap(first, last)
         for sub in tuple(self._all):
-            sub._end("lagged")
+            sub.push_gap(gap)
 
     def _fan_out(self, env: Envelope) -> None:
         """Offer a numbered event to the subscribers that may match it (the local log's

@@ -267,8 +267,8 @@ _KEEPALIVES = ("SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; "
                "SET tcp_keepalives_count = 3")
 # The heartbeat's own connection answers within this share of a lease, or the beat is
 # given up (the next one reconnects): a slow pool never delays it, a hung one never
-# holds it.
-_BEAT_SHARE = 0.3
+# holds it. Half a lease: a slow beat that still lands before the lease runs out counts.
+_BEAT_SHARE = 0.5
 
 _INSERT_MESSAGE = (
     "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
