@@ -6,6 +6,7 @@ stops a descendant another node owns (nodes in this Trio run, tests/clusterkit.p
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -194,3 +195,56 @@ async def test_a_tree_cancel_stops_a_descendant_another_node_owns(
             turns = (await a.http.get(f"/sessions/{sid}/turns")).json()["turns"]
             reasons[sid] = turns[-1]["cancelReason"]
         assert reasons == {parent: "user_cancel", child: "parent_cancelled"}
+
+
+# -- 4. a scheduled turn on a session another node owns ------------------------------------------
+
+SCHEDULE = ('\n[schedules.job]\nagent = "plain"\nmessage = ' + json.dumps(mock(**HANG))
+            + '\nevery = "1h"\nsession = "same"\n')
+
+
+async def test_a_same_session_schedule_runs_on_the_session_s_owner(
+    tmp_path: Path, provider: Provider, backends: Backends,
+) -> None:
+    from daemon.cluster.node import SCHEDULER_LOCK
+
+    async with open_cluster(tmp_path, provider, backends, extra=SCHEDULE) as nodes, \
+            open_recorder(nodes[1].url.replace("http://", "ws://") + "/ws") as rec:
+        with trio.fail_after(20):
+            while True:  # until a node leads the schedules (within a lease)
+                r = await nodes[0].http.post("/schedules/job/run")
+                if r.status_code != 503:
+                    break
+                await trio.sleep(0.05)  # a poll: nothing announces the leader
+            assert r.status_code == 202, r.text
+            sid, first = r.json()["sessionId"], r.json()["turnId"]
+            leader = next(n for n in nodes if n.daemon.runtime.cluster is not None
+                          and n.daemon.runtime.cluster.leads(SCHEDULER_LOCK))
+            other = next(n for n in nodes if n is not leader)
+            await rec.wait_for(chunked({first}))
+            assert (await leader.http.post(f"/sessions/{sid}/cancel")).status_code == 200
+            await rec.terminal(first)
+            # A failover gave the session to the other node; the leader stays.
+            db(backends, tmp_path, "UPDATE sessions SET owner=%s WHERE id=%s",
+               other.node_id, sid)
+            r = await leader.http.post("/schedules/job/run")
+            assert r.status_code == 202, r.text
+            assert r.json()["sessionId"] == sid
+            second = r.json()["turnId"]
+            await rec.wait_for(chunked({second}))
+            assert other.daemon.runtime.sessions.running_count == 1
+            assert leader.daemon.runtime.sessions.running_count == 0
+            # One turn per session: a tick while it runs there is skipped.
+            r = await leader.http.post("/schedules/job/run")
+            assert r.status_code == 409, r.text
+            assert (await leader.http.post(f"/sessions/{sid}/cancel")).json()["cancelled"] == [
+                {"sessionId": sid, "turnId": second}]
+            terminal = await rec.terminal(second)
+            while True:  # the leader follows the run on its bus
+                job = next(s for s in (await leader.http.get("/schedules")).json()[
+                    "schedules"] if s["name"] == "job")
+                if not job["running"]:
+                    break
+                await trio.sleep(0.05)  # a poll: GET /schedules announces nothing
+        assert terminal["data"]["code"] == job["lastOutcome"] == "CANCELLED"
+        assert job["lastTurnId"] == second
