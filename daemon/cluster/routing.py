@@ -19,8 +19,9 @@ Routed requests end (CONTRACT §13.10):
   The owner of a session changes only when its node is swept or leaves, so the row is
   what to watch. The caller retries what is safe (reads, cancels) on the new owner
   (api/actions.perform); a write answers 503.
-- a write carries an idempotency key (`idempotencyKey` in its body). A short call is
-  sent in attempts of ATTEMPT_S: one whose reply was lost or late is sent again with the
+- a write carries an idempotency key (`idempotencyKey` in its body) — but for a JSON
+  chat or a compaction (a whole turn), which is sent once. A short call is sent in
+  attempts of ATTEMPT_S: one whose reply was lost or late is sent again with the
   same key while the owner lives; the owner (`Answers`) answers a key it has seen with
   its first answer, waiting for it while the first run is in flight, so a retry never
   delivers, injects or decides twice. The window: ANSWERS_MAX keys, each kept
@@ -235,13 +236,13 @@ class Router:
         """Run `op` on `node_id`; its (status, body), or its error raised here as the
         same API error. A node that is gone, or that does not answer in time, is 503
         UNAVAILABLE (OwnerGone for the first)."""
-        if op not in READ_OPS and KEY not in body:
+        once = op in LONG_OPS and not body.get("sse")  # a whole turn: sent once
+        if not once and op not in READ_OPS and KEY not in body:
             body = {**body, KEY: new_id("key")}
         epoch = await self._epoch(node_id)
         if epoch is None:
             raise OwnerGone(node_id, op)
-        attempt_s = (timeout_s if op in LONG_OPS and not body.get("sse")
-                     else self.attempt_s)
+        attempt_s = timeout_s if once else self.attempt_s
         deadline = trio.current_time() + timeout_s
         while True:
             left = deadline - trio.current_time()
