@@ -257,7 +257,8 @@ async def _join_cluster(
     # bounds leave room for as many as turns may run, plus the short operations (a
     # cancel must never wait behind chats).
     room = max_running_turns + 256
-    channel = ControlChannel(redis, config.node_id, max_in_flight=room, max_handlers=room)
+    channel = ControlChannel(redis, config.node_id, max_in_flight=room, max_handlers=room,
+                             clock=store_clock)
 
     async def answer(op: str, body: dict[str, Any]) -> dict[str, Any]:
         rt = runtime.value
@@ -266,7 +267,7 @@ async def _join_cluster(
         return await answer_routed(rt, op, body)
 
     await services.start(channel.serve, answer)
-    sessions.router = Router(config.node_id, store, channel)
+    sessions.router = Router(config.node_id, store, channel, lease_s=config.lease_s)
     await services.start(node.serve)
     return node
 

@@ -184,3 +184,56 @@ async def test_calls_in_flight_are_bounded(redis_server: RedisServer, prefix: st
                     await n1.call("n2", "third", {}, 0.5)
                 release.set()
     assert peak == 2
+
+
+class OffsetClock:
+    """A node's view of the store's clock: the wall clock plus `offset_ms` (what
+    cluster/clock.StoreClock holds once the heartbeat measured it)."""
+
+    def __init__(self, offset_ms: int) -> None:
+        self.offset_ms = offset_ms
+
+    def now_ms(self) -> int:
+        return now_ms() + self.offset_ms
+
+
+async def test_deadlines_are_on_the_store_clock_not_the_wall_clock(
+        redis_server: RedisServer, prefix: str) -> None:
+    """A deadline is written on the caller's clock and checked on the owner's: when
+    they agree (both ten minutes ahead of the wall clock, say) a call is answered; when
+    the caller's is ten minutes behind the owner's, its deadline is past on arrival."""
+    seen: list[str] = []
+    ahead, behind = 600_000, -600_000
+    with trio.fail_after(30):
+        async with channel(redis_server.url, prefix, "n1", echo("n1"),
+                           clock=OffsetClock(0)) as n1, \
+                channel(redis_server.url, prefix, "n2", echo("n2", seen),
+                        clock=OffsetClock(0)) as n2:
+            assert await n1.call("n2", "agreed", {}, 5) == {
+                "node": "n2", "op": "agreed", "body": {}}
+            # The caller's store clock ten minutes behind the owner's (a node whose
+            # offset was not measured yet, say): its deadline has passed on arrival.
+            n1.clock = OffsetClock(behind)
+            with pytest.raises(NodeUnreachable):
+                await n1.call("n2", "late", {}, 0.5)
+            # A request's deadline is read on the owner's clock too: a deadline ten
+            # minutes in the caller's future is not past for an owner ten minutes ahead.
+            n1.clock, n2.clock = OffsetClock(ahead), OffsetClock(ahead)
+            assert (await n1.call("n2", "ahead", {}, 5))["op"] == "ahead"
+    assert seen == ["agreed", "ahead"] and n2.skipped == 1
+
+
+async def test_a_channel_defaults_to_a_store_clock(redis_server: RedisServer,
+                                                   prefix: str) -> None:
+    from daemon.cluster.clock import StoreClock
+
+    clock = StoreClock()
+    with trio.fail_after(30):
+        async with channel(redis_server.url, prefix, "n1", echo("n1")) as n1, \
+                channel(redis_server.url, prefix, "n2", echo("n2"), clock=clock) as n2:
+            assert isinstance(n1.clock, StoreClock) and n2.clock is clock
+            clock.observe(now_ms() + 3_600_000, now_ms(), now_ms())  # an hour ahead
+            # n1's store clock (unmeasured: the wall clock) is an hour behind n2's.
+            with pytest.raises(NodeUnreachable):
+                await n1.call("n2", "late", {}, 0.5)
+    assert n2.skipped == 1

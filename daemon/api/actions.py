@@ -8,8 +8,11 @@ local one.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
+
+import trio
 
 from daemon.errors import BadRequest, ServiceUnavailable
 from daemon.runtime import delivery_text
@@ -17,13 +20,72 @@ from daemon.runtime import delivery_text
 if TYPE_CHECKING:
     from daemon.runtime.core import Runtime
 
+log = logging.getLogger(__name__)
+
 Result = tuple[int, dict[str, Any]]
 Action = Callable[["Runtime", dict[str, Any]], Awaitable[Result]]
 
 
 async def _cancel(rt: Runtime, body: dict[str, Any]) -> Result:
-    receipt = await rt.sessions.cancel(body["sessionId"], body["scope"])
-    return 200, receipt.wire()
+    """A cancel on the session's owner. A tree cancel reaches every descendant wherever
+    it runs (after a failover a tree can span nodes, CONTRACT §13.10): this node's gates
+    first (no await before they are shut), then each other node that owns a descendant
+    shuts the gates of its part (`cancel_part`); the receipts are merged, the seq the
+    largest of them (each was taken once that node's gates had closed)."""
+    sid, scope = body["sessionId"], body["scope"]
+    receipt = (await rt.sessions.cancel(sid, scope)).wire()
+    router = rt.sessions.router
+    if scope != "tree" or router is None:
+        return 200, receipt
+    tree = await rt.sessions.store.subtree(sid)
+    parts = await router.elsewhere([r.id for r in tree[1:]])
+    if not parts:
+        return 200, receipt
+    receipts = [receipt]
+
+    async def part(node: str, session_ids: list[str]) -> None:
+        from daemon.cluster.routing import OwnerGone
+
+        try:
+            _, out = await router.call(node, "cancel_part", {"sessionIds": session_ids})
+        except OwnerGone:  # its turns end INTERRUPTED by its sweep: nothing to stop
+            log.warning("tree cancel of %s: node %s is gone", sid, node)
+            return
+        receipts.append(out)
+
+    async with trio.open_nursery() as nursery:
+        for node, session_ids in parts.items():
+            nursery.start_soon(part, node, session_ids)
+    return 200, merge_receipts(receipts)
+
+
+def merge_receipts(receipts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One receipt of several (each turn once; the largest seq)."""
+    seen: set[str] = set()
+    cancelled = []
+    for receipt in receipts:
+        for entry in receipt["cancelled"]:
+            if entry["turnId"] not in seen:
+                seen.add(entry["turnId"])
+                cancelled.append(entry)
+    return {"cancelled": cancelled, "seq": max(int(r["seq"]) for r in receipts)}
+
+
+async def _cancel_part(rt: Runtime, body: dict[str, Any]) -> Result:
+    """The descendants this node owns of a tree another node cancels: each one's turn
+    (and what runs inside it, and its own descendants here) ends `parent_cancelled`."""
+    from daemon.errors import NotFound
+
+    receipts = []
+    for sid in body["sessionIds"]:
+        try:
+            receipt = await rt.sessions.cancel(sid, "tree", reason="parent_cancelled")
+        except NotFound:
+            continue  # deleted since
+        receipts.append(receipt.wire())
+    if not receipts:
+        return 200, {"cancelled": [], "seq": await rt.bus.fence()}
+    return 200, merge_receipts(receipts)
 
 
 async def _message(rt: Runtime, body: dict[str, Any]) -> Result:
@@ -113,6 +175,23 @@ async def _compact(rt: Runtime, body: dict[str, Any]) -> Result:
     return 200, chat_result(turn.outcome)
 
 
+async def _schedule_turn(rt: Runtime, body: dict[str, Any]) -> Result:
+    """A scheduled run (`session = "same"`) of a session this node owns, asked by the
+    node whose scheduler runs (CONTRACT §13.10): claimed here like any turn (409 while
+    one runs: the tick is skipped); answers once it can be cancelled."""
+    from daemon.errors import Conflict
+    from daemon.schedules.launch import TRIGGER
+
+    sessions = rt.sessions
+    state = await sessions.load(body["sessionId"])
+    if state.record.agent_name != body["agent"]:
+        raise Conflict(f"session {state.id!r} belongs to agent {state.record.agent_name!r}",
+                       {"sessionId": state.id, "agent": state.record.agent_name})
+    turn = await sessions.start_turn(state, body["message"], TRIGGER,
+                                     schedule=body["schedule"])
+    return 202, {"sessionId": state.id, "turnId": turn.id}
+
+
 async def _approvals(rt: Runtime, body: dict[str, Any]) -> Result:
     """This node's pending approvals (GET /approvals asks every node)."""
     pending = rt.approvals.pending(session_id=body.get("sessionId"),
@@ -159,40 +238,74 @@ async def perform_on_scheduler(rt: Runtime, body: dict[str, Any]) -> Result:
 ACTIONS: dict[str, Action] = {
     "cancel": _cancel, "message": _message, "deliver": _deliver, "offer": _offer,
     "decide": _decide, "delete": _delete, "chat": _chat, "approvals": _approvals,
-    "schedule": _schedule, "compact": _compact,
+    "schedule": _schedule, "compact": _compact, "cancel_part": _cancel_part,
+    "schedule_turn": _schedule_turn,
 }
 # Operations on one session (they run on its owner); the others are asked of a node.
-SESSION_OPS = frozenset(ACTIONS) - {"approvals", "schedule"}
+SESSION_OPS = frozenset(ACTIONS) - {"approvals", "schedule", "cancel_part"}
+# What may run again on a session's new owner when its owner is gone before it answered
+# (CONTRACT §13.10): a cancel (what ran there was interrupted by the sweep; the new
+# owner stops what runs now). A write answers 503: it may have happened there.
+MOVABLE_OPS = frozenset({"cancel"})
 
 
 async def perform(rt: Runtime, op: str, body: dict[str, Any], *,
                   timeout_s: float | None = None) -> Result:
-    """Run a session operation here, or on the node that owns the session."""
+    """Run a session operation here, or on the node that owns the session; a cancel
+    whose owner is gone before it answered runs again on the session's next owner."""
+    from daemon.cluster.routing import CALL_TIMEOUT_S, OwnerGone, RoutedError
+
     if rt.cluster is not None:
         rt.cluster.check_bus()
     router = rt.sessions.router
-    if router is not None:
-        node = await router.owner(body["sessionId"])
-        if node is not None:
-            if timeout_s is None:
-                return await router.call(node, op, body)
-            return await router.call(node, op, body, timeout_s=timeout_s)
+    if router is None:
+        return await ACTIONS[op](rt, body)
+    sid = body["sessionId"]
+    node = await router.owner(sid)
+    while node is not None:
+        try:
+            return await router.call(node, op, body,
+                                     timeout_s=timeout_s or CALL_TIMEOUT_S)
+        except OwnerGone:
+            if op not in MOVABLE_OPS:
+                raise
+            log.warning("%s of session %s: its owner %s is gone; asking its next owner",
+                        op, sid, node)
+            node = await router.moved(sid, node)
+        except RoutedError as exc:
+            if not (op in MOVABLE_OPS and exc.status == 503
+                    and (exc.details or {}).get("ownerMoved")):
+                raise
+            node = await router.owner(sid)
     return await ACTIONS[op](rt, body)
 
 
 async def answer_routed(rt: Runtime, op: str, body: dict[str, Any]) -> dict[str, Any]:
-    """The owner's side of a routed operation (the control channel's handler)."""
+    """The owner's side of a routed operation (the control channel's handler). A write
+    with an idempotency key seen before is answered with its first answer (waiting for
+    it while it runs): cluster/routing.Answers."""
+    from daemon.cluster.routing import KEY
+
     action = ACTIONS.get(op)
     if action is None:
         raise BadRequest(f"unknown cluster operation {op!r}")
+    key = body.pop(KEY, None)
     router = rt.sessions.router
-    if op in SESSION_OPS and router is not None:
-        # Ownership moved since the caller looked (a sweep, then a claim elsewhere):
-        # 503, and the client retries on any node.
-        if await router.owner(body["sessionId"]) is not None:
-            raise ServiceUnavailable(
-                f"session {body['sessionId']} is no longer owned by node {router.node_id}",
-                {"sessionId": body["sessionId"]},
-            )
-    status, out = await action(rt, body)
+
+    async def run() -> Result:
+        if op in SESSION_OPS and router is not None:
+            # Ownership moved since the caller looked (a sweep, then a claim elsewhere):
+            # 503, and the client retries on any node (a cancel's caller: on its owner).
+            if await router.owner(body["sessionId"]) is not None:
+                raise ServiceUnavailable(
+                    f"session {body['sessionId']} is no longer owned by node "
+                    f"{router.node_id}", {"sessionId": body["sessionId"], "ownerMoved": True},
+                )
+        assert action is not None
+        return await action(rt, body)
+
+    if key is not None and router is not None:
+        status, out = await router.answers.once(f"{op}:{key}", run)
+    else:
+        status, out = await run()
     return {"status": status, "body": out}

@@ -12,8 +12,10 @@ the caller's reply stream `<prefix>:rep:<caller>`; both are Redis streams, trimm
                                               (a bounded number at once), and the
                                               reply reader that routes answers by id
 
-Bodies are orjson. A request carries its deadline (wall-clock ms, the caller's
-timeout): one read after its deadline is skipped, its caller has given up. A request
+Bodies are orjson. A request carries its deadline (ms on the store's clock, CONTRACT
+§13.8: the caller's `clock`, a cluster/clock.StoreClock, plus its timeout), checked on
+the owner's store clock: one read after its deadline is skipped, its caller has given
+up. Two nodes whose wall clocks disagree by minutes agree on it within a round trip. A request
 sent while its node was not serving is not run (the node reads from where it started):
 the caller's timeout answers for it.
 """
@@ -24,14 +26,14 @@ import itertools
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import orjson
 import trio
 from coredis.response.types import StreamEntry
 from coredis.tokens import PureToken
 
-from daemon.clock import now_ms
+from daemon.cluster.clock import StoreClock
 from daemon.cluster.redis import COMMAND_TIMEOUT_S, TRANSIENT, Client
 from daemon.errors import ApiError, BusUnavailable, NodeUnreachable, RemoteError
 
@@ -56,10 +58,17 @@ class _Pending:
         self.fields: dict[bytes, bytes] = {}
 
 
+class Clock(Protocol):
+    def now_ms(self) -> int: ...
+
+
 class ControlChannel:
     def __init__(self, client: Client, node_id: str, key_prefix: str = "veild", *,
-                 max_in_flight: int = 256, max_handlers: int = 64) -> None:
+                 max_in_flight: int = 256, max_handlers: int = 64,
+                 clock: Clock | None = None) -> None:
         self.client = client
+        # Deadlines are written and checked on the store's clock (CONTRACT §13.8).
+        self.clock: Clock = clock if clock is not None else StoreClock()
         self.node_id = node_id
         self._prefix = key_prefix
         self._requests = self._request_key(node_id)
@@ -93,7 +102,7 @@ class ControlChannel:
                 try:
                     await self._xadd(self._request_key(node_id), {
                         b"id": rid, b"from": self.node_id.encode(), b"op": op.encode(),
-                        b"deadline": b"%d" % (now_ms() + int(timeout_s * 1000)),
+                        b"deadline": b"%d" % (self.clock.now_ms() + int(timeout_s * 1000)),
                         b"body": orjson.dumps(body),
                     })
                     await pending.done.wait()
@@ -184,7 +193,7 @@ class ControlChannel:
             log.error("control channel: a malformed request %r: %s", entry.identifier, exc)
             await trio.lowlevel.checkpoint()
             return
-        if deadline < now_ms():
+        if deadline < self.clock.now_ms():
             self.skipped += 1
             await trio.lowlevel.checkpoint()
             return

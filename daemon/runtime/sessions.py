@@ -546,15 +546,18 @@ class SessionManager:
 
     # -- cancel ---------------------------------------------------------------------------
 
-    async def cancel(self, session_id: str, scope: str) -> CancelReceipt:
-        """Shut the gates; the terminals follow from each turn's exit path."""
+    async def cancel(self, session_id: str, scope: str, *,
+                     reason: str = "user_cancel") -> CancelReceipt:
+        """Shut the gates; the terminals follow from each turn's exit path. `reason`:
+        the named session's turn's (`parent_cancelled` when it is a descendant of the
+        session a tree cancel named, on another node: api/actions.py)."""
         if session_id not in self._sessions:
             await self.record(session_id)  # 404 for an unknown session
         # From here on nothing awaits until every gate is shut.
         state = self._sessions.get(session_id)
         named = state.running if state is not None else None
         stopped: list[Turn] = []
-        if named is not None and named.cancel("user_cancel"):
+        if named is not None and named.cancel(reason):
             stopped.append(named)
         running = [s.running for s in self._sessions.values() if s.running is not None]
 

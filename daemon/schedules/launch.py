@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import trio
+
 from daemon.config import ScheduleConfig
-from daemon.errors import NotFound, Unavailable
+from daemon.errors import Conflict, NotFound, Unavailable
+from daemon.runtime import events as ev
+from daemon.runtime.bus import Filter, Subscription
 from daemon.runtime.sessions import SessionManager
 from daemon.runtime.state import SessionState
 from daemon.runtime.turn import Turn
@@ -37,6 +41,51 @@ class TurnRun:
         return outcome
 
 
+class RemoteRun:
+    """A scheduled turn that runs on its session's owner, another node (CONTRACT
+    §13.10): followed through this node's bus (it carries every node's events; the
+    subscription was taken before the turn was asked for) and, should the terminal not
+    come through it, the store's row of the turn, looked at every `poll_s`."""
+
+    def __init__(self, sessions: SessionManager, sub: Subscription, session_id: str,
+                 turn_id: str, poll_s: float) -> None:
+        self._sessions = sessions
+        self._sub = sub
+        self.session_id = session_id
+        self.turn_id = turn_id
+        self._poll_s = poll_s
+        self.outcome: str | None = None
+
+    async def wait_outcome(self) -> str:
+        try:
+            while self.outcome is None:
+                with trio.move_on_after(self._poll_s):
+                    try:
+                        batch = await self._sub.receive_batch()
+                    except trio.EndOfChannel:
+                        batch = []
+                        await trio.sleep(self._poll_s)
+                    for item in batch:
+                        if (isinstance(item, ev.Envelope) and item.turn_id == self.turn_id
+                                and item.is_terminal):
+                            self.outcome = (ev.DONE if item.event_type == ev.DONE
+                                            else _code(item))
+                if self.outcome is None:
+                    self.outcome = await self._sessions.store.turn_code(self.turn_id)
+        finally:
+            self._sub.close()
+        return self.outcome
+
+
+def _code(env: ev.Envelope) -> str:
+    import orjson
+
+    data = orjson.loads(env.data) if env.data else {}
+    inner = data.get("data") if isinstance(data, dict) else None
+    code = inner.get("code") if isinstance(inner, dict) else None
+    return str(code or "error")
+
+
 class SessionLauncher:
     """scheduler.Launcher over the session manager: the turn is claimed with the
     session in one synchronous step (SessionManager.claim_turn), runs in the manager's
@@ -45,12 +94,17 @@ class SessionLauncher:
     def __init__(self, sessions: SessionManager) -> None:
         self.sessions = sessions
 
-    async def start(self, schedule: ScheduleConfig, session_id: str | None) -> TurnRun:
+    async def start(self, schedule: ScheduleConfig,
+                    session_id: str | None) -> TurnRun | RemoteRun:
         sessions = self.sessions
         if sessions.closing:
             raise Unavailable("the daemon is shutting down")
         agent = sessions.agent(schedule.agent)
         state: SessionState | None = None
+        if session_id is not None and sessions.router is not None:
+            run = await self._start_on_owner(schedule, session_id)
+            if run is not None:
+                return run
         if session_id is not None:  # session = "same": continue it while it exists
             try:
                 state = await sessions.load(session_id)
@@ -63,6 +117,43 @@ class SessionLauncher:
         turn = await sessions.start_turn(state, schedule.message, TRIGGER,
                                          schedule=schedule.name)
         return TurnRun(turn)
+
+    async def _start_on_owner(self, schedule: ScheduleConfig,
+                              session_id: str) -> RemoteRun | None:
+        """The run on the session's owner when that is another node; None when it is
+        this one (or the session is gone, or belongs to another agent now)."""
+        from daemon.cluster.routing import RoutedError
+
+        sessions, router = self.sessions, self.sessions.router
+        assert router is not None
+        try:
+            node = await router.owner(session_id)
+            if node is None:
+                return None
+            if (await sessions.record(session_id)).agent_name != schedule.agent:
+                return None  # the schedule was given another agent: start afresh here
+        except NotFound:
+            return None
+        # Subscribed before the turn is asked for: its terminal cannot pass unseen.
+        sub = sessions.bus.subscribe(Filter(session_ids=frozenset({session_id}),
+                                            types=ev.TERMINAL_TYPES, stream_only=True))
+        try:
+            _, out = await router.call(node, "schedule_turn", {
+                "sessionId": session_id, "agent": schedule.agent,
+                "message": schedule.message, "schedule": schedule.name,
+            })
+        except RoutedError as exc:
+            sub.close()
+            if exc.status == 409:  # its previous run (or another turn) still goes
+                raise Conflict(exc.message, exc.details) from exc
+            if exc.status == 404:
+                return None
+            raise
+        except BaseException:
+            sub.close()
+            raise
+        return RemoteRun(sessions, sub, session_id, str(out["turnId"]),
+                         max(router.lease_s / 3, 0.2))
 
     async def ended_outcome(self, session_id: str, turn_id: str) -> str | None:
         # One row by id: a `same` session holds a turn per run, a year of them at 30 s.
