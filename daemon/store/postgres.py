@@ -37,6 +37,7 @@ import functools
 import hashlib
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -855,8 +856,12 @@ class PostgresStore:
         soon is worth nothing later."""
         timeout_s = max(0.2, lease_ms / 1000 * _BEAT_SHARE)
         conn = self._beat
+        # Set (under the lock) once the Trio side stopped waiting: a worker that ends
+        # after that closes its connection rather than hand it to nobody.
+        abandoned = [False]
+        lock = threading.Lock()
 
-        def _beat() -> tuple[Conn, int | None]:
+        def _beat() -> tuple[Conn | None, int | None]:
             # The connection is the worker's own until it returns: one abandoned on a
             # timeout closes what it opened and never touches the next beat's.
             c = conn
@@ -873,13 +878,22 @@ class PostgresStore:
             except BaseException:
                 c.close()
                 raise
+            with lock:
+                if abandoned[0]:
+                    c.close()
+                    return None, None
             return c, None if row is None else int(row[0])
 
         self._beat = None  # back only after a beat that succeeded
         try:
-            with trio.fail_after(timeout_s + _CONNECT_ATTEMPT_S):
-                self._beat, store_ms = await trio.to_thread.run_sync(
-                    _beat, abandon_on_cancel=True, limiter=self._beat_limiter)
+            try:
+                with trio.fail_after(timeout_s + _CONNECT_ATTEMPT_S):
+                    self._beat, store_ms = await trio.to_thread.run_sync(
+                        _beat, abandon_on_cancel=True, limiter=self._beat_limiter)
+            except BaseException:
+                with lock:
+                    abandoned[0] = True
+                raise
             return store_ms
         except trio.TooSlowError as exc:
             # The abandoned worker ends on its own (its statement timeout, or the
