@@ -856,12 +856,14 @@ class PostgresStore:
         soon is worth nothing later."""
         timeout_s = max(0.2, lease_ms / 1000 * _BEAT_SHARE)
         conn = self._beat
-        # Set (under the lock) once the Trio side stopped waiting: a worker that ends
-        # after that closes its connection rather than hand it to nobody.
+        # A worker hands its connection over under the lock, or, once the Trio side has
+        # stopped waiting (abandoned), closes it itself; the Trio side closes what was
+        # handed over but never taken. No connection is left to the garbage collector.
         abandoned = [False]
+        handed: list[Conn] = []
         lock = threading.Lock()
 
-        def _beat() -> tuple[Conn | None, int | None]:
+        def _beat() -> int | None:
             # The connection is the worker's own until it returns: one abandoned on a
             # timeout closes what it opened and never touches the next beat's.
             c = conn
@@ -881,19 +883,24 @@ class PostgresStore:
             with lock:
                 if abandoned[0]:
                     c.close()
-                    return None, None
-            return c, None if row is None else int(row[0])
+                else:
+                    handed.append(c)
+            return None if row is None else int(row[0])
 
         self._beat = None  # back only after a beat that succeeded
         try:
             try:
                 with trio.fail_after(timeout_s + _CONNECT_ATTEMPT_S):
-                    self._beat, store_ms = await trio.to_thread.run_sync(
+                    store_ms = await trio.to_thread.run_sync(
                         _beat, abandon_on_cancel=True, limiter=self._beat_limiter)
             except BaseException:
                 with lock:
                     abandoned[0] = True
+                    for c in handed:
+                        c.close()  # the worker is done with it
+                    handed.clear()
                 raise
+            self._beat = handed.pop() if handed else None
             return store_ms
         except trio.TooSlowError as exc:
             # The abandoned worker ends on its own (its statement timeout, or the
