@@ -44,7 +44,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.clients import Collector, open_collector, p99, script, words
+from bench.clients import Collector, TurnRecord, open_collector, p99, script, words
 from bench.procs import Proc, cluster_table, open_daemon, open_mock
 from bench.procstat import cpu_seconds
 from bench.table import Ledger, Row, print_report
@@ -244,6 +244,17 @@ async def c2(embedded: Proc, cluster: Cluster, ledger: Ledger) -> list[Row]:
     ]
 
 
+def _check_interrupted(ledger: Ledger, what: str, key: str, turn: TurnRecord) -> None:
+    """The turn of a node that died or was swept: a prefix of its words, one terminal,
+    INTERRUPTED, and no chunk after it."""
+    ledger.prefix(f"{what}, {turn.describe(key)}", len(turn.terminals), turn.content)
+    code = turn.terminals[0]["data"].get("code") if turn.terminals else None
+    if code != "INTERRUPTED":
+        ledger.lost(f"{what}: the terminal is {turn.describe(key)}, not INTERRUPTED")
+    if turn.chunks_after_terminal:
+        ledger.lost(f"{what}: {turn.chunks_after_terminal} chunks after the terminal")
+
+
 async def _kill_once(mock_url: str, survivor: Proc, cluster: Cluster, run: int,
                      ledger: Ledger) -> float:
     """Seconds from SIGKILL of a node mid-turn to that turn's INTERRUPTED on `survivor`."""
@@ -268,12 +279,7 @@ async def _kill_once(mock_url: str, survivor: Proc, cluster: Cluster, run: int,
             ((k, turn),) = col.turns.items()
             await col.wait(lambda: bool(turn.terminals))
             nursery.cancel_scope.cancel()
-    ledger.prefix(f"{what}, {turn.describe(k)}", len(turn.terminals), turn.content)
-    code = turn.terminals[0]["data"].get("code") if turn.terminals else None
-    if code != "INTERRUPTED":
-        ledger.lost(f"{what}: the terminal is {turn.describe(k)}, not INTERRUPTED")
-    if turn.chunks_after_terminal:
-        ledger.lost(f"{what}: {turn.chunks_after_terminal} chunks after the terminal")
+    _check_interrupted(ledger, what, k, turn)
     return turn.ended_at - killed
 
 
@@ -329,12 +335,7 @@ async def _pause_once(mock_url: str, survivor: Proc, cluster: Cluster, run: int,
                 # Every chunk the woken node still sent would be here by now: its writer
                 # queued them before it exited, and the survivor's tailer is live.
                 await fence_turn(survivor, col)
-    ledger.prefix(f"{what}, {turn.describe(k)}", len(turn.terminals), turn.content)
-    code = turn.terminals[0]["data"].get("code") if turn.terminals else None
-    if code != "INTERRUPTED":
-        ledger.lost(f"{what}: the terminal is {turn.describe(k)}, not INTERRUPTED")
-    if turn.chunks_after_terminal:
-        ledger.lost(f"{what}: {turn.chunks_after_terminal} chunks after the terminal")
+    _check_interrupted(ledger, what, k, turn)
     if refused is None:
         ledger.lost(f"{what}: the woken node never said it was swept")
     return (refused if refused is not None else exited), exited

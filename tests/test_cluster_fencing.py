@@ -70,6 +70,18 @@ async def open_node(stack: AsyncExitStack, tmp: Path, provider: Provider,
         yield NodeProc(node_id, proc, http, log_path)
 
 
+@asynccontextmanager
+async def open_pair(tmp: Path, provider: Provider, backends: Backends,  # noqa: F811
+                    ) -> AsyncIterator[tuple[NodeProc, NodeProc, Recorder]]:
+    """Nodes A (the one to be paused) and B, and a recorder on B."""
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(
+            open_node(stack, tmp, provider, backends, 0, "node-a"))
+        b = await stack.enter_async_context(
+            open_node(stack, tmp, provider, backends, 1, "node-b"))
+        yield a, b, await stack.enter_async_context(open_recorder(b.ws_url))
+
+
 async def pause_until_swept(a: NodeProc, rec: Recorder, turn_ids: list[str]) -> dict[str, Any]:
     """SIGSTOP `a` until the recorder (on another node) has the INTERRUPTED terminal of
     every turn; returns those terminals by turn id."""
@@ -119,12 +131,7 @@ def nothing_after_the_terminal(rec: Recorder, turn_id: str, terminal: dict[str, 
 async def test_a_paused_node_swept_mid_turn_publishes_nothing_more_and_exits_1(
     tmp_path: Path, provider: Provider, backends: Backends,  # noqa: F811
 ) -> None:
-    async with AsyncExitStack() as stack:
-        a = await stack.enter_async_context(
-            open_node(stack, tmp_path, provider, backends, 0, "node-a"))
-        b = await stack.enter_async_context(
-            open_node(stack, tmp_path, provider, backends, 1, "node-b"))
-        rec = await stack.enter_async_context(open_recorder(b.ws_url))
+    async with open_pair(tmp_path, provider, backends) as (a, b, rec):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(chat_until_killed, a, mock(**DRIP))
             [start] = await chunks_of(rec, 1, n=3)  # streaming on A, seen on B
@@ -154,12 +161,7 @@ async def test_a_paused_node_swept_mid_turn_publishes_nothing_more_and_exits_1(
 async def test_a_paused_node_s_no_wait_child_is_delivered_once(
     tmp_path: Path, provider: Provider, backends: Backends,  # noqa: F811
 ) -> None:
-    async with AsyncExitStack() as stack:
-        a = await stack.enter_async_context(
-            open_node(stack, tmp_path, provider, backends, 0, "node-a"))
-        b = await stack.enter_async_context(
-            open_node(stack, tmp_path, provider, backends, 1, "node-b"))
-        rec = await stack.enter_async_context(open_recorder(b.ws_url))
+    async with open_pair(tmp_path, provider, backends) as (a, b, rec):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(chat_until_killed, a, mock(calls=[
                 {"tools": [spawn("plain", mock(**DRIP), wait=False)]}, DRIP,
@@ -228,3 +230,38 @@ async def test_a_node_minutes_off_is_not_swept_and_does_not_sweep(
         assert not [e for e in rec.events if e.get("eventType") == "error"]
         for node in (a, b):
             assert "swept" not in node.log_path.read_text()
+
+
+async def test_a_sweep_keeps_the_terminal_a_dead_node_published_but_could_not_store(
+    tmp_path: Path, provider: Provider, backends: Backends,  # noqa: F811
+) -> None:
+    """CONTRACT §5.2 across a sweep: a node cut off from the store but not from the bus
+    publishes its turn's terminal (its end `stored: false`) and then dies; the sweeper
+    finds that terminal in the log behind the bus fence, stores its code and publishes
+    no second one (no INTERRUPTED after it)."""
+    from daemon.runtime.events import SessionRef
+    from tests.clusterkit import open_cluster
+
+    async with open_cluster(tmp_path, provider, backends, nodes=("node-b",)) as [b], \
+            open_recorder(b.ws_url) as rec:
+        sid, turn = "ses_cutoff", "turn_cutoff"
+        latest = b.daemon.runtime.bus.latest_seq
+        db(backends, tmp_path,
+           "INSERT INTO sessions(id, agent_name, root_session_id, status, created_at, "
+           "updated_at, owner) VALUES (%s, 'plain', %s, 'running', 1, 1, 'node-x') RETURNING 1",
+           sid, sid)
+        db(backends, tmp_path,
+           "INSERT INTO turns(id, session_id, trigger, started_at, start_seq) "
+           "VALUES (%s, %s, 'http', 1, %s) RETURNING 1", turn, sid, latest + 1)
+        ref = SessionRef(sid, "plain", None, sid, 0, None, (sid,))
+        b.daemon.runtime.bus.publish_stream(ref, turn, "error", {
+            "code": "PROVIDER_ERROR", "message": "the provider failed", "stored": False})
+        published = await rec.terminal(turn)
+        # Only now is node-x dead (its lease past): the sweeper takes it.
+        db(backends, tmp_path, "INSERT INTO nodes(node_id, url, started_at, lease_until) "
+           "VALUES ('node-x', 'http://x', 1, 1) RETURNING 1")
+        await wait_swept(backends, tmp_path, "node-x")
+        await fence(rec, b)  # anything the sweep published is on `rec` by now
+        assert terminals_of(rec, turn) == [published]
+        assert db(backends, tmp_path, "SELECT terminal_code FROM turns WHERE id=%s",
+                  turn) == [("PROVIDER_ERROR",)]

@@ -62,14 +62,22 @@ async def test_a_cancelled_first_run_is_forgotten_and_a_repeat_runs_it() -> None
     answers = Answers()
     runs = 0
 
+    never = trio.Event()  # the first run waits for ever: only its cancel ends it
+
     async def slow() -> tuple[int, dict[str, object]]:
         nonlocal runs
         runs += 1
-        await trio.sleep(10 if runs == 1 else 0)
+        if runs == 1:
+            await never.wait()
+        await trio.lowlevel.checkpoint()
         return 200, {"run": runs}
 
-    with trio.move_on_after(1):
-        await answers.once("decide:k", slow)
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(answers.once, "decide:k", slow)
+            await trio.testing.wait_all_tasks_blocked()
+            assert runs == 1 and len(answers) == 1  # in flight
+            scope.cancel()
     assert len(answers) == 0
     assert await answers.once("decide:k", slow) == (200, {"run": 2})
 

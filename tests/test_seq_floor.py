@@ -19,7 +19,7 @@ from daemon.store.postgres import PostgresStore
 from daemon.store.sqlite import Store as SqliteStore
 from tests.pgserver import pg_server, pg_url
 from tests.redisserver import RedisServer, prefix, redis_server
-from tests.test_redis_eventlog import REF, label
+from tests.test_redis_eventlog import REF, label, node
 
 __all__ = ["pg_server", "pg_url", "prefix", "redis_server"]  # fixtures
 
@@ -55,22 +55,6 @@ async def stores(url: str, n: int) -> AsyncIterator[list[PostgresStore]]:
     finally:
         for s in opened:
             await s.aclose()
-
-
-@asynccontextmanager
-async def node(url: str, key_prefix: str, reserve: Reservations | None = None,
-               **kwargs: Any) -> AsyncIterator[tuple[RedisEventLog, Bus]]:
-    async with RedisEventLog.connect(url, connect_timeout_s=5, key_prefix=key_prefix,
-                                     reserve=reserve, **kwargs) as log:
-        bus = Bus(log)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(log.serve)
-            try:
-                yield log, bus
-            finally:
-                with trio.move_on_after(5, shield=True):
-                    await log.aclose()
-                nursery.cancel_scope.cancel()
 
 
 class Client:
@@ -167,8 +151,8 @@ async def loss_mid_traffic(url: str, key_prefix: str, pg: str,
     async with stores(pg, 3) as (sa, sb, sc):
         ledger = Ledger()
         ra, rb, rc = Reservations(sa, ledger), Reservations(sb, ledger), Reservations(sc, ledger)
-        async with node(url, key_prefix, ra, reserve_step=100) as (log_a, bus_a), \
-                node(url, key_prefix, rb, reserve_step=100) as (_, bus_b), \
+        async with node(url, key_prefix, reserve=ra, reserve_step=100) as (log_a, bus_a), \
+                node(url, key_prefix, reserve=rb, reserve_step=100) as (_, bus_b), \
                 RedisEventLog.connect(url, key_prefix=key_prefix, reserve=rc,
                                       reserve_step=100) as laggard, \
                 trio.open_nursery() as nursery:
@@ -197,7 +181,7 @@ async def loss_mid_traffic(url: str, key_prefix: str, pg: str,
                 await cb.until(set(after))
                 # A client that saw up to `since` resumes on a node that has none of the
                 # lost events in memory (a new one, after the loss).
-                async with node(url, key_prefix, Reservations(sa, ledger)) as (_, bus_d):
+                async with node(url, key_prefix, reserve=Reservations(sa, ledger)) as (_, bus_d):
                     cd = Client(bus_d, ledger)
                     async with trio.open_nursery() as resume:
                         resume.start_soon(cd.run, since)
@@ -257,8 +241,8 @@ async def test_every_node_restarted_on_an_empty_redis(tmp_path: Path, prefix: st
         async with stores(pg_url, 2) as (sa, sb):
             ledger = Ledger()
             ra, rb = Reservations(sa, ledger), Reservations(sb, ledger)
-            async with node(server.url, prefix, ra) as (log_a, bus_a), \
-                    node(server.url, prefix, rb) as (log_b, bus_b), \
+            async with node(server.url, prefix, reserve=ra) as (log_a, bus_a), \
+                    node(server.url, prefix, reserve=rb) as (log_b, bus_b), \
                     trio.open_nursery() as nursery:
                 ca = Client(bus_a, ledger)
                 nursery.start_soon(ca.run)
@@ -276,8 +260,8 @@ async def test_every_node_restarted_on_an_empty_redis(tmp_path: Path, prefix: st
             server.kill()
             server.start()
             ra2, rb2 = Reservations(sa, ledger), Reservations(sb, ledger)
-            async with node(server.url, prefix, ra2) as (log_a2, bus_a2), \
-                    node(server.url, prefix, rb2) as (_, bus_b2), \
+            async with node(server.url, prefix, reserve=ra2) as (log_a2, bus_a2), \
+                    node(server.url, prefix, reserve=rb2) as (_, bus_b2), \
                     trio.open_nursery() as nursery:
                 assert log_a2.latest_seq >= before  # hello: not an old seq either
                 ca2 = Client(bus_a2, ledger)
@@ -357,7 +341,8 @@ async def test_a_step_of_one_still_hands_out_every_seq_below_the_reservation(
         async with stores(pg_url, 1) as (sa,):
             ledger = Ledger()
             ra = Reservations(sa, ledger)
-            async with node(redis_server.url, prefix, ra, reserve_step=1) as (log_a, bus_a), \
+            async with node(redis_server.url, prefix, reserve=ra,
+                            reserve_step=1) as (log_a, bus_a), \
                     trio.open_nursery() as nursery:
                 c = Client(bus_a, ledger)
                 nursery.start_soon(c.run)
@@ -378,7 +363,8 @@ async def test_a_laggard_appending_first_after_a_loss_starts_above_the_reservati
     with trio.fail_after(60):
         async with stores(pg_url, 2) as (sa, sc):
             ledger = Ledger()
-            async with node(redis_server.url, prefix, Reservations(sa, ledger)) as (_, bus_a), \
+            ra = Reservations(sa, ledger)
+            async with node(redis_server.url, prefix, reserve=ra) as (_, bus_a), \
                     RedisEventLog.connect(redis_server.url, key_prefix=prefix,
                                           reserve=Reservations(sc, ledger)) as laggard, \
                     trio.open_nursery() as nursery:

@@ -225,8 +225,9 @@ class Router:
     async def elsewhere(self, session_ids: list[str]) -> dict[str, list[str]]:
         """The sessions among these that another node owns, by owner (in order)."""
         by_node: dict[str, list[str]] = {}
+        owners = await self._store.owners(session_ids) if session_ids else {}
         for sid in session_ids:
-            owner = await self._store.session_owner(sid)
+            owner = owners.get(sid)
             if owner is not None and owner != self.node_id:
                 by_node.setdefault(owner, []).append(sid)
         return by_node
@@ -289,9 +290,12 @@ class Router:
         raise failed
 
     async def _epoch(self, node_id: str) -> int | None:
-        """The node's epoch if it is alive now (a fresh look, not the shared one)."""
-        nodes = await self._live(fresh=True)
-        record = nodes.get(node_id)
+        """The node's epoch if it is alive (the snapshot every waiting call shares, at
+        most period_s/2 old: a death or restart since is what the watch sees next); a
+        node it does not show alive is looked at again (it may have joined since)."""
+        record = (await self._live()).get(node_id)
+        if record is None or not record.alive:
+            record = (await self._live(fresh=True)).get(node_id)
         return record.epoch if record is not None and record.alive else None
 
     async def _alive(self, node_id: str, epoch: int) -> bool:
@@ -303,7 +307,7 @@ class Router:
         return record is not None and record.alive and record.epoch == epoch
 
     async def _live(self, *, fresh: bool = False) -> dict[str, NodeRecord]:
-        """The nodes table, read at most every period_s/2 for all the waiting calls."""
+        """The nodes table, read at most every period_s/2 for all the routed calls."""
         async with self._nodes_lock:
             now = trio.current_time()
             if fresh or self._nodes is None or now - self._nodes[0] >= self.period_s / 2:

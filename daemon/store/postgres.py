@@ -158,16 +158,20 @@ def _inbox(row: tuple[Any, ...]) -> InboxRecord:
     return InboxRecord(row[0], row[1], row[2], row[3], row[4], bool(row[5]), row[6], row[7])
 
 
-def _insert_inbox(conn: Conn, d: InboxRecord) -> InboxRecord:
-    row = conn.execute(
-        "INSERT INTO inbox(session_id, content, from_session_id, delivery, wakes, reply_to, "
-        "created_at) VALUES (%s,%s,%s,%s,%s,%s,%s) RETURNING id",
-        (d.session_id, d.content, d.from_session_id, d.delivery, d.wakes, d.reply_to,
-         d.created_at),
-    ).fetchone()
-    assert row is not None
-    return InboxRecord(row[0], d.session_id, d.content, d.from_session_id, d.delivery,
+def _inbox_row(d: InboxRecord) -> tuple[Any, ...]:
+    return (d.session_id, d.content, d.from_session_id, d.delivery, d.wakes, d.reply_to,
+            d.created_at)
+
+
+def _with_id(d: InboxRecord, inbox_id: int) -> InboxRecord:
+    return InboxRecord(inbox_id, d.session_id, d.content, d.from_session_id, d.delivery,
                        d.wakes, d.reply_to, d.created_at)
+
+
+def _insert_inbox(conn: Conn, d: InboxRecord) -> InboxRecord:
+    row = conn.execute(_INSERT_INBOX[0], _inbox_row(d)).fetchone()
+    assert row is not None
+    return _with_id(d, row[0])
 
 
 def _consume_inbox(conn: Conn, ids: Sequence[int], turn_id: str) -> None:
@@ -271,13 +275,28 @@ _KEEPALIVES = ("SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; "
 # holds it. Half a lease: a slow beat that still lands before the lease runs out counts.
 _BEAT_SHARE = 0.5
 
-_INSERT_MESSAGE = (
+def _guarded(insert_into: str, values: int, returning: str = "1") -> tuple[str, str]:
+    """An INSERT of a turn's row, plain and fenced: the fenced one takes its row only
+    while the writer's lease is current (_LIVE, its lock held to the statement's end),
+    so it is one statement either way; no row back means Fenced."""
+    marks = ",".join(["%s"] * values)
+    return (f"{insert_into} VALUES ({marks}) RETURNING {returning}",
+            f"WITH live AS ({_LIVE}) {insert_into} SELECT {marks} FROM live "
+            f"RETURNING {returning}")
+
+
+_INSERT_MESSAGE, _INSERT_MESSAGE_FENCED = _guarded(
     "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
-    "created_at, turn_id) VALUES (%s,%s,%s,%s,%s,%s,%s)")
-# The same, taken only while the writer's lease is current (_LIVE): no row when fenced.
-_INSERT_MESSAGE_FENCED = (
-    f"WITH live AS ({_LIVE}) INSERT INTO messages(session_id, role, content, tool_calls, "
-    "tool_call_id, created_at, turn_id) SELECT %s,%s,%s,%s,%s,%s,%s FROM live")
+    "created_at, turn_id)", 7)
+_INSERT_SESSION = _guarded(
+    "INSERT INTO sessions(id, agent_name, parent_session_id, root_session_id, depth, "
+    "spawn_tool_call_id, status, created_at, updated_at, model, owner)", 11)
+_INSERT_COMPACTION = _guarded(
+    "INSERT INTO compactions(session_id, turn_id, place, covers_until, pruned_until, "
+    "summary, reason, before_tokens, after_tokens, pruned_tool_results, created_at)", 11)
+_INSERT_INBOX = _guarded(
+    "INSERT INTO inbox(session_id, content, from_session_id, delivery, wakes, reply_to, "
+    "created_at)", 7, returning="id")
 
 
 def _message_row(session_id: str, m: MessageRecord, turn_id: str | None) -> tuple[Any, ...]:
@@ -449,6 +468,19 @@ class PostgresStore:
                 self.on_fenced()
             raise
 
+    async def _insert(self, statements: tuple[str, str], args: Sequence[Any]
+                      ) -> list[tuple[Any, ...]]:
+        """One INSERT of a turn (a _guarded pair): with an epoch, the fenced one — no
+        row back is Fenced."""
+        if self.epoch is None:
+            return await self._statement(
+                lambda conn: conn.execute(statements[0], args).fetchall())
+        rows = await self._statement(lambda conn: conn.execute(
+            statements[1], (self._node_id, self.epoch, *args)).fetchall())
+        if not rows:
+            self._refused()
+        return rows
+
     def _refused(self) -> NoReturn:
         if self.on_fenced is not None:
             self.on_fenced()
@@ -547,13 +579,10 @@ class PostgresStore:
     async def create_session(self, s: SessionRecord) -> None:
         """A session owned by this node (a fenced node creates none: a swept turn's
         spawn, say)."""
-        await self._fenced(lambda conn: conn.execute(
-            "INSERT INTO sessions(id, agent_name, parent_session_id, root_session_id, depth, "
-            "spawn_tool_call_id, status, created_at, updated_at, model, owner) "
-            "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-            (s.id, s.agent_name, s.parent_session_id, s.root_session_id, s.depth,
-             s.spawn_tool_call_id, s.status, s.created_at, s.updated_at, s.model,
-             self._node_id)))
+        await self._insert(_INSERT_SESSION, (
+            s.id, s.agent_name, s.parent_session_id, s.root_session_id, s.depth,
+            s.spawn_tool_call_id, s.status, s.created_at, s.updated_at, s.model,
+            self._node_id))
 
     async def save_session(self, s: SessionRecord) -> None:
         u = s.token_usage
@@ -613,14 +642,12 @@ class PostgresStore:
                 _consume_inbox(conn, m.inbox_ids, turn_id)
             conn.execute(_INSERT_MESSAGE, _message_row(session_id, m, turn_id))
 
-        if m.inbox_ids or self.epoch is None:
-            await (self._fenced if m.inbox_ids else self._statement)(_append)
+        if m.inbox_ids:
+            await self._fenced(_append)
             return
-        # Most messages consume nothing: one statement, the guard inside it (its lock
-        # held to the statement's end, as a transaction's to its commit).
-        row = _message_row(session_id, m, turn_id)
-        if await self._execute(_INSERT_MESSAGE_FENCED, (self._node_id, self.epoch, *row)) == 0:
-            self._refused()
+        # Most messages consume nothing: one statement, the guard inside it.
+        await self._insert((_INSERT_MESSAGE, _INSERT_MESSAGE_FENCED),
+                           _message_row(session_id, m, turn_id))
 
     async def append_messages(self, session_id: str, ms: Sequence[MessageRecord],
                               turn_id: str | None = None) -> None:
@@ -648,12 +675,9 @@ class PostgresStore:
     async def append_compaction(self, session_id: str, c: CompactionRecord,
                                 turn_id: str | None = None) -> None:
         """Store one compaction of the session's context (a write of its turn: fenced)."""
-        await self._fenced(lambda conn: conn.execute(
-            "INSERT INTO compactions(session_id, turn_id, place, covers_until, pruned_until, "
-            "summary, reason, before_tokens, after_tokens, pruned_tool_results, created_at) "
-            "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-            (session_id, turn_id, c.place, c.covers_until, c.pruned_until, c.summary,
-             c.reason, c.before_tokens, c.after_tokens, c.pruned_tool_results, c.created_at)))
+        await self._insert(_INSERT_COMPACTION, (
+            session_id, turn_id, c.place, c.covers_until, c.pruned_until, c.summary,
+            c.reason, c.before_tokens, c.after_tokens, c.pruned_tool_results, c.created_at))
 
     async def compactions(self, session_id: str) -> list[CompactionRecord]:
         """Every compaction of the session, oldest first."""
@@ -752,7 +776,8 @@ class PostgresStore:
     # -- inbox ----------------------------------------------------------------------------
 
     async def deliver(self, d: InboxRecord) -> InboxRecord:
-        return await self._fenced(lambda conn: _insert_inbox(conn, d))
+        [(inbox_id,)] = await self._insert(_INSERT_INBOX, _inbox_row(d))
+        return _with_id(d, inbox_id)
 
     async def pending_inbox(self, session_id: str) -> list[InboxRecord]:
         rows = await self._rows(
@@ -973,6 +998,12 @@ class PostgresStore:
     async def session_owner(self, session_id: str) -> str | None:
         rows = await self._rows("SELECT owner FROM sessions WHERE id=%s", (session_id,))
         return rows[0][0] if rows else None
+
+    async def owners(self, session_ids: Sequence[str]) -> dict[str, str | None]:
+        """Each session's owner (None: released), in one read; unknown ones are left out."""
+        rows = await self._rows("SELECT id, owner FROM sessions WHERE id = ANY(%s)",
+                                (list(session_ids),))
+        return {r[0]: r[1] for r in rows}
 
     async def claim_session(self, session_id: str, node_id: str) -> str | None:
         """owner := node_id if the session has none (compare-and-set); returns its owner
