@@ -265,3 +265,58 @@ async def test_a_sweep_keeps_the_terminal_a_dead_node_published_but_could_not_st
         assert terminals_of(rec, turn) == [published]
         assert db(backends, tmp_path, "SELECT terminal_code FROM turns WHERE id=%s",
                   turn) == [("PROVIDER_ERROR",)]
+
+
+async def test_a_sweep_publishes_the_end_a_dead_node_stored_but_did_not_publish(
+    tmp_path: Path, provider: Provider, backends: Backends,  # noqa: F811
+) -> None:
+    """CONTRACT §5.2 across a sweep, the other way round: a node stores a turn's end
+    and stops before it appends the terminal (the bus's fence refuses it when it
+    wakes). The sweeper publishes the stored end as the turn's one terminal (its code
+    and usage); a turn whose terminal is in the log gets no second one, and a turn that
+    ended long before the node's lease ran out is left alone."""
+    from daemon.runtime.events import SessionRef
+    from tests.clusterkit import open_cluster
+
+    async with open_cluster(tmp_path, provider, backends, nodes=("node-b",)) as [b], \
+            open_recorder(b.ws_url) as rec:
+        lease_ms = int(LEASE_S * 1000)
+        until = 10 * lease_ms  # node-y's lease, on the store's clock (long past)
+        latest = b.daemon.runtime.bus.latest_seq
+        rows = {  # turn: (session, end stored at, code, cancel reason)
+            "turn_unsent": ("ses_unsent", until - lease_ms // 2, "done", None),
+            "turn_cancel": ("ses_cancel", until - lease_ms, "CANCELLED", "user_cancel"),
+            "turn_sent": ("ses_sent", until - lease_ms // 3, "done", None),
+            "turn_old": ("ses_old", until - 9 * lease_ms, "done", None),
+        }
+        for turn, (sid, stored, code, reason) in rows.items():
+            db(backends, tmp_path,
+               "INSERT INTO sessions(id, agent_name, root_session_id, status, created_at, "
+               "updated_at, owner) VALUES (%s, 'plain', %s, 'idle', 1, 1, 'node-y') "
+               "RETURNING 1", sid, sid)
+            db(backends, tmp_path,
+               "INSERT INTO turns(id, session_id, trigger, started_at, start_seq, ended_at, "
+               "terminal_code, cancel_reason, input_tokens, output_tokens, end_stored_ms) "
+               "VALUES (%s, %s, 'http', 1, %s, 2, %s, %s, 7, 5, %s) RETURNING 1",
+               turn, sid, latest + 1, code, reason, stored)
+        ref = SessionRef("ses_sent", "plain", None, "ses_sent", 0, None, ("ses_sent",))
+        b.daemon.runtime.bus.publish_stream(ref, "turn_sent", "done", {"cancelled": False})
+        sent = await rec.terminal("turn_sent")
+        # Only now is node-y dead: the sweeper takes it.
+        db(backends, tmp_path, "INSERT INTO nodes(node_id, url, started_at, lease_until) "
+           "VALUES ('node-y', 'http://y', 1, %s) RETURNING 1", until)
+        await wait_swept(backends, tmp_path, "node-y")
+        await fence(rec, b)  # anything the sweep published is on `rec` by now
+        [unsent] = terminals_of(rec, "turn_unsent")
+        assert unsent["eventType"] == "done"
+        assert unsent["data"]["tokenUsage"]["input"] == 7, unsent
+        assert unsent["data"]["tokenUsage"]["output"] == 5, unsent
+        [cancelled] = terminals_of(rec, "turn_cancel")
+        assert cancelled["eventType"] == "error"
+        assert cancelled["data"]["code"] == "CANCELLED"
+        assert cancelled["data"]["details"] == {"reason": "user_cancel"}
+        assert terminals_of(rec, "turn_sent") == [sent]
+        assert terminals_of(rec, "turn_old") == []
+        # Each has its one terminal: a second sweep (none: the row is gone) or a
+        # restart finds nothing more to publish.
+        assert node_rows(backends, tmp_path) == ["node-b"]

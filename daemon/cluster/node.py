@@ -55,6 +55,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SWEEPER_LOCK = "veild:sweeper"
+# How many leases before a dead node's lease ran out the sweep looks back for turns
+# whose end it stored without publishing their terminal: it stored each end under its
+# lease, and appends the terminal right after (more than a lease between the two means
+# it stalled, and then the lease ran out).
+ENDED_LEASES = 3
 SCHEDULER_LOCK = "veild:scheduler"
 
 
@@ -231,7 +236,15 @@ class ClusterNode:
         # bus was not) may have published its terminal: that one is kept, its code
         # stored, and no second terminal published. Behind the bus's fence the log
         # can no longer change for those turns, so what this finds is final.
-        published = await published_terminals(sessions.bus.log, turns)
+        # A turn whose end the dead node stored but whose terminal it never appended
+        # (it stopped between the two; the bus's fence refuses it now): its stored end
+        # is published, once. Those are among the turns it ended in its last leases.
+        ended = await self._store.node_ended_turns(dead, ENDED_LEASES * self.lease_ms)
+        published = await published_terminals(
+            sessions.bus.log, [*turns, *(e.turn for e in ended)])
+        unpublished = [e for e in ended if e.turn.id not in published]
+        for e in unpublished:
+            await sessions.publish_stored_end(e, dead)
         owed = []
         for turn in turns:
             try:
@@ -250,6 +263,10 @@ class ClusterNode:
         # Stop); the released sessions' inboxes drain — each where it is owned now.
         await sessions.hand_over(owed)
         await sessions.wake_released(released)
+        # The replies those stored ends owe were stored with them; the dead node did not
+        # hand them over: their targets drain here or on their owners.
+        await sessions.wake_released(sorted({
+            e.turn.reply_to for e in unpublished if e.turn.reply_to} - set(released)))
         return True
 
     # -- a service on one node at a time --------------------------------------------------

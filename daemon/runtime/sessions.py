@@ -46,7 +46,7 @@ from daemon.runtime.published import Published, published_terminals
 from daemon.runtime.state import SessionState
 from daemon.runtime.subagents import TurnAgents
 from daemon.runtime.turn import Turn, TurnServices
-from daemon.store.models import InboxRecord, SessionRecord, TokenUsage, TurnRecord
+from daemon.store.models import EndedTurn, InboxRecord, SessionRecord, TokenUsage, TurnRecord
 
 if TYPE_CHECKING:
     from daemon.cluster.routing import Router
@@ -195,6 +195,26 @@ class SessionManager:
         self.bus.publish("session.updated", state.ref, {"session": ev.session_wire(record)})
         self._forget_if_idle(state)
         return delivered
+
+    async def publish_stored_end(self, ended: EndedTurn, node: str) -> None:
+        """Publish the terminal of a turn whose end `node` stored but never appended
+        (it stopped between the two, and the bus's fence refused the rest): the stored
+        code, usage and model, so the turn has its one terminal (cluster/node.py)."""
+        turn = ended.turn
+        record = await self.record(turn.session_id)
+        state = await self.load(turn.session_id)
+        stats = ev.TurnStats(record.agent_name, ended.model, 0, 0, ended.token_usage, ())
+        log.warning("turn %s ended (%s) on node %s, which stopped before publishing its "
+                    "terminal: published now from its stored end", turn.id, ended.code, node)
+        if ended.code == "done":
+            self.bus.publish_stream(state.ref, turn.id, ev.DONE, ev.done_data(record, stats))
+        else:
+            details = {"reason": ended.cancel_reason} if ended.cancel_reason else None
+            self.bus.publish_stream(state.ref, turn.id, ev.ERROR, ev.error_data(
+                ended.code, f"the turn ended ({ended.code}) on node {node}, which stopped "
+                "before publishing this terminal", details, record, stats))
+        self.bus.publish("session.updated", state.ref, {"session": ev.session_wire(record)})
+        self._forget_if_idle(state)
 
     async def shutdown(self, until: float | None = None) -> None:
         """Refuse new turns, cancel running ones with `shutdown`, wait for terminals —

@@ -109,6 +109,18 @@ class TurnRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class EndedTurn:
+    """A turn whose end is stored: its code ("done" or the error code), its cancel
+    reason, model and usage (the cluster's sweep publishes a terminal from it)."""
+
+    turn: TurnRecord
+    code: str
+    cancel_reason: str | None
+    model: str | None
+    token_usage: TokenUsage
+
+
+@dataclass(frozen=True, slots=True)
 class TurnHistory:
     """One turn as GET /sessions/{id}/turns reports it."""
 

@@ -60,6 +60,7 @@ from daemon.errors import (
 )
 from daemon.store.models import (
     CompactionRecord,
+    EndedTurn,
     InboxRecord,
     MessageRecord,
     NodeRecord,
@@ -734,8 +735,8 @@ class PostgresStore:
             # closed already is not closed a second time, by its own node or another.
             closed = conn.execute(
                 "UPDATE turns SET ended_at=%s, terminal_code=%s, cancel_reason=%s, model=%s, "
-                "input_tokens=%s, output_tokens=%s, cache_tokens=%s, cost=%s "
-                "WHERE id=%s AND ended_at IS NULL",
+                "input_tokens=%s, output_tokens=%s, cache_tokens=%s, cost=%s, "
+                f"end_stored_ms={_NOW_MS} WHERE id=%s AND ended_at IS NULL",
                 (ended_at, code, cancel_reason, model, t.input, t.output, t.cache, t.cost,
                  turn_id)).rowcount
             if not closed and conn.execute("SELECT 1 FROM turns WHERE id=%s",
@@ -1047,6 +1048,22 @@ class PostgresStore:
         # start_seq: where a restart's recovery looks for their terminals in the log
         # (runtime/published.py), not from seq 0.
         return [TurnRecord(r[0], r[1], r[2], r[3], r[4], start_seq=r[5]) for r in rows]
+
+    async def node_ended_turns(self, node_id: str, within_ms: int) -> list[EndedTurn]:
+        """The turns of `node_id`'s sessions whose end was stored (by anyone) within
+        `within_ms` before the node's lease ran out, on the store's clock: those whose
+        terminal the node may not have appended before it stopped (node.py's sweep)."""
+        rows = await self._rows(
+            "SELECT t.id, t.session_id, t.trigger, t.started_at, t.reply_to, t.start_seq, "
+            "t.terminal_code, t.cancel_reason, t.model, t.input_tokens, t.output_tokens, "
+            "t.cache_tokens, t.cost "
+            "FROM turns t JOIN sessions s ON s.id = t.session_id "
+            "WHERE s.owner = %s AND t.end_stored_ms IS NOT NULL AND t.end_stored_ms >= "
+            "(SELECT lease_until FROM nodes WHERE node_id = %s) - %s "
+            "ORDER BY t.started_at, t.seq", (node_id, node_id, within_ms))
+        return [EndedTurn(TurnRecord(r[0], r[1], r[2], r[3], r[4], start_seq=r[5]),
+                          r[6], r[7], r[8], TokenUsage(r[9], r[10], r[11], r[12]))
+                for r in rows]
 
     async def node_running_sessions(self, node_id: str) -> list[str]:
         rows = await self._rows(
