@@ -187,6 +187,10 @@ async def test_a_tree_cancel_stops_a_descendant_another_node_owns(
                 assert terminal["data"]["cancelled"] is True, terminal
         assert {c["turnId"] for c in receipt["cancelled"]} == running
         assert {c["sessionId"] for c in receipt["cancelled"]} == {parent, child}
+        # §5.6 across nodes: the descendant's terminal (published on B) comes before the
+        # terminal of the turn it descends from (on A), in the one global seq order.
+        ends = {rec.stream(t)[0]["sessionId"]: (await rec.terminal(t))["seq"] for t in running}
+        assert ends[child] < ends[parent], ends
         for turn in running:
             chunks = [e["seq"] for e in rec.stream(turn) if e["eventType"] == "inference.chunk"]
             assert max(chunks) <= receipt["seq"], (chunks, receipt)

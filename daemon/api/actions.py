@@ -19,10 +19,14 @@ from daemon.runtime import delivery_text
 
 if TYPE_CHECKING:
     from daemon.runtime.core import Runtime
+    from daemon.runtime.turn import Turn
 
 log = logging.getLogger(__name__)
 
 Result = tuple[int, dict[str, Any]]
+# How long a node's part of a tree cancel waits for its stopped turns' terminals before
+# it answers (their exit paths kill tool processes: well under a second as a rule).
+PART_ENDS_S = 10.0
 Action = Callable[["Runtime", dict[str, Any]], Awaitable[Result]]
 
 
@@ -33,14 +37,26 @@ async def _cancel(rt: Runtime, body: dict[str, Any]) -> Result:
     shuts the gates of its part (`cancel_part`); the receipts are merged, the seq the
     largest of them (each was taken once that node's gates had closed)."""
     sid, scope = body["sessionId"], body["scope"]
-    receipt = (await rt.sessions.cancel(sid, scope)).wire()
     router = rt.sessions.router
     if scope != "tree" or router is None:
-        return 200, receipt
+        return 200, (await rt.sessions.cancel(sid, scope)).wire()
+    # The turns stopped here publish their terminals once the parts elsewhere have
+    # ended (§5.6: a descendant's terminal first, in the one global seq order).
+    remote_ended = trio.Event()
+    try:
+        receipt = (await rt.sessions.cancel(sid, scope, hold=remote_ended)).wire()
+        return 200, await _cancel_elsewhere(rt, sid, receipt)
+    finally:
+        remote_ended.set()
+
+
+async def _cancel_elsewhere(rt: Runtime, sid: str, receipt: dict[str, Any]) -> dict[str, Any]:
+    router = rt.sessions.router
+    assert router is not None
     tree = await rt.sessions.store.subtree(sid)
     parts = await router.elsewhere([r.id for r in tree[1:]])
     if not parts:
-        return 200, receipt
+        return receipt
     receipts = [receipt]
 
     async def part(node: str, session_ids: list[str]) -> None:
@@ -56,7 +72,7 @@ async def _cancel(rt: Runtime, body: dict[str, Any]) -> Result:
     async with trio.open_nursery() as nursery:
         for node, session_ids in parts.items():
             nursery.start_soon(part, node, session_ids)
-    return 200, merge_receipts(receipts)
+    return merge_receipts(receipts)
 
 
 def merge_receipts(receipts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -77,15 +93,21 @@ async def _cancel_part(rt: Runtime, body: dict[str, Any]) -> Result:
     from daemon.errors import NotFound
 
     receipts = []
+    stopped: list[Turn] = []
     for sid in body["sessionIds"]:
         try:
             receipt = await rt.sessions.cancel(sid, "tree", reason="parent_cancelled")
         except NotFound:
             continue  # deleted since
         receipts.append(receipt.wire())
-    if not receipts:
-        return 200, {"cancelled": [], "seq": await rt.bus.fence()}
-    return 200, merge_receipts(receipts)
+        stopped.extend(receipt.turns)
+    # Answered once their terminals are published and numbered (the fence): the
+    # caller's own stopped turns publish theirs after (§5.6 across nodes).
+    with trio.move_on_after(PART_ENDS_S):
+        for turn in stopped:
+            await turn.finished.wait()
+    seq = await rt.bus.fence()
+    return 200, merge_receipts([*receipts, {"cancelled": [], "seq": seq}])
 
 
 async def _message(rt: Runtime, body: dict[str, Any]) -> Result:

@@ -62,6 +62,7 @@ END_MARGIN_S = 0.25
 class CancelReceipt:
     cancelled: list[dict[str, str]]
     seq: int  # the latest bus seq once every gate was shut
+    turns: tuple[Turn, ...] = ()  # the stopped turns (not on the wire)
 
     def wire(self) -> dict[str, Any]:
         return {"cancelled": self.cancelled, "seq": self.seq}
@@ -567,10 +568,13 @@ class SessionManager:
     # -- cancel ---------------------------------------------------------------------------
 
     async def cancel(self, session_id: str, scope: str, *,
-                     reason: str = "user_cancel") -> CancelReceipt:
+                     reason: str = "user_cancel",
+                     hold: trio.Event | None = None) -> CancelReceipt:
         """Shut the gates; the terminals follow from each turn's exit path. `reason`:
         the named session's turn's (`parent_cancelled` when it is a descendant of the
-        session a tree cancel named, on another node: api/actions.py)."""
+        session a tree cancel named, on another node: api/actions.py). `hold`: the
+        stopped turns publish their terminals only once it is set (or after a bound):
+        their descendants on other nodes end first (CONTRACT §5.6)."""
         if session_id not in self._sessions:
             await self.record(session_id)  # 404 for an unknown session
         # From here on nothing awaits until every gate is shut.
@@ -603,10 +607,14 @@ class SessionManager:
                 if other is not turn and (other in stopped or other.ending)
                 and (sid in other.session.ref.lineage[1:] or turn in other.ancestors())
             )
+        if hold is not None:
+            for turn in stopped:
+                turn.after_remote.append(hold)
         # Every gate is shut: no chunk of a stopped turn is published from here, so the
         # fence (everything this node published so far is numbered) bounds their seqs.
         return CancelReceipt(
-            [{"sessionId": t.session.id, "turnId": t.id} for t in stopped], await self.bus.fence()
+            [{"sessionId": t.session.id, "turnId": t.id} for t in stopped],
+            await self.bus.fence(), tuple(stopped),
         )
 
     # -- history (CONTRACT §12) -----------------------------------------------------------

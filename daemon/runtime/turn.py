@@ -78,6 +78,9 @@ STOP_REASONS = frozenset({"user_cancel", "parent_cancelled", "budget_exceeded"})
 # `details.reason` of an INTERNAL_ERROR terminal when the store was busy or unreachable.
 STORE_UNAVAILABLE = "store_unavailable"
 COMPACT_TRIGGER = "compact"
+# The longest a stopped turn's terminal waits for its descendants on other nodes to end
+# (a tree cancel across nodes, CONTRACT §5.6); past it, it is published anyway.
+REMOTE_ENDS_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,9 @@ class Turn:
 
     # Stopped descendants whose terminals must precede ours (CONTRACT §5.6).
     before_end: list[Turn] = field(default_factory=list)
+    # The same for descendants on other nodes (a tree cancel across nodes): set once
+    # their terminals are numbered on the bus (api/actions.py).
+    after_remote: list[trio.Event] = field(default_factory=list)
     # What this turn delivered to other inboxes when it ended (with their ids).
     delivered: list[InboxRecord] = field(default_factory=list)
     # Bytes of output so far per tool call an engine ran itself (tool.chunk offsets).
@@ -607,6 +613,12 @@ class Turn:
             with self.services.stop.shielded():
                 for turn in self.before_end:
                     await turn.finished.wait()
+        if self.after_remote:
+            # Bounded: a routed call ends within its own bound, and a node that never
+            # answers must not keep this terminal forever.
+            with self.services.stop.shielded(), trio.move_on_after(REMOTE_ENDS_S):
+                for event in self.after_remote:
+                    await event.wait()
         code, message, details = self._classify(failure)
         stats = ev.TurnStats(
             agent_name=self.agent.name,
