@@ -306,7 +306,8 @@ async def _open_backends(
     # Redis's counter, so a Redis that lost its data never hands out a seq again.
     event_log = await RedisEventLog.open(
         redis, retention_events=cluster.retention_events,
-        reserve=cast("ClusterStore", store).raise_seq_reserved)
+        reserve=cast("ClusterStore", store).raise_seq_reserved,
+        fences=cast("ClusterStore", store).node_fences)
     stack.push_async_callback(_bounded_close, event_log.aclose)
     return store, event_log, redis
 

@@ -388,3 +388,58 @@ async def test_a_laggard_appending_first_after_a_loss_starts_above_the_reservati
     got = {name: seq for seq, name in client.envelopes().items()}
     assert min(got[x] for x in names) > held and upto >= max(got[x] for x in names)
     assert any(isinstance(i, Gap) for i in client.items)
+
+
+async def test_a_swept_node_is_refused_after_the_bus_lost_its_fences(
+        redis_server: RedisServer, prefix: str, pg_url: str) -> None:
+    """§13.8 across a Redis data loss: node x is swept (fenced in the store, then on the
+    bus) while it is stopped; Redis then loses everything (FLUSHALL), fence keys with
+    it; a live node appends first and recreates the counter; x wakes and appends — its
+    batches are refused (the live node raised the store's fences again before the
+    counter came back), on_fenced is called, and nothing of x reaches the stream or a
+    client."""
+    import psycopg
+
+    fenced_calls: list[str] = []
+    with trio.fail_after(60):
+        async with stores(pg_url, 2) as (sa, sx):
+            ledger = Ledger()
+            epoch_a = await sa.register_node("a", "http://a", 60_000)
+            epoch_x = await sx.register_node("x", "http://x", 60_000)
+            async with node(redis_server.url, prefix, reserve=Reservations(sa, ledger),
+                            fences=sa.node_fences) as (log_a, bus_a), \
+                    node(redis_server.url, prefix, reserve=Reservations(sx, ledger),
+                         fences=sx.node_fences) as (log_x, bus_x), \
+                    trio.open_nursery() as nursery:
+                log_a.set_writer_epoch("a", epoch_a, lambda: fenced_calls.append("a"))
+                log_x.set_writer_epoch("x", epoch_x, lambda: fenced_calls.append("x"))
+                client = Client(bus_a, ledger)
+                nursery.start_soon(client.run)
+                early = publish(bus_a, "a", 5) + publish(bus_x, "x", 5)
+                await client.until(set(early))
+                # x stopped past its lease: swept — the store's fence, then the bus's.
+                with psycopg.connect(pg_url, autocommit=True) as conn:
+                    conn.execute("UPDATE nodes SET lease_until = 0 WHERE node_id = 'x'")
+                fenced = await sa.fence_node("x", epoch_x)
+                assert fenced is not None and fenced > epoch_x
+                await fence_node(log_a._client, "x", fenced, key_prefix=prefix)
+                assert await sa.node_fences() == [("x", fenced)]
+                await log_a._client.flushall()  # the fence key goes with the rest
+                # The live node appends first: it recreates the counter.
+                after = publish(bus_a, "b", 5)
+                await log_a.fence()
+                await client.until(set(after))
+                assert int(await log_a._client.get(fence_key("x", key_prefix=prefix))
+                           or 0) == fenced
+                # x wakes and appends: refused whole, as before the loss.
+                publish(bus_x, "z", 20)
+                await log_x.fence()
+                later = publish(bus_a, "c", 5)
+                await client.until(set(later))
+                stream = await log_a._read(0, 1 << 62, 100_000)
+                nursery.cancel_scope.cancel()
+    assert fenced_calls == ["x"]
+    assert log_x.fenced_events == 20
+    assert not [e for e in stream if label(e).startswith("z")]
+    assert not [x for x in client.labels if x.startswith("z")]
+    client.check()

@@ -60,7 +60,10 @@ Fencing on the bus (§13.8): `set_writer_epoch(node_id, epoch, on_fenced)` makes
 append script call also read `fence_key(node_id)`; once a sweeper has raised it to the
 node's epoch or above (`fence_node`), the batch is refused whole — nothing is XADDed —
 dropped and counted (`fenced_events`), `on_fenced` is called once, and what is
-submitted after is dropped here without a call, until a new epoch is set.
+submitted after is dropped here without a call, until a new epoch is set. The fence
+keys are lost with Redis's data, so the store keeps every fence too (`fences`, the
+store's `node_fences`): the writer that finds the counter gone raises them all again
+before its append recreates the counter.
 
 Replay (`since=`): the ring of recent events this node delivered, and below it XRANGE
 pages from the stream; below what the stream retains (`retention_events` seqs), a
@@ -182,6 +185,8 @@ return now
 """
 
 Reserve = Callable[[int], Awaitable[int]]
+# The store's fences (node_id, epoch): raised again on a bus that lost them.
+Fences = Callable[[], Awaitable[list[tuple[str, int]]]]
 # What the writer retries: Redis, or the store while the reservation must move.
 RETRIED: tuple[type[BaseException], ...] = (*TRANSIENT, StoreUnavailable)
 
@@ -219,7 +224,7 @@ class RedisEventLog:
         retention_events: int = 1_000_000, max_pending_bytes: int = DEFAULT_PENDING_BYTES,
         ring_events: int = RING_EVENTS, ring_bytes: int = RING_BYTES,
         fence_timeout_s: float = 10.0, reserve: Reserve | None = None, reserved: int = 0,
-        reserve_step: int = RESERVE_STEP,
+        reserve_step: int = RESERVE_STEP, fences: Fences | None = None,
     ) -> None:
         self._client = client
         self._key_prefix = key_prefix
@@ -232,6 +237,7 @@ class RedisEventLog:
         self._reserve = reserve
         self._reserved = reserved
         self._reserve_step = reserve_step
+        self._fences = fences
         self._loss_noticed = False
         # Fencing on the bus: this node's fence key and epoch (0: not fenced).
         self._fence_key = fence_key("", key_prefix=key_prefix)
@@ -520,11 +526,26 @@ class RedisEventLog:
             if code == _NO_COUNTER:
                 restart = await self._reserve(0)  # the reservation now: above every seq
                 self._reserved = max(self._reserved, restart)
+                # The fences went with the counter: raised again before the counter is
+                # recreated (this append's), so a swept node is refused as it was —
+                # also this one, if it is among them (the retry then answers fenced).
+                await self._raise_fences()
                 if restart > 0 or self._seen() > 0:  # else: a new cluster, nothing lost
                     self._notice_loss("the writer found the seq counter gone")
             else:  # _OVER_CEILING: move the durable reservation ahead first
                 self._reserved = await self._reserve(value + n + self._reserve_step)
                 self.reservations += 1
+
+    async def _raise_fences(self) -> None:
+        if self._fences is None:
+            return
+        fences = await self._fences()
+        for node_id, epoch in fences:
+            with trio.fail_after(COMMAND_TIMEOUT_S):
+                await fence_node(self._client, node_id, epoch, key_prefix=self._key_prefix)
+        if fences:
+            log.warning("event log: %d node fence(s) raised again from the store",
+                        len(fences))
 
     def _notice_loss(self, how: str) -> None:
         if not self._loss_noticed:

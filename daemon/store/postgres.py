@@ -260,6 +260,8 @@ async def connect(url: str, *, timeout_s: float, node_id: str | None = None) -> 
 # The store's clock (CONTRACT §13.8): leases and sweeps compare with this, never with a
 # node's wall clock. clock_timestamp(), not now(): a transaction's now() is its start.
 _NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+# How long a sweep's fence is kept after its node's row is gone (node_fences).
+FENCES_KEPT_MS = 30 * 24 * 3600 * 1000
 # The writer's lease is current: its node's row has the writer's epoch and its lease has
 # not run out. KEY SHARE: a sweeper's fence (an UPDATE of `epoch`, a unique column, so
 # it takes the row's FOR UPDATE lock) waits for this transaction, and this one sees the
@@ -957,12 +959,26 @@ class PostgresStore:
         role's backends needs pg_signal_backend: without it the fence waits for the
         idle-in-transaction timeout instead."""
         await self.end_dead_connections()
+        # The fence is kept in node_fences too (it outlives the row, and Redis's copy).
         rows = await self._statement(lambda conn: conn.execute(
-            "UPDATE nodes SET epoch = CASE WHEN swept THEN epoch "
+            "WITH fenced AS (UPDATE nodes SET epoch = CASE WHEN swept THEN epoch "
             "ELSE nextval('node_epochs') END, swept = TRUE "
             f"WHERE node_id=%s AND epoch=%s AND (swept OR lease_until < {_NOW_MS}) "
-            "RETURNING epoch", (node_id, epoch)).fetchall())
+            "RETURNING node_id, epoch) "
+            f"INSERT INTO node_fences(node_id, epoch, fenced_ms) "
+            f"SELECT node_id, epoch, {_NOW_MS} FROM fenced "
+            "ON CONFLICT (node_id) DO UPDATE SET "
+            "epoch = GREATEST(node_fences.epoch, excluded.epoch), "
+            "fenced_ms = excluded.fenced_ms RETURNING epoch", (node_id, epoch)).fetchall())
         return int(rows[0][0]) if rows else None
+
+    async def node_fences(self) -> list[tuple[str, int]]:
+        """(node_id, epoch) of every fence a sweep raised in the last 30 days: what a
+        bus that lost its data must refuse again (eventlog/redis.py)."""
+        rows = await self._rows(
+            f"SELECT node_id, epoch FROM node_fences WHERE fenced_ms >= {_NOW_MS} - %s "
+            "ORDER BY node_id", (FENCES_KEPT_MS,))
+        return [(r[0], int(r[1])) for r in rows]
 
     async def end_dead_connections(self) -> int:
         """End the connections of every node whose lease is past (or that is swept):
@@ -986,9 +1002,11 @@ class PostgresStore:
         """Remove a node's row (with `epoch`: only while it still has that epoch)."""
         if epoch is None:
             await self._execute("DELETE FROM nodes WHERE node_id=%s", (node_id,))
-        else:
+        else:  # a sweep's end: the fences past keeping go too
             await self._execute("DELETE FROM nodes WHERE node_id=%s AND epoch=%s",
                                 (node_id, epoch))
+            await self._execute(f"DELETE FROM node_fences WHERE fenced_ms < {_NOW_MS} - %s",
+                                (FENCES_KEPT_MS,))
 
     async def nodes(self) -> list[NodeRecord]:
         rows = await self._rows(
