@@ -402,7 +402,8 @@ async def test_closing_the_stream_cancels_the_turn(daemon: Running, tmp_path: Pa
         raise AssertionError("no content before the end")
     async with open_recorder(daemon.ws_url) as rec:
         turn_id = await with_client(daemon, use)
-        terminal = await rec.terminal(turn_id)
+        with trio.fail_after(20):  # without the cancel the turn waits for ever
+            terminal = await rec.terminal(turn_id)
         # A later turn's end: everything the cancelled turn published is in by then.
         marker = (await daemon.chat(mock(say="later"), agent="plain")).json()["turnId"]
         await rec.terminal(marker)

@@ -33,6 +33,7 @@ function triggerLabel(trigger) {
   return {
     http: 'chat', sse: 'chat', agent_spawn: 'spawned', agent_message: 'message',
     async_inform: 'async message', wake: 'wake', schedule: 'schedule', compact: 'compaction',
+    openai: 'openai api',
   }[trigger] || trigger || 'turn';
 }
 
