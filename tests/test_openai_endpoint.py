@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -451,3 +452,22 @@ async def test_the_exact_wire_shape(daemon: Running) -> None:
                                 "finish_reason": "stop", "logprobs": None}]
     assert body["usage"]["total_tokens"] == (body["usage"]["prompt_tokens"]
                                              + body["usage"]["completion_tokens"])
+
+
+async def test_a_client_gone_before_a_whole_answer_cancels_the_turn(
+        daemon: Running, tmp_path: Path) -> None:
+    """Without stream too, the turn is the request's: a dropped connection stops it."""
+    script = mock(say=200, pause_after=4, pause_until=str(tmp_path / "never"))
+    async with open_recorder(daemon.ws_url) as rec:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(daemon.http.post, "/v1/chat/completions", json={
+                "model": "plain", "messages": [user(script)]}))
+            chunk = await rec.wait_for(lambda evs: next(
+                (e for e in evs if e.get("eventType") == "inference.chunk"), None))
+            nursery.cancel_scope.cancel()  # the client closes its connection
+        with trio.fail_after(20):
+            terminal = await rec.terminal(chunk["turnId"])
+    assert terminal["data"]["code"] == "CANCELLED"
+    assert terminal["data"]["details"]["reason"] == "user_cancel"
+    assert [e for e in rec.stream(chunk["turnId"])
+            if e["eventType"] in ("done", "error")] == [terminal]
