@@ -471,3 +471,35 @@ async def test_a_client_gone_before_a_whole_answer_cancels_the_turn(
     assert terminal["data"]["details"]["reason"] == "user_cancel"
     assert [e for e in rec.stream(chunk["turnId"])
             if e["eventType"] in ("done", "error")] == [terminal]
+
+
+async def test_a_session_mid_turn_is_409_session_busy(daemon: Running, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    async with open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
+        nursery.start_soon(partial(daemon.chat, mock(say=20, pause_after=2,
+                                                     pause_until=str(go)), agent="plain"))
+        chunk = await rec.wait_for(lambda evs: next(
+            (e for e in evs if e.get("eventType") == "inference.chunk"), None))
+        r = await daemon.http.post("/v1/chat/completions", headers={
+            HEADER: chunk["sessionId"]}, json={"model": "plain", "messages": [user("hi")]})
+        assert r.status_code == 409
+        assert r.json()["error"]["code"] == "session_busy"
+        go.touch()
+        await rec.terminal(chunk["turnId"])
+    # Nothing was injected: the session holds the one turn's messages.
+    stored = (await daemon.http.get(f"/sessions/{chunk['sessionId']}/messages")).json()
+    assert [m["role"] for m in stored["messages"]] == ["user", "assistant"]
+
+
+async def test_an_allowed_page_may_send_and_read_the_session_header(daemon: Running) -> None:
+    origin = "http://localhost:3000"  # a local dev page: allowed (§3.1)
+    pre = await daemon.http.options("/v1/chat/completions", headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type, x-veild-session-id"})
+    assert pre.status_code == 204
+    assert "X-Veild-Session-Id" in pre.headers["access-control-allow-headers"]
+    r = await daemon.http.post("/v1/chat/completions", headers={"Origin": origin}, json={
+        "model": "plain", "messages": [user(mock(say="hi"))]})
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == origin
+    assert "X-Veild-Session-Id" in r.headers["access-control-expose-headers"]

@@ -166,7 +166,9 @@ class HostOriginGuard:
 
 
 def _cors_headers(origin: str) -> list[tuple[bytes, bytes]]:
-    return [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
+    # The /v1 answers name their session in a header a page must be allowed to read.
+    return [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
+            (b"access-control-expose-headers", b"X-Veild-Session-Id")]
 
 
 def _with_cors(send: Send, origin: str) -> Send:
