@@ -503,3 +503,51 @@ async def test_an_allowed_page_may_send_and_read_the_session_header(daemon: Runn
     assert r.status_code == 200
     assert r.headers["access-control-allow-origin"] == origin
     assert "X-Veild-Session-Id" in r.headers["access-control-expose-headers"]
+
+
+async def test_parity_an_openai_turn_publishes_what_any_turn_does(daemon: Running) -> None:
+    """CONTRACT §5.1 for trigger `openai`, streamed and whole."""
+    from tests.test_parity import EXPECTED, SCRIPT, shape
+
+    async with open_recorder(daemon.ws_url) as rec:
+        whole = await daemon.http.post("/v1/chat/completions", json={
+            "model": "assistant", "messages": [user(SCRIPT)]})
+        async with daemon.http.stream("POST", "/v1/chat/completions", json={
+                "model": "assistant", "stream": True, "messages": [user(SCRIPT)]}) as r:
+            lines = r.aiter_lines()
+            first = json.loads((await anext(lines)).removeprefix("data: "))
+            async for _ in lines:
+                pass
+        for completion_id in (whole.json()["id"], first["id"]):
+            turn_id = completion_id.removeprefix("chatcmpl-")
+            await rec.terminal(turn_id)
+            assert shape(rec.stream(turn_id)) == EXPECTED
+
+
+async def test_closing_the_stream_during_a_tool_call_stops_it(daemon: Running) -> None:
+    """Closed while the agent's bash runs: the tool is stopped with the turn, which ends
+    with one CANCELLED terminal, its last event."""
+    tool = {"name": "bash", "arguments": {"command": "echo started; sleep 30; echo late"}}
+    script = mock(calls=[{"say": "running it", "tools": [tool]}, {"say": "never"}])
+    async with open_recorder(daemon.ws_url) as rec:
+        async with daemon.http.stream("POST", "/v1/chat/completions", json={
+                "model": "assistant", "stream": True, "messages": [user(script)]}) as r:
+            lines = r.aiter_lines()  # held: a dropped iterator closes the response
+            first = json.loads((await anext(lines)).removeprefix("data: "))
+            turn_id = first["id"].removeprefix("chatcmpl-")
+            with trio.fail_after(20):
+                await rec.wait_for(lambda evs: any(
+                    e.get("turnId") == turn_id and e.get("eventType") == "tool.chunk"
+                    and "started" in e["data"]["content"] for e in evs))
+        # The response is closed: the client is gone.
+        with trio.fail_after(20):
+            terminal = await rec.terminal(turn_id)
+        marker = (await daemon.chat(mock(say="later"), agent="plain")).json()["turnId"]
+        await rec.terminal(marker)
+    assert terminal["data"]["code"] == "CANCELLED"
+    assert terminal["data"]["details"]["reason"] == "user_cancel"
+    events = rec.stream(turn_id)
+    assert events[-1] == terminal
+    assert [e for e in events if e["eventType"] in ("done", "error")] == [terminal]
+    assert not any("late" in e["data"].get("content", "") for e in events
+                   if e["eventType"] == "tool.chunk")
