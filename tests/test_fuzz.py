@@ -143,5 +143,7 @@ async def test_the_daemon_answers_as_its_document_says(provider: Provider, tmp_p
     for reached in ("POST /agents/{name}/chat positive 200",
                     "GET /sessions/{session_id} positive 200",
                     "POST /sessions/{session_id}/cancel positive 200",
-                    "DELETE /sessions positive 200"):
+                    "DELETE /sessions positive 200",
+                    "GET /v1/models positive 200",
+                    "POST /v1/chat/completions negative 400"):
         assert statuses.get(reached), (reached, statuses)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jsonschema
@@ -18,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from quart import Blueprint
 
-from daemon.api import parse
+from daemon.api import openai_wire, parse
 from daemon.api.app import build_app
 from daemon.api.openapi import MissingEntry, build_document, openapi_path
 from daemon.api.spec import Undocumented, entry_of
@@ -67,9 +68,11 @@ async def test_every_operation_documents_the_error_shape(daemon: Running) -> Non
     assert error["required"] == ["error"]
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
+            # CONTRACT §17: the OpenAI-compatible routes answer in OpenAI's shape.
+            shape = "OpenAIError" if path.startswith("/v1/") else "Error"
             for status in ("403", "500"):
                 schema = op["responses"][status]["content"]["application/json"]["schema"]
-                assert schema == {"$ref": "#/components/schemas/Error"}, (method, path)
+                assert schema == {"$ref": f"#/components/schemas/{shape}"}, (method, path)
             if "requestBody" in op:
                 assert {"400", "413"} <= set(op["responses"]), (method, path)
 
@@ -135,8 +138,18 @@ def accepts(parser: Any, body: dict[str, Any]) -> bool:
     return True
 
 
+def completion_request(body: dict[str, Any]) -> Any:
+    """POST /v1/chat/completions' parser (it reads the raw body; its 400 is OpenAI's)."""
+    try:
+        return openai_wire.CompletionRequest.parse(json.dumps(body).encode())
+    except openai_wire.OpenAIError as exc:
+        assert exc.status == 400
+        raise BadRequest(exc.message) from exc
+
+
 PARSERS = [
     (parse.ChatRequest.SCHEMA, parse.ChatRequest.parse),
+    (openai_wire.CompletionRequest.SCHEMA, completion_request),
     (parse.MessageRequest.SCHEMA, parse.MessageRequest.parse),
     (parse.CANCEL_SCHEMA, parse.cancel_scope),
     (parse.DecisionRequest.SCHEMA, parse.DecisionRequest.parse),
@@ -144,7 +157,7 @@ PARSERS = [
 
 
 @pytest.mark.parametrize(("schema", "parser"), PARSERS,
-                         ids=["chat", "messages", "cancel", "decision"])
+                         ids=["chat", "completions", "messages", "cancel", "decision"])
 def test_a_parser_accepts_exactly_what_its_schema_allows(schema: Any, parser: Any) -> None:
     validator = jsonschema.Draft202012Validator(schema)
 
@@ -152,6 +165,31 @@ def test_a_parser_accepts_exactly_what_its_schema_allows(schema: Any, parser: An
     @given(bodies(schema))
     def check(body: dict[str, Any]) -> None:
         assert validator.is_valid(body) == accepts(parser, body), body
+
+    check()
+
+
+PARTS = st.lists(st.fixed_dictionaries({}, optional={
+    "type": st.sampled_from(["text", "image_url", 1]), "text": st.one_of(EDGES, WORDS)}),
+    max_size=2)
+CHAT_MESSAGES = st.lists(st.fixed_dictionaries({}, optional={
+    "role": st.sampled_from(["system", "developer", "user", "assistant", "tool", 3]),
+    "content": st.one_of(EDGES, WORDS, PARTS), "name": WORDS}), max_size=3)
+
+
+def test_the_completions_parser_accepts_exactly_what_its_schema_allows() -> None:
+    """The same, with bodies shaped like chat completion requests (the generic ones
+    above almost never hold a valid message)."""
+    validator = jsonschema.Draft202012Validator(openai_wire.CompletionRequest.SCHEMA)
+    options = st.fixed_dictionaries({}, optional={"include_usage": st.one_of(EDGES, WORDS)})
+
+    @settings(max_examples=600)
+    @given(st.fixed_dictionaries({}, optional={
+        "model": st.one_of(EDGES, WORDS), "messages": st.one_of(CHAT_MESSAGES, EDGES),
+        "stream": EDGES, "stream_options": st.one_of(options, EDGES),
+        "temperature": EDGES, "tools": JSON_VALUES}))
+    def check(body: dict[str, Any]) -> None:
+        assert validator.is_valid(body) == accepts(completion_request, body), body
 
     check()
 
@@ -176,6 +214,8 @@ async def test_a_method_the_document_does_not_name_is_405_with_allow(daemon: Run
         for method in {"GET", "POST", "PUT", "PATCH", "DELETE"} - {m.upper() for m in ops}:
             r = await daemon.http.request(method, concrete)
             assert r.status_code == 405, (method, path, r.status_code)
-            assert r.json()["error"]["code"] == "METHOD_NOT_ALLOWED"
+            # CONTRACT §17: under /v1 in OpenAI's shape (its codes are lower case).
+            code = "method_not_allowed" if path.startswith("/v1/") else "METHOD_NOT_ALLOWED"
+            assert r.json()["error"]["code"] == code
             allowed = {m.strip() for m in r.headers["Allow"].split(",")} - {"HEAD", "OPTIONS"}
             assert allowed == {m.upper() for m in ops}, (method, path, r.headers["Allow"])

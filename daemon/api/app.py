@@ -13,6 +13,8 @@ from daemon.api.auth import request_authorized
 from daemon.api.guard import HostOriginGuard, HostPolicy
 from daemon.api.http import http_routes
 from daemon.api.metrics import metrics_routes
+from daemon.api.openai_compat import openai_routes
+from daemon.api.openai_wire import error_body, is_openai_path
 from daemon.api.openapi import openapi_routes
 from daemon.api.schedules import schedule_routes
 from daemon.api.studio import studio_routes
@@ -40,7 +42,9 @@ _HTTP_CODES = {
 
 
 def _error(err: ApiError) -> Response:
-    response = jsonify(err.to_wire())
+    # CONTRACT §17: under /v1 every error is in OpenAI's shape, whatever raised it.
+    openai = has_request_context() and is_openai_path(request.path)
+    response = jsonify(error_body(err) if openai else err.to_wire())
     response.status_code = err.status
     return response
 
@@ -79,6 +83,7 @@ def build_app(rt: Runtime, connections: Connections, metrics: Metrics) -> QuartT
     app.register_blueprint(ws_routes(rt, connections))
     app.register_blueprint(studio_routes())
     app.register_blueprint(metrics_routes(metrics))
+    app.register_blueprint(openai_routes(rt, connections))
     app.register_blueprint(openapi_routes(auth=rt.config.server.auth_token is not None))
     server = rt.config.server
     # CONTRACT §3.1, in front of everything (HTTP, SSE, the WebSocket upgrade): a

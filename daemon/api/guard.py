@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
+from daemon.api.openai_wire import error_body, is_openai_path
 from daemon.errors import Forbidden
 from daemon.hosts import (
     LOOPBACK_NAMES,
@@ -47,7 +48,7 @@ Send = Callable[[Message], Awaitable[None]]
 AsgiApp = Callable[[Any, Any, Any], Awaitable[None]]
 
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
-CORS_HEADERS = "Authorization, Content-Type, Last-Event-ID"
+CORS_HEADERS = "Authorization, Content-Type, Last-Event-ID, X-Veild-Session-Id"
 CORS_MAX_AGE = "600"
 
 
@@ -96,8 +97,10 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def _forbidden_body(message: str) -> bytes:
-    return json.dumps(Forbidden(message).to_wire()).encode()
+def _forbidden_body(message: str, path: str) -> bytes:
+    wire = error_body(Forbidden(message)) if is_openai_path(path) \
+        else Forbidden(message).to_wire()  # OpenAI's shape under /v1 (CONTRACT §17)
+    return json.dumps(wire).encode()
 
 
 class HostOriginGuard:
@@ -137,7 +140,7 @@ class HostOriginGuard:
         await self.app(scope, receive, _with_cors(send, origin))
 
     async def _refuse(self, scope: Scope, send: Send, message: str) -> None:
-        body = _forbidden_body(message)
+        body = _forbidden_body(message, str(scope.get("path", "")))
         headers = [(b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode())]
         if scope["type"] == "websocket":
@@ -163,7 +166,9 @@ class HostOriginGuard:
 
 
 def _cors_headers(origin: str) -> list[tuple[bytes, bytes]]:
-    return [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
+    # The /v1 answers name their session in a header a page must be allowed to read.
+    return [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
+            (b"access-control-expose-headers", b"X-Veild-Session-Id")]
 
 
 def _with_cors(send: Send, origin: str) -> Send:

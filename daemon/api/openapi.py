@@ -12,6 +12,7 @@ from the document with it.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from quart import Blueprint, Quart, Response, current_app, jsonify
@@ -70,6 +71,9 @@ def _operation(method: str, path: str, op: Op, auth: bool) -> dict[str, Any]:
         responses.update(spec.WITH_BODY)
     if any(p.where in ("query", "header") for p in op.params):
         responses.update(spec.WITH_PARAMS)
+    if op.error_schema != "Error":  # the /v1 routes answer every error in their shape
+        responses = {status: replace(r, schema=spec.ref(op.error_schema))
+                     for status, r in responses.items()}
     responses.update(op.responses)
     params: list[dict[str, Any]] = [
         {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}

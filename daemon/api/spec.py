@@ -87,6 +87,9 @@ class Op:
     tags: tuple[str, ...] = ()
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # further OpenAPI fields
+    # The component every error answer of the route has: the daemon's `Error`, or
+    # `OpenAIError` for the OpenAI-compatible routes under /v1 (CONTRACT §17).
+    error_schema: str = "Error"
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,11 @@ ERROR = obj(["error"], error=obj(
     message=STR, details={"type": "object"},
 ))
 
+# CONTRACT §17: what every error of a /v1 route looks like (OpenAI's shape).
+OPENAI_ERROR = obj(["error"], error=obj(
+    ["message", "type", "param", "code"], message=STR, type=STR, param=nullable(STR),
+    code=nullable(STR)))
+
 TOOL_CALL_STAT = obj(["id", "name", "arguments", "isError", "durationMs"],
                      id=STR, name=STR, arguments=ANY, isError=BOOL, durationMs=INT)
 
@@ -157,6 +165,7 @@ COMPONENTS: dict[str, dict[str, Any]] = {
     "TokenUsage": TOKEN_USAGE,
     "Session": SESSION,
     "Error": ERROR,
+    "OpenAIError": OPENAI_ERROR,
     "ToolCallStat": TOOL_CALL_STAT,
 }
 

@@ -52,7 +52,7 @@ TERMINAL_TYPES: Final = frozenset({DONE, ERROR})
 
 TRIGGERS: Final = frozenset(
     {"http", "sse", "agent_spawn", "agent_message", "async_inform", "wake", "schedule",
-     "compact"}
+     "compact", "openai"}
 )
 CANCEL_REASONS: Final = frozenset(
     {"user_cancel", "budget_exceeded", "parent_cancelled", "shutdown"}

@@ -46,7 +46,14 @@ from daemon.runtime.published import Published, published_terminals
 from daemon.runtime.state import SessionState
 from daemon.runtime.subagents import TurnAgents
 from daemon.runtime.turn import Turn, TurnServices
-from daemon.store.models import EndedTurn, InboxRecord, SessionRecord, TokenUsage, TurnRecord
+from daemon.store.models import (
+    EndedTurn,
+    InboxRecord,
+    MessageRecord,
+    SessionRecord,
+    TokenUsage,
+    TurnRecord,
+)
 
 if TYPE_CHECKING:
     from daemon.cluster.routing import Router
@@ -343,6 +350,17 @@ class SessionManager:
             )
         return state
 
+    async def create_seeded_session(self, agent: AgentConfig,
+                                    history: Sequence[MessageRecord]) -> SessionState:
+        """A new top-level session of `agent` whose stored history starts with
+        `history` — messages no turn of it produced (an OpenAI-compatible request's
+        earlier messages, CONTRACT §17) — before any turn is claimed on it. They are
+        stored with no turn id and published as nothing: no turn ran."""
+        state = await self.create_session(agent)
+        if history:
+            await self.store.append_messages(state.id, history)
+        return state
+
     @property
     def running_count(self) -> int:
         return sum(1 for s in self._sessions.values() if s.running is not None)
@@ -407,12 +425,13 @@ class SessionManager:
 
     def claim_chat(self, state: SessionState, message: str, *, sse: bool,
                    budget_tokens: int | None = None, turn_id: str | None = None,
-                   subscribe: bool = True) -> ChatClaim | None:
+                   subscribe: bool = True, trigger: str | None = None) -> ChatClaim | None:
         """A chat's turn on `state`, claimed and scheduled in the manager's nursery, in
         one synchronous step; None when the session is mid-turn (the chat is then an
         injection through the inbox). In SSE mode the turn's subscription is taken
         first, so it holds every event of the turn. A chat routed from another node
-        (`subscribe=False`) names its turn: that node subscribed before it asked."""
+        (`subscribe=False`) names its turn: that node subscribed before it asked.
+        `trigger`: the turn's (default `sse` / `http`; `openai` for /v1, §17)."""
         if state.running is not None:
             return None
         self._claimable(state)  # before subscribing, so a refusal leaves nothing open
@@ -421,8 +440,8 @@ class SessionManager:
             Filter(session_ids=frozenset({state.id}), turn_id=turn_id, stream_only=True)
         ) if sse and subscribe else None
         try:
-            turn = self.claim_turn(state, message, "sse" if sse else "http", turn_id=turn_id,
-                                   budget_tokens=budget_tokens)
+            turn = self.claim_turn(state, message, trigger or ("sse" if sse else "http"),
+                                   turn_id=turn_id, budget_tokens=budget_tokens)
             assert self._nursery is not None
             # The turn belongs to the daemon, not to the request (CONTRACT §3). Started
             # without waiting, so that the claim stays one synchronous step: a turn that

@@ -33,6 +33,7 @@ function triggerLabel(trigger) {
   return {
     http: 'chat', sse: 'chat', agent_spawn: 'spawned', agent_message: 'message',
     async_inform: 'async message', wake: 'wake', schedule: 'schedule', compact: 'compaction',
+    openai: 'openai api',
   }[trigger] || trigger || 'turn';
 }
 
@@ -470,6 +471,8 @@ class Body {
           : (turn.trigger ? { fromSessionId: null } : null);
         own = false;
         this.el.append(userBubble(m.content, 'user', delivered));
+      } else if (m.role === 'system') {  // a session's own system prompt (§17: seeded)
+        this.el.append(userBubble(m.content, 'system'));
       } else if (m.role === 'assistant') {
         if (m.content) finishedText(this.el, m.content);
         for (const call of m.toolCalls || []) {
