@@ -42,9 +42,12 @@ async def open_pair(mock_url: str) -> AsyncIterator[tuple[Proc, Proc, Receiver]]
         yield off, on, receiver
 
 
-async def _spans_for(receiver: Receiver, turns: int, ledger: Ledger, what: str) -> None:
-    """Wait until `turns` more turns' spans have arrived (each: invoke_agent + chat)."""
-    want = sum(s["name"].startswith("invoke_agent") for s in receiver.spans) + turns
+def _turn_spans(receiver: Receiver) -> int:
+    return sum(s["name"].startswith("invoke_agent") for s in receiver.spans)
+
+
+async def _spans_for(receiver: Receiver, want: int, ledger: Ledger, what: str) -> None:
+    """Wait until `want` turns' spans have arrived in all."""
     try:
         with trio.fail_after(SPANS_WAIT_S):
             await receiver.wait_for(lambda spans: sum(
@@ -67,10 +70,10 @@ async def p1t(mock_url: str, ledger: Ledger) -> list[Row]:
             for name, daemon in (("off", off), ("on", on)):
                 async with open_collector(daemon.url,
                                           types="inference.chunk,done,error") as col:
-                    before = cpu_seconds(daemon.pid)
+                    before, seen = cpu_seconds(daemon.pid), _turn_spans(receiver)
                     await chats(daemon, [message], col)
                     if name == "on":
-                        await _spans_for(receiver, 1, ledger, f"P1t run {run}")
+                        await _spans_for(receiver, seen + 1, ledger, f"P1t run {run}")
                     cpu[name].append(cpu_seconds(daemon.pid) - before)
                 ((k, turn),) = col.turns.items()
                 ledger.check(f"P1t {name} run {run}, {turn.describe(k)}",
@@ -96,10 +99,10 @@ async def p2t(mock_url: str, ledger: Ledger) -> list[Row]:
         for name, daemon in (("off", off), ("on", on)):
             async with open_collector(daemon.url, stamped=True,
                                       types="inference.chunk,done,error") as col:
-                before = cpu_seconds(daemon.pid)
+                before, seen = cpu_seconds(daemon.pid), _turn_spans(receiver)
                 await chats(daemon, _paced_messages(), col)
                 if name == "on":
-                    await _spans_for(receiver, P2_STREAMS, ledger, "P2t")
+                    await _spans_for(receiver, seen + P2_STREAMS, ledger, "P2t")
                 used = cpu_seconds(daemon.pid) - before
             for i, (k, turn) in enumerate(col.turns.items()):
                 ledger.stamped(f"P2t {name} turn {i}, {turn.describe(k)}",
@@ -125,11 +128,11 @@ async def t1(mock_url: str, ledger: Ledger) -> list[Row]:
     async with open_pair(mock_url) as (off, on, receiver):
         for name, daemon in (("off", off), ("on", on)):
             async with open_collector(daemon.url, types="done,error") as col:
-                before = cpu_seconds(daemon.pid)
+                before, seen = cpu_seconds(daemon.pid), _turn_spans(receiver)
                 for _ in range(T1_TURNS // T1_AT_ONCE):
                     await chats(daemon, [message] * T1_AT_ONCE, col)
                 if name == "on":
-                    await _spans_for(receiver, T1_TURNS, ledger, "T1")
+                    await _spans_for(receiver, seen + T1_TURNS, ledger, "T1")
                 cpu[name] = cpu_seconds(daemon.pid) - before
             for k, turn in col.turns.items():
                 ledger.check(f"T1 {name} {turn.describe(k)}", len(turn.terminals), "hi", "hi")
