@@ -142,3 +142,36 @@ def closed_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
     return port
+
+
+def render_tree(spans: list[dict[str, Any]]) -> str:
+    """The spans as an indented tree per trace (parent before child, by start time),
+    with each span's attributes, events, links and status: what docs/tracing.md shows."""
+    by_id = {s["spanId"]: s for s in spans}
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for s in spans:
+        parent = s["parentSpanId"] if s["parentSpanId"] in by_id else None
+        children.setdefault(parent, []).append(s)
+    short = {sid: f"#{i}" for i, sid in enumerate(
+        s["spanId"] for s in sorted(spans, key=lambda s: s["start"]))}
+    lines: list[str] = []
+
+    def walk(span: dict[str, Any], depth: int) -> None:
+        pad = "  " * depth
+        ms = (span["end"] - span["start"]) / 1e6
+        status = {0: "", 1: " OK", 2: " ERROR"}[span["status"]["code"]]
+        lines.append(f"{pad}{short[span['spanId']]} {span['name']}  ({ms:.1f} ms){status}")
+        for key, value in span["attributes"].items():
+            lines.append(f"{pad}    {key} = {value!r}")
+        for event in span["events"]:
+            lines.append(f"{pad}    event {event['name']} {event['attributes']}")
+        for link in span["links"]:
+            lines.append(f"{pad}    link -> {short.get(link['spanId'], link['spanId'])} "
+                         f"{link['attributes']}")
+        for child in sorted(children.get(span["spanId"], []), key=lambda s: s["start"]):
+            walk(child, depth + 1)
+
+    for root in sorted(children.get(None, []), key=lambda s: s["start"]):
+        lines.append(f"trace {root['traceId']}  resource {root['resource']}")
+        walk(root, 1)
+    return "\n".join(lines)

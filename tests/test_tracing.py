@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from daemon.config import load_config
 from daemon.errors import ConfigError
@@ -188,6 +189,35 @@ async def test_an_async_inform_is_linked_to_its_call(tmp_path: Path, provider: P
     assert [(ln["spanId"], ln["attributes"]) for ln in inform["links"]] == [
         (tool["spanId"], {"veild.link": "async_inform"})]
     assert inform["attributes"]["gen_ai.conversation.id"] == target
+
+
+async def test_an_async_inform_to_a_busy_session_links_its_wake(
+        tmp_path: Path, provider: Provider) -> None:
+    release = tmp_path / "release"
+    async with open_receiver() as receiver, open_daemon(
+            tmp_path, provider, server=server_keys(receiver)) as d, \
+            open_recorder(d.ws_url) as rec, trio.open_nursery() as nursery:
+        nursery.start_soon(d.chat, mock(say="held a while", pause_after=3,
+                                        pause_until=str(release)), "plain")
+        busy = (await rec.wait_for(lambda evs: next((
+            e for e in evs if e.get("eventType") == "inference.chunk"), None)))
+        body = (await d.chat(mock(calls=[
+            {"tools": [message_tool(busy["sessionId"], "later", async_inform=True,
+                                    delivery="queue")]},
+            {"say": "queued it"}]))).json()
+        release.touch()
+        wake = await rec.wait_for(lambda evs: next((
+            e for e in evs if e.get("eventType") == "turn.start"
+            and e["sessionId"] == busy["sessionId"] and e["data"]["trigger"] == "wake"), None))
+        await rec.terminal(wake["turnId"])
+        spans = await exported(d, receiver, {body["turnId"], wake["turnId"], busy["turnId"]})
+    turns = turn_spans(spans)
+    caller, woke = turns[body["turnId"]], turns[wake["turnId"]]
+    (tool,) = under(spans, caller, "execute_tool agent_message")
+    assert woke["traceId"] == caller["traceId"] != turns[busy["turnId"]]["traceId"]
+    assert woke["parentSpanId"] == caller["spanId"]
+    (link,) = woke["links"]
+    assert link["spanId"] == tool["spanId"] and link["attributes"]["veild.link"] == "wake"
 
 
 async def test_content_only_when_switched_on(tmp_path: Path, provider: Provider) -> None:

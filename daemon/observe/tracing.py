@@ -90,6 +90,7 @@ class TurnTrace(Protocol):
     def retried(self, provider: str, model: str, attempt: int, max_retries: int,
                 wait_ms: int, status: int | None, error: str, fallback: bool) -> None: ...
     def tool(self, call_id: str, name: str, arguments: Any) -> ToolSpan: ...
+    def delivered_by_tool(self, inbox_id: int) -> None: ...
     def end(self, code: str | None, message: str, content: str, *, model: str | None,
             input_tokens: int, output_tokens: int, cancel_reason: str | None,
             delivered: Sequence[int]) -> None: ...
@@ -150,6 +151,9 @@ class _NoTurnTrace:
 
     def tool(self, call_id: str, name: str, arguments: Any) -> ToolSpan:
         return _NO_SPAN
+
+    def delivered_by_tool(self, inbox_id: int) -> None:
+        pass
 
     def end(self, code: str | None, message: str, content: str, *, model: str | None,
             input_tokens: int, output_tokens: int, cancel_reason: str | None,
@@ -309,8 +313,9 @@ class OtelTracing:
         self._provider.add_span_processor(self._processor)  # type: ignore[arg-type]
         self.tracer = self._provider.get_tracer("veild")
         self.Link, self.SpanKind, self.Status, self.StatusCode = Link, SpanKind, Status, StatusCode
-        # inbox id -> the SpanContext of the turn that delivered it (for its wake)
-        self._delivered: OrderedDict[int, Any] = OrderedDict()
+        # inbox id -> (parent, link) SpanContexts for the wake that drains it: the turn
+        # that delivered it twice, or the calling turn and its tool call (async inform)
+        self._delivered: OrderedDict[int, tuple[Any, Any]] = OrderedDict()
         self._closed = False
 
     def turn(self, *, agent: str, session_id: str, root_session_id: str, turn_id: str,
@@ -329,15 +334,15 @@ class OtelTracing:
             for inbox_id in drained:
                 found = self._delivered.pop(inbox_id, None)
                 if found is not None:
-                    parent = parent or found
-                    links.append(self.Link(found, {"veild.link": "wake",
-                                                   "veild.inbox_id": inbox_id}))
+                    parent = parent or found[0]
+                    links.append(self.Link(found[1], {"veild.link": "wake",
+                                                      "veild.inbox_id": inbox_id}))
         return _OtelTurn(self, agent, session_id, root_session_id, turn_id, trigger,
                          message, parent, links)
 
-    def remember_delivered(self, ids: Sequence[int], context: Any) -> None:
+    def remember_delivered(self, ids: Sequence[int], parent: Any, link: Any) -> None:
         for inbox_id in ids:
-            self._delivered[inbox_id] = context
+            self._delivered[inbox_id] = (parent, link)
         while len(self._delivered) > DELIVERED_MAX:
             self._delivered.popitem(last=False)
 
@@ -499,6 +504,13 @@ class _OtelTurn:
     def tool(self, call_id: str, name: str, arguments: Any) -> ToolSpan:
         return _OtelTool(self, call_id, name, arguments)
 
+    def delivered_by_tool(self, inbox_id: int) -> None:
+        """A tool call of this turn put a message in a busy session's inbox (an async
+        inform): the wake that drains it is linked to that call."""
+        origin = _ORIGIN.get()
+        if origin is not None and origin.session_id == self._session_id:
+            self._t.remember_delivered([inbox_id], origin.turn, origin.tool)
+
     def end(self, code: str | None, message: str, content: str, *, model: str | None,
             input_tokens: int, output_tokens: int, cancel_reason: str | None,
             delivered: Sequence[int]) -> None:
@@ -518,7 +530,8 @@ class _OtelTurn:
                 span.set_attribute("veild.cancel_reason", cancel_reason)
             span.set_status(self._t.Status(self._t.StatusCode.ERROR, message[:300]))
         if delivered:
-            self._t.remember_delivered(delivered, span.get_span_context())
+            context = span.get_span_context()
+            self._t.remember_delivered(delivered, context, context)
         span.end()
 
 
