@@ -256,6 +256,35 @@ async def test_an_error_turn_has_error_status_and_type(tmp_path: Path, provider:
     assert chat["attributes"]["error.type"] == "400"
 
 
+WIDE_AGENT = """
+[agents.wide]
+engine = "openai"
+provider = "mock"
+model = "wide-model"
+tools = []
+"""
+
+
+async def test_a_summarising_call_is_a_chat_span(tmp_path: Path, provider: Provider) -> None:
+    async with open_receiver() as receiver, open_daemon(
+            tmp_path, provider, server=server_keys(receiver), extra=WIDE_AGENT) as d:
+        first = (await d.chat("remember 42 " + mock(say="ok"), agent="wide")).json()
+        sid = first["sessionId"]
+        await d.chat(mock(say="fine"), agent="wide", sessionId=sid)
+        r = await d.http.post(f"/sessions/{sid}/compact")
+        assert r.status_code == 200, r.text
+        result = r.json()
+        spans = await exported(d, receiver, {result["turnId"]})
+    turn = turn_spans(spans)[result["turnId"]]
+    assert turn["attributes"]["veild.trigger"] == "compact"
+    (chat,) = under(spans, turn, "chat ")
+    assert chat["name"] == "chat wide-model"
+    assert chat["attributes"]["gen_ai.response.model"] == "wide-model"
+    assert chat["attributes"]["gen_ai.usage.input_tokens"] == \
+        turn["attributes"]["gen_ai.usage.input_tokens"] == result["tokenUsage"]["input"] > 0
+    assert chat["attributes"]["gen_ai.usage.output_tokens"] == result["tokenUsage"]["output"]
+
+
 FALLBACK_AGENT = """
 [agents.backed]
 engine = "openai"

@@ -102,7 +102,8 @@ async def tool_loop(
     engines/compaction.py; the summarising call goes through `summary_call`)."""
     agent = ctx.agent
     compactor = Compactor(agent, ctx.window, ctx.calibration, conversation,
-                          summary_call or call, compact_only=ctx.compact_only)
+                          summary_call or call, compact_only=ctx.compact_only,
+                          trace=ctx.trace)
     if ctx.compact_only:  # POST /sessions/{id}/compact: the turn is the compaction
         summary = ""
         # Asked for now, it frees room whatever the estimate: it keeps at most a quarter

@@ -278,18 +278,20 @@ class _Drops:
         self.endpoint = endpoint
         self.full = 0  # Trio thread
         self.refused = 0  # export thread
-        self._logged = threading.Event()
+        self._lock = threading.Lock()  # either thread may be first
+        self._logged = False
 
     @property
     def total(self) -> int:
         return self.full + self.refused
 
     def warn_once(self, why: str) -> None:
-        if not self._logged.is_set():
-            self._logged.set()
-            log.warning("traces: %s (collector %s): spans are dropped and counted in "
-                        "veild_otel_dropped_total; turns go on (logged once)", why,
-                        self.endpoint)
+        with self._lock:
+            if self._logged:
+                return
+            self._logged = True
+        log.warning("traces: %s (collector %s): spans are dropped and counted in "
+                    "veild_otel_dropped_total; turns go on (logged once)", why, self.endpoint)
 
 
 class OtelTracing:
@@ -641,5 +643,5 @@ def _error_type(exc: BaseException) -> str:
             isinstance(exc, BaseExceptionGroup)
             and exc.split(trio.Cancelled)[1] is None):
         return "cancelled"
-    status = getattr(exc, "status", None)
-    return str(status) if status else type(exc).__name__
+    status = getattr(exc, "status", None)  # a provider's HTTP status, else its reason
+    return str(status) if status else getattr(exc, "reason", None) or type(exc).__name__
