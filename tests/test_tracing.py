@@ -13,6 +13,7 @@ drops counted in /metrics and logged once; off by default, with no provider at a
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -341,6 +342,27 @@ async def test_an_unreachable_collector_drops_counted_and_logged_once(
     warned = [r for r in caplog.records if r.name == "daemon.observe.tracing"]
     assert len(warned) == 1 and warned[0].levelno == logging.WARNING
     assert "veild_otel_dropped_total" in warned[0].getMessage()
+
+
+async def test_a_collector_that_never_answers_does_not_hold_the_stop(
+        tmp_path: Path, provider: Provider) -> None:
+    """The stop exports what is queued within its bound, then goes on: a collector that
+    takes the connection and never answers (the exporter's 10 s timeout) holds nothing."""
+    async def silent(stream: trio.SocketStream) -> None:
+        async with stream:
+            while await stream.receive_some(65536):
+                pass
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        async with open_daemon(tmp_path, provider, server=server_keys(url)) as d:
+            r = await d.chat(mock(say="quick"))
+            assert r.status_code == 200
+            stop_began = trio.current_time()
+        stopped_in = trio.current_time() - stop_began
+        nursery.cancel_scope.cancel()
+    assert stopped_in < 2.0, stopped_in
 
 
 async def test_off_by_default_with_no_provider(daemon: Running) -> None:
