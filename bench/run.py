@@ -9,7 +9,8 @@ and the words it delivered are what the mock sent (a cancelled turn: a whole pre
 The exit status is 1 when any run lost a token or a terminal, or a measurement failed;
 a target that does not hold is a `NO` in the table, not an exit status.
 
-  P1, P2  bench/throughput.py     P3  bench/children.py (on a fresh daemon: its peak RSS)
+  P1, P2  bench/throughput.py     P1t P2t T1  bench/traced.py (tracing on vs off)
+          P3  bench/children.py (on a fresh daemon: its peak RSS)
   P3x     bench/children.py (3,000 children, on a fresh daemon of its own; no target)
   chats   bench/bursts.py (1,000 chats at once beside 200 /ws watchers; /health latency)
   P4      bench/cancel.py         P5  bench/slow.py and bench/publish.py (in-process Bus)
@@ -21,8 +22,8 @@ a target that does not hold is a `NO` in the table, not an exit status.
   L1-L3   bench/long_session.py (2,000 turns on one session with a 32,000-token window:
           request size, compactions, time per turn; LONG_SESSION_TURNS sets the count)
 
-`python -m bench.run --only p1,p3` runs only those phases (p1 p2 p3 p3x chats p4 p5
-extras publish durable cluster sandbox chaos peers long), `--repeat N` runs them N times and
+`python -m bench.run --only p1,p3` runs only those phases (p1 p2 traced p3 p3x chats p4
+p5 extras publish durable cluster sandbox chaos peers long), `--repeat N` runs them N times and
 prints each table: a quicker loop while working on one row. `--burn N` runs N CPU-burning
 processes (busy loops at the bench's own niceness) during each phase, as on a shared
 machine. `make bench` runs everything once.
@@ -57,13 +58,14 @@ from bench import (
     sandbox,
     slow,
     throughput,
+    traced,
 )
 from bench.procs import open_daemon, open_mock
 from bench.table import Ledger, Row, render
 
 Phase = Callable[[], Awaitable[list[Row]]]
 PHASE_LIMIT_S = 600
-PHASES = ("p1", "p2", "p3", "p3x", "chats", "p4", "p5", "extras", "publish", "durable",
+PHASES = ("p1", "p2", "traced", "p3", "p3x", "chats", "p4", "p5", "extras", "publish", "durable",
           "cluster", "sandbox", "chaos", "peers", "long")
 BURN = "while True: pass"
 
@@ -174,6 +176,10 @@ async def _run(only: set[str], resets: bool = True, burn: int = 0) -> int:
                 if "p2" in only:
                     await _phase("P2", lambda: throughput.p2(daemon, mock, ledger), ledger,
                                  rows)
+        if "traced" in only:  # CONTRACT §12.1: tracing on against off, side by side
+            await _phase("P1t", lambda: traced.p1t(mock.url, ledger), ledger, rows)
+            await _phase("P2t", lambda: traced.p2t(mock.url, ledger), ledger, rows)
+            await _phase("T1", lambda: traced.t1(mock.url, ledger), ledger, extra)
         if "p3" in only:
             async with open_daemon(mock.url) as fresh:
                 await _phase("P3", lambda: children.p3(fresh, ledger), ledger, rows)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from daemon.errors import ConfigError
 from daemon.hosts import configured_host, is_loopback, normalise_origin
@@ -87,6 +88,10 @@ class ServerConfig:
     # paths the sandbox hides, beyond the data dir, the config's dir and the home.
     sandbox: str = "auto"
     sandbox_hide: tuple[Path, ...] = ()
+    # CONTRACT §12.1: the OTLP/HTTP collector traces go to (its base URL; None: the
+    # OTEL_EXPORTER_OTLP_* variables, else no traces), and whether spans hold content.
+    otel_endpoint: str | None = None
+    otel_content: bool = False
 
     @property
     def auth_token(self) -> str | None:
@@ -396,9 +401,23 @@ def _server(file: str, table: Any) -> ServerConfig:
         keep_days=r.positive_int("keep_days", 0, minimum=0, maximum=MAX_KEEP_DAYS),
         sandbox=_sandbox_mode(r),
         sandbox_hide=_absolute_paths(r, "sandbox_hide"),
+        otel_endpoint=_otel_endpoint(r),
+        otel_content=r.get("otel_content", bool, False),
     )
     r.check_unknown()
     return cfg
+
+
+def _otel_endpoint(r: _Reader) -> str | None:
+    value: str | None = r.get("otel_endpoint", str, None)
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise r.fail("otel_endpoint", "must be an http:// or https:// URL of an OTLP/HTTP "
+                                      f"collector (e.g. http://127.0.0.1:4318), got {value!r}")
+    return value
 
 
 def _sandbox_mode(r: _Reader) -> str:

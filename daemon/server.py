@@ -41,6 +41,7 @@ from daemon.mock.provider import serve_mock_provider
 from daemon.observe.looplag import LoopLag
 from daemon.observe.metrics import Metrics
 from daemon.observe.provider import ObservedAnthropicClient, ObservedOpenAIClient, ProviderCalls
+from daemon.observe.tracing import NO_TRACING, Tracing, open_tracing
 from daemon.runtime.bus import Bus
 from daemon.runtime.core import Runtime
 from daemon.runtime.ports import EventLog, Store
@@ -73,6 +74,7 @@ class Daemon:
     _stop: trio.Event
     metrics: Metrics
     loop_lag: LoopLag
+    tracing: Tracing = NO_TRACING  # CONTRACT §12.1 (`await tracing.flush()`: export now)
 
     @property
     def port(self) -> int:
@@ -327,6 +329,7 @@ async def _serve(
     cluster: ClusterNode | None = None
     http_server: HttpServer | None = None
     mcp: McpManager | None = None
+    tracing: Tracing = NO_TRACING
     async with AsyncExitStack() as clients_stack, trio.open_nursery() as services:
         clients = {
             name: await clients_stack.enter_async_context(open_provider_http(
@@ -340,6 +343,12 @@ async def _serve(
             log.info("provider %s: %s transport (%s)", name,
                      *choose_transport(p.transport, p.base_url, p.proxy))
         try:
+            # CONTRACT §12.1: a TracerProvider of this daemon's own (none when off),
+            # closed at the end of the stop.
+            tracing = open_tracing(server.otel_endpoint, content=server.otel_content)
+            metrics.add("veild_otel_dropped_total", "counter", "Spans dropped: the export "
+                        "queue was full or the collector did not take them.",
+                        tracing.dropped)
             await services.start(event_log.serve)
             loop_lag = LoopLag(metrics.loop_lag.set)
             await services.start(loop_lag.serve)
@@ -366,7 +375,7 @@ async def _serve(
                             if config.cluster is not None else server.data_dir / "workspaces"),
                 grace_s=server.shutdown_grace_s,
                 slots=trio.CapacityLimiter(server.max_running_turns),
-                mcp=mcp, sandbox=sandbox or Sandbox(),
+                mcp=mcp, sandbox=sandbox or Sandbox(), tracing=tracing,
             )
             # A store's shielded writes (the embedded group commit's batches) end with
             # the stop's bound, so that a hung disk holds no task past it.
@@ -402,7 +411,8 @@ async def _serve(
                 connections,
             )
             await core.start(http_server.serve)
-            daemon = Daemon(runtime, http_server, server.host, stop, metrics, loop_lag)
+            daemon = Daemon(runtime, http_server, server.host, stop, metrics, loop_lag,
+                            tracing)
             await services.start(serve_watchdog, lambda: metrics.running)
             await services.start(serve_status, metrics.wait_running_changed)
             if own_process:
@@ -430,6 +440,9 @@ async def _serve(
                 if http_server is not None:
                     left = max(0.0, deadline - trio.current_time() - 0.2)
                     await http_server.close(min(server.client_close_grace_s, left))
+                # The turns' last spans go out, within what is left (bounded, shielded).
+                await tracing.aclose(max(0.05, min(CLOSE_S / 2,
+                                                   deadline - trio.current_time())))
             services.cancel_scope.cancel()
     if cluster is not None and cluster.fenced:
         # Swept while it lived (CONTRACT §13.8): it stopped publishing for those turns;

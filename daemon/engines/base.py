@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from daemon.config import AgentConfig
 from daemon.engines.context import Calibration, Window
 from daemon.llm.sse import MERGE_MAX_CHARS
+from daemon.observe.tracing import TurnTrace
 from daemon.store.models import MessageRecord, TokenUsage
 from daemon.tools.base import Tool, ToolOutcome
 
@@ -201,6 +202,7 @@ class EngineContext(Protocol):
     window: Window
     calibration: Calibration
     compact_only: bool
+    trace: TurnTrace  # the turn's spans: one `chat` per LLM call (CONTRACT §12.1)
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         """Run one tool call; returns its outcome and duration in ms."""

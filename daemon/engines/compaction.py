@@ -33,6 +33,7 @@ from daemon.engines.modelcall import ModelCall, Route
 from daemon.engines.request import Answer, CallRequest, Conversation
 from daemon.engines.summary_request import summary_tokens, system_prompt, transcript
 from daemon.errors import ContextOverflowError, ModelCallFailed
+from daemon.observe.tracing import NO_TURN_TRACE, TurnTrace
 from daemon.store.models import MessageRecord
 
 # What of the summarising call reaches the turn: its usage (counted), and that it waits.
@@ -53,8 +54,9 @@ def limits_of(agent: AgentConfig, calibration: Calibration) -> Limits:
 class Compactor:
     def __init__(self, agent: AgentConfig, window: Window, calibration: Calibration,
                  conversation: Conversation, summary_call: ModelCall[Any], *,
-                 compact_only: bool = False) -> None:
+                 compact_only: bool = False, trace: TurnTrace = NO_TURN_TRACE) -> None:
         self.agent = agent
+        self.trace = trace  # the summarising call is a `chat` span too (CONTRACT §12.1)
         self.window = window
         self.calibration = calibration
         self.conversation = conversation
@@ -128,13 +130,21 @@ class Compactor:
                 [MessageRecord("user", transcript(previous, messages, budget))],
                 tools=False, max_tokens=most)
             texts: list[str] = []
+            first = self.summary_call.routes[0]
             try:
-                async with aclosing(self.summary_call.stream(
-                        partial(self._attempt, iteration, request, texts))) as events:
-                    async for event in events:
-                        if isinstance(event, _PASSED) or (
-                                self.compact_only and isinstance(event, ModelNamed)):
-                            yield event
+                with self.trace.chat(first.provider.name, first.model, request.messages):
+                    async with aclosing(self.summary_call.stream(
+                            partial(self._attempt, iteration, request, texts))) as events:
+                        async for event in events:
+                            # Its span's usage and model now: its usage reaches the
+                            # turn after the compaction (below), when the span is over.
+                            if isinstance(event, UsageReport):
+                                self.trace.usage(event.usage.input, event.usage.output)
+                            elif isinstance(event, ModelNamed):
+                                self.trace.model_named(event.model)
+                            if isinstance(event, _PASSED) or (
+                                    self.compact_only and isinstance(event, ModelNamed)):
+                                yield event
                 break
             except ModelCallFailed as exc:
                 if exc.too_long and tries == 1:

@@ -102,7 +102,8 @@ async def tool_loop(
     engines/compaction.py; the summarising call goes through `summary_call`)."""
     agent = ctx.agent
     compactor = Compactor(agent, ctx.window, ctx.calibration, conversation,
-                          summary_call or call, compact_only=ctx.compact_only)
+                          summary_call or call, compact_only=ctx.compact_only,
+                          trace=ctx.trace)
     if ctx.compact_only:  # POST /sessions/{id}/compact: the turn is the compaction
         summary = ""
         # Asked for now, it frees room whatever the estimate: it keeps at most a quarter
@@ -134,13 +135,18 @@ async def tool_loop(
         answer = Answer()
         request = compactor.request()
         sent = compactor.window.sent_bytes()
+        first = call.routes[0]
         try:
-            async with aclosing(call.stream(partial(conversation.stream, iteration, answer,
-                                                    request=request))) as deltas:
-                async for event in deltas:
-                    if isinstance(event, UsageReport):
-                        compactor.calibration.reported(event.prompt_tokens, sent)
-                    yield event
+            # The call's span (CONTRACT §12.1): the turn reports its model, usage and
+            # retries to it as their events pass.
+            with ctx.trace.chat(first.provider.name, first.model, request.messages) as span:
+                async with aclosing(call.stream(partial(conversation.stream, iteration,
+                                                        answer, request=request))) as deltas:
+                    async for event in deltas:
+                        if isinstance(event, UsageReport):
+                            compactor.calibration.reported(event.prompt_tokens, sent)
+                        yield event
+                span.answer(answer.text, answer.calls)
         except ModelCallFailed as exc:
             if not exc.too_long:
                 raise

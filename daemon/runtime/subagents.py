@@ -76,12 +76,13 @@ class TurnAgents:
                                              from_session_id=caller.id, reply_to=caller.id)
                 else:  # busy: it reads the message when its inbox is drained, then answers;
                     # refused (nothing stored) when the target's inbox is full
-                    await manager.deliver(
+                    item = await manager.deliver(
                         session_id,
                         delivery_text.from_session(caller.id, caller.record.agent_name,
                                                    delivery_text.MESSAGE, message),
                         from_session_id=caller.id, delivery=delivery, reply_to=caller.id,
                     )
+                    self._turn.trace.delivered_by_tool(item.id)  # its wake's link (§12.1)
                 return {"queued": True}
             if target.running is not None:
                 raise ToolError(

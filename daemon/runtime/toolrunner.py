@@ -60,7 +60,14 @@ class TurnTools:
         return named_tools(self._agent, self._services.tools, self._services.mcp)
 
     async def run(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
-        """One call: its outcome and how long it ran (ms; an approval's wait aside)."""
+        """One call: its outcome and how long it ran (ms; an approval's wait aside), in
+        its `execute_tool` span (CONTRACT §12.1: a turn it starts descends from it)."""
+        with self._turn.trace.tool(call_id, name, args) as span:
+            outcome, duration_ms = await self._run(call_id, name, args)
+            span.result(outcome.content, outcome.is_error)
+        return outcome, duration_ms
+
+    async def _run(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         started = trio.current_time()
         tool = self._named().get(name)
         verdict = approvals.policy(self._agent, tool) if tool is not None else None

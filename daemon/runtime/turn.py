@@ -47,6 +47,7 @@ from daemon.errors import (
 from daemon.mcp.manager import McpManager
 from daemon.observe.logs import turn_context
 from daemon.observe.metrics import Metrics
+from daemon.observe.tracing import NO_TRACING, Tracing, TurnTrace
 from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
 from daemon.runtime.approvals import Approvals
@@ -108,6 +109,8 @@ class TurnServices:
     # The one bound on the store writes a cancel must not cut short: the daemon's stop
     # (runtime/stopbound.py). Under load they wait as long as the store's queue takes.
     stop: StopBound = field(default_factory=StopBound)
+    # CONTRACT §12.1: the daemon's traces (no-ops when off).
+    tracing: Tracing = NO_TRACING
 
 
 @dataclass(frozen=True)
@@ -196,11 +199,20 @@ class Turn:
     # (runtime/toolrunner.py).
     publisher: TurnPublisher = field(init=False)
     toolbox: TurnTools = field(init=False)
+    trace: TurnTrace = field(init=False)  # its spans (observe/tracing.py)
 
     def __post_init__(self) -> None:
         self.publisher = TurnPublisher(self.services.bus, self.session, self.id,
                                        lambda: self.gate_closed)
         self.toolbox = TurnTools(self)
+        # Built here, synchronously in the task of the tool call that starts it (if any):
+        # that is how its span finds the spawning call's.
+        record = self.session.record
+        self.trace = self.services.tracing.turn(
+            agent=self.agent.name, session_id=record.id, root_session_id=record.root_session_id,
+            turn_id=self.id, trigger=self.trigger, message=self.message,
+            waited=self.parent is not None, from_session_id=self.from_session_id,
+            drained=[i.id for i in self.inbox_hold.drained])
 
     # -- the gate -------------------------------------------------------------------------
 
@@ -267,6 +279,7 @@ class Turn:
         log.info("turn started", extra={"agent": self.agent.name, "trigger": self.trigger})
         if self.services.metrics is not None:
             self.services.metrics.turn_started()
+        self.trace.start()
         with self.scope:
             task_status.started(self)
             try:
@@ -294,6 +307,7 @@ class Turn:
                         assert slots is not None
                         slots.release()
                     self._report_end(started)
+                    self._trace_end()
                     turn_context.reset(context)
                     # The failure's traceback holds this frame, which holds the failure:
                     # a cycle only a full collection frees (a burst of cancelled turns
@@ -421,8 +435,10 @@ class Turn:
                 self.publisher.chunk(ev.THINKING_CHUNK, event.text)
             case eng.ModelNamed():
                 self.model = event.model
+                self.trace.model_named(event.model)
             case eng.UsageReport():
                 self.usage = self.usage + event.usage
+                self.trace.usage(event.usage.input, event.usage.output)
                 self.iterations = max(self.iterations, event.iteration)
                 self.publisher.stream(ev.USAGE, {
                     "tokenUsage": ev.usage_wire(self.usage),
@@ -474,6 +490,9 @@ class Turn:
                 if event.fallback:
                     data["fallback"] = True
                 self.publisher.stream(ev.PROVIDER_RETRY, data)
+                self.trace.retried(event.provider, event.model, event.attempt,
+                                   event.max_retries, event.wait_ms, event.status,
+                                   event.error, event.fallback)
             case eng.ProviderQueued():
                 queue: dict[str, Any] = {
                     "reason": "max_concurrent", "limit": event.limit,
@@ -594,6 +613,15 @@ class Turn:
                 self.agent.name, code, duration, input_tokens=self.usage.input,
                 output_tokens=self.usage.output, cache_tokens=self.usage.cache,
                 cost=self.usage.cost)
+
+    def _trace_end(self) -> None:
+        outcome = self.outcome
+        self.trace.end(
+            outcome.code if outcome is not None else "INTERNAL_ERROR",
+            outcome.message if outcome is not None else "", self.content,
+            model=self.model, input_tokens=self.usage.input, output_tokens=self.usage.output,
+            cancel_reason=outcome.cancel_reason if outcome is not None else None,
+            delivered=[i.id for i in self.delivered])
 
     def _replies(self, code: str | None, message: str) -> list[InboxRecord]:
         """What this turn delivers: its result to whoever is owed one. A stopped turn's
@@ -732,6 +760,7 @@ class _EngineContext:
         self.session_id = turn.session.record.id
         self.engine_session_id = turn.session.record.engine_session_id
         self.compact_only = turn.compact_only
+        self.trace = turn.trace
         self.calibration: Calibration = turn.session.calibration
         # What every call sends besides the messages counts in the estimate (§15).
         self.window = Window.stored(stored, base_bytes=base_bytes(turn.agent, self.tools),
