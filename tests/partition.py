@@ -23,10 +23,6 @@ class Partition:
         self._flowing.set()
         self.connections = 0
 
-    @property
-    def cut_now(self) -> bool:
-        return not self._flowing.is_set()
-
     def cut(self) -> None:
         if self._flowing.is_set():
             self._flowing = trio.Event()

@@ -18,6 +18,7 @@ from daemon.errors import BadRequest, ServiceUnavailable
 from daemon.runtime import delivery_text
 
 if TYPE_CHECKING:
+    from daemon.cluster.routing import Router
     from daemon.runtime.core import Runtime
     from daemon.runtime.turn import Turn
 
@@ -45,14 +46,14 @@ async def _cancel(rt: Runtime, body: dict[str, Any]) -> Result:
     remote_ended = trio.Event()
     try:
         receipt = (await rt.sessions.cancel(sid, scope, hold=remote_ended)).wire()
-        return 200, await _cancel_elsewhere(rt, sid, receipt)
+        return 200, await _cancel_elsewhere(rt, router, sid, receipt)
     finally:
         remote_ended.set()
 
 
-async def _cancel_elsewhere(rt: Runtime, sid: str, receipt: dict[str, Any]) -> dict[str, Any]:
-    router = rt.sessions.router
-    assert router is not None
+async def _cancel_elsewhere(rt: Runtime, router: Router, sid: str,
+                            receipt: dict[str, Any]) -> dict[str, Any]:
+    """The parts of the tree other nodes own, cancelled there; the merged receipt."""
     tree = await rt.sessions.store.subtree(sid)
     parts = await router.elsewhere([r.id for r in tree[1:]])
     if not parts:

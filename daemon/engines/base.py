@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from daemon.config import AgentConfig
 from daemon.engines.context import Calibration, Window
 from daemon.llm.sse import MERGE_MAX_CHARS
-from daemon.observe.tracing import TurnTrace
+from daemon.observe.tracing import ChatSpan, TurnTrace
 from daemon.store.models import MessageRecord, TokenUsage
 from daemon.tools.base import Tool, ToolOutcome
 
@@ -157,6 +157,23 @@ EngineEvent = (
     | ToolOutput | EngineSessionNamed | MessageAppended | Finished | ProviderRetried
     | ProviderQueued | ToolResults | Compacted
 )
+
+
+# The events of an LLM call its `chat` span records (CONTRACT §12.1): a per-event set
+# lookup by exact type on the per-token path, nothing more for a chunk.
+CALL_SPAN_EVENTS: frozenset[type] = frozenset({UsageReport, ModelNamed, ProviderRetried})
+
+
+def trace_call_event(span: ChatSpan, event: EngineEvent) -> None:
+    """Record one of CALL_SPAN_EVENTS on the call's span (the engine holding the span
+    calls it: engines/toolround.py, and compaction.py for the summarising call)."""
+    if isinstance(event, UsageReport):
+        span.usage(event.usage.input, event.usage.output)
+    elif isinstance(event, ModelNamed):
+        span.model_named(event.model)
+    elif isinstance(event, ProviderRetried):
+        span.retried(event.provider, event.model, event.attempt, event.max_retries,
+                     event.wait_ms, event.status, event.error, event.fallback)
 
 
 def merge_text_runs(events: list[EngineEvent]) -> list[EngineEvent]:

@@ -21,12 +21,14 @@ from typing import Any
 
 from daemon.config import AgentConfig
 from daemon.engines.base import (
+    CALL_SPAN_EVENTS,
     Compacted,
     EngineEvent,
     ModelNamed,
     ProviderQueued,
     ProviderRetried,
     UsageReport,
+    trace_call_event,
 )
 from daemon.engines.context import Calibration, Limits, Plan, Window, tokens
 from daemon.engines.modelcall import ModelCall, Route
@@ -132,16 +134,13 @@ class Compactor:
             texts: list[str] = []
             first = self.summary_call.routes[0]
             try:
-                with self.trace.chat(first.provider.name, first.model, request.messages):
+                with self.trace.chat(first.provider.name, first.model,
+                                     request.messages) as span:
                     async with aclosing(self.summary_call.stream(
                             partial(self._attempt, iteration, request, texts))) as events:
                         async for event in events:
-                            # Its span's usage and model now: its usage reaches the
-                            # turn after the compaction (below), when the span is over.
-                            if isinstance(event, UsageReport):
-                                self.trace.usage(event.usage.input, event.usage.output)
-                            elif isinstance(event, ModelNamed):
-                                self.trace.model_named(event.model)
+                            if type(event) in CALL_SPAN_EVENTS:
+                                trace_call_event(span, event)
                             if isinstance(event, _PASSED) or (
                                     self.compact_only and isinstance(event, ModelNamed)):
                                 yield event

@@ -21,6 +21,7 @@ import trio
 
 from daemon.clock import now_ms
 from daemon.engines.base import (
+    CALL_SPAN_EVENTS,
     Compacted,
     EngineContext,
     EngineEvent,
@@ -30,6 +31,7 @@ from daemon.engines.base import (
     ToolResults,
     ToolStarted,
     UsageReport,
+    trace_call_event,
 )
 from daemon.engines.compaction import Compactor, overflow_error
 from daemon.engines.modelcall import ModelCall
@@ -137,14 +139,16 @@ async def tool_loop(
         sent = compactor.window.sent_bytes()
         first = call.routes[0]
         try:
-            # The call's span (CONTRACT §12.1): the turn reports its model, usage and
-            # retries to it as their events pass.
+            # The call's span (CONTRACT §12.1): its model, usage and retries are
+            # recorded on it as their events pass.
             with ctx.trace.chat(first.provider.name, first.model, request.messages) as span:
                 async with aclosing(call.stream(partial(conversation.stream, iteration,
                                                         answer, request=request))) as deltas:
                     async for event in deltas:
-                        if isinstance(event, UsageReport):
-                            compactor.calibration.reported(event.prompt_tokens, sent)
+                        if type(event) in CALL_SPAN_EVENTS:
+                            if isinstance(event, UsageReport):
+                                compactor.calibration.reported(event.prompt_tokens, sent)
+                            trace_call_event(span, event)
                         yield event
                 span.answer(answer.text, answer.calls)
         except ModelCallFailed as exc:

@@ -540,9 +540,8 @@ class RedisEventLog:
         if self._fences is None:
             return
         fences = await self._fences()
-        for node_id, epoch in fences:
-            with trio.fail_after(COMMAND_TIMEOUT_S):
-                await fence_node(self._client, node_id, epoch, key_prefix=self._key_prefix)
+        for node_id, epoch in fences:  # each bounded by the command timeout
+            await fence_node(self._client, node_id, epoch, key_prefix=self._key_prefix)
         if fences:
             log.warning("event log: %d node fence(s) raised again from the store",
                         len(fences))

@@ -78,17 +78,18 @@ class ChatSpan(Protocol):
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None: ...
     def answer(self, text: str, calls: Sequence[Mapping[str, Any]]) -> None: ...
-
-
-class TurnTrace(Protocol):
-    """One turn's spans."""
-
-    def start(self) -> None: ...
-    def chat(self, provider: str, model: str, messages: Sequence[Any]) -> ChatSpan: ...
     def model_named(self, model: str) -> None: ...
     def usage(self, input_tokens: int, output_tokens: int) -> None: ...
     def retried(self, provider: str, model: str, attempt: int, max_retries: int,
                 wait_ms: int, status: int | None, error: str, fallback: bool) -> None: ...
+
+
+class TurnTrace(Protocol):
+    """One turn's spans. A call's usage, model and retries go to its `chat` span, from
+    the engine that holds it (engines/base.py: trace_call_event)."""
+
+    def start(self) -> None: ...
+    def chat(self, provider: str, model: str, messages: Sequence[Any]) -> ChatSpan: ...
     def tool(self, call_id: str, name: str, arguments: Any) -> ToolSpan: ...
     def delivered_by_tool(self, inbox_id: int) -> None: ...
     def end(self, code: str | None, message: str, content: str, *, model: str | None,
@@ -126,6 +127,16 @@ class _NoSpan:
     def answer(self, text: str, calls: Sequence[Mapping[str, Any]]) -> None:
         pass
 
+    def model_named(self, model: str) -> None:
+        pass
+
+    def usage(self, input_tokens: int, output_tokens: int) -> None:
+        pass
+
+    def retried(self, provider: str, model: str, attempt: int, max_retries: int,
+                wait_ms: int, status: int | None, error: str, fallback: bool) -> None:
+        pass
+
 
 _NO_SPAN = _NoSpan()
 
@@ -138,16 +149,6 @@ class _NoTurnTrace:
 
     def chat(self, provider: str, model: str, messages: Sequence[Any]) -> ChatSpan:
         return _NO_SPAN
-
-    def model_named(self, model: str) -> None:
-        pass
-
-    def usage(self, input_tokens: int, output_tokens: int) -> None:
-        pass
-
-    def retried(self, provider: str, model: str, attempt: int, max_retries: int,
-                wait_ms: int, status: int | None, error: str, fallback: bool) -> None:
-        pass
 
     def tool(self, call_id: str, name: str, arguments: Any) -> ToolSpan:
         return _NO_SPAN
@@ -351,6 +352,11 @@ class OtelTracing:
     def dropped(self) -> int:
         return self.drops.total
 
+    def failed(self, span: Any, error_type: str, message: str) -> None:
+        """A span's error status (CONTRACT §12.1: `error.type`, the message clipped)."""
+        span.set_attribute("error.type", error_type)
+        span.set_status(self.Status(self.StatusCode.ERROR, message[:300] or None))
+
     async def flush(self) -> bool:
         """Export every ended span now (tests, and the stop): in a worker thread."""
         if self._closed:
@@ -467,7 +473,6 @@ class _OtelTurn:
         self._parent = parent
         self._links = links
         self.span: Any = None
-        self._chat: _OtelChat | None = None
 
     def start(self) -> None:
         from opentelemetry import trace
@@ -484,24 +489,7 @@ class _OtelTurn:
         return trace.set_span_in_context(self.span) if self.span is not None else None
 
     def chat(self, provider: str, model: str, messages: Sequence[Any]) -> ChatSpan:
-        chat = _OtelChat(self, provider, model, messages)
-        self._chat = chat
-        return chat
-
-    def model_named(self, model: str) -> None:
-        if self._chat is not None:
-            self._chat.span.set_attribute("gen_ai.response.model", model)
-
-    def usage(self, input_tokens: int, output_tokens: int) -> None:
-        if self._chat is not None:
-            self._chat.input_tokens += input_tokens
-            self._chat.output_tokens += output_tokens
-
-    def retried(self, provider: str, model: str, attempt: int, max_retries: int,
-                wait_ms: int, status: int | None, error: str, fallback: bool) -> None:
-        if self._chat is not None:
-            self._chat.retried(provider, model, attempt, max_retries, wait_ms, status,
-                               error, fallback)
+        return _OtelChat(self, provider, model, messages)
 
     def tool(self, call_id: str, name: str, arguments: Any) -> ToolSpan:
         return _OtelTool(self, call_id, name, arguments)
@@ -527,10 +515,9 @@ class _OtelTurn:
             span.set_attribute("gen_ai.output.messages", _json(
                 [{"role": "assistant", "parts": [{"type": "text", "content": content}]}]))
         if code is not None:
-            span.set_attribute("error.type", code)
             if cancel_reason:
                 span.set_attribute("veild.cancel_reason", cancel_reason)
-            span.set_status(self._t.Status(self._t.StatusCode.ERROR, message[:300]))
+            self._t.failed(span, code, message)
         if delivered:
             context = span.get_span_context()
             self._t.remember_delivered(delivered, context, context)
@@ -562,11 +549,15 @@ class _OtelChat:
         span.set_attribute("gen_ai.usage.input_tokens", self.input_tokens)
         span.set_attribute("gen_ai.usage.output_tokens", self.output_tokens)
         if exc is not None and not isinstance(exc, GeneratorExit):
-            span.set_attribute("error.type", _error_type(exc))
-            span.set_status(t.Status(t.StatusCode.ERROR, str(exc)[:300]))
-        if self._turn._chat is self:
-            self._turn._chat = None
+            t.failed(span, _error_type(exc), str(exc))
         span.end()
+
+    def model_named(self, model: str) -> None:
+        self.span.set_attribute("gen_ai.response.model", model)
+
+    def usage(self, input_tokens: int, output_tokens: int) -> None:
+        self.input_tokens += input_tokens
+        self.output_tokens += output_tokens
 
     def answer(self, text: str, calls: Sequence[Mapping[str, Any]]) -> None:
         if not self._turn._t.content:
@@ -624,9 +615,7 @@ class _OtelTool:
         if self._token is not None:
             _ORIGIN.reset(self._token)
         if exc is not None:
-            self.span.set_attribute("error.type", _error_type(exc))
-            t = self._turn._t
-            self.span.set_status(t.Status(t.StatusCode.ERROR, str(exc)[:300]))
+            self._turn._t.failed(self.span, _error_type(exc), str(exc))
         self.span.end()
 
     def result(self, content: str, is_error: bool) -> None:
@@ -634,8 +623,7 @@ class _OtelTool:
         if t.content:
             self.span.set_attribute("gen_ai.tool.call.result", _clip(content))
         if is_error:
-            self.span.set_attribute("error.type", "tool_error")
-            self.span.set_status(t.Status(t.StatusCode.ERROR))
+            t.failed(self.span, "tool_error", "")
 
 
 def _error_type(exc: BaseException) -> str:

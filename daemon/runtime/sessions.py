@@ -209,8 +209,8 @@ class SessionManager:
         (it stopped between the two, and the bus's fence refused the rest): the stored
         code, usage and model, so the turn has its one terminal (cluster/node.py)."""
         turn = ended.turn
-        record = await self.record(turn.session_id)
         state = await self.load(turn.session_id)
+        record = state.record
         stats = ev.TurnStats(record.agent_name, ended.model, 0, 0, ended.token_usage, ())
         log.warning("turn %s ended (%s) on node %s, which stopped before publishing its "
                     "terminal: published now from its stored end", turn.id, ended.code, node)

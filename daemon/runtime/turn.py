@@ -435,10 +435,8 @@ class Turn:
                 self.publisher.chunk(ev.THINKING_CHUNK, event.text)
             case eng.ModelNamed():
                 self.model = event.model
-                self.trace.model_named(event.model)
             case eng.UsageReport():
                 self.usage = self.usage + event.usage
-                self.trace.usage(event.usage.input, event.usage.output)
                 self.iterations = max(self.iterations, event.iteration)
                 self.publisher.stream(ev.USAGE, {
                     "tokenUsage": ev.usage_wire(self.usage),
@@ -490,9 +488,6 @@ class Turn:
                 if event.fallback:
                     data["fallback"] = True
                 self.publisher.stream(ev.PROVIDER_RETRY, data)
-                self.trace.retried(event.provider, event.model, event.attempt,
-                                   event.max_retries, event.wait_ms, event.status,
-                                   event.error, event.fallback)
             case eng.ProviderQueued():
                 queue: dict[str, Any] = {
                     "reason": "max_concurrent", "limit": event.limit,
