@@ -242,3 +242,24 @@ class RemoteError(ApiError):
         super().__init__(message, details)
         self.status = status
         self.code = code
+
+
+class RoutedError(ApiError):
+    """An error the owner of a session answered a routed operation with (its status,
+    code, message and details), raised on the node that routed it (CONTRACT §13)."""
+
+    def __init__(self, status: int, code: str, message: str,
+                 details: dict[str, Any] | None) -> None:
+        super().__init__(message, details)
+        self.status = status
+        self.code = code
+
+
+class OwnerGone(ServiceUnavailable):
+    """The node a routed call waited for is gone (dead, swept, left or restarted)."""
+
+    def __init__(self, node_id: str, op: str) -> None:
+        super().__init__(
+            f"node {node_id}, which owned this session, is gone (its lease ran out or it "
+            f"left) before it answered {op!r}; try again", {"node": node_id})
+        self.node_id = node_id

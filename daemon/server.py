@@ -59,8 +59,8 @@ from daemon.tools.bash import BashTool
 
 if TYPE_CHECKING:
     from daemon.cluster.node import Degradable
-    from daemon.cluster.redis import Client as RedisClient
     from daemon.config import ClusterConfig
+    from daemon.redisconn import Client as RedisClient
     from daemon.runtime.ports import ClusterStore
 
 log = logging.getLogger(__name__)
@@ -249,6 +249,7 @@ async def _join_cluster(
     from daemon.api.actions import answer_routed
     from daemon.cluster.clock import StoreClock
     from daemon.cluster.control import ControlChannel
+    from daemon.cluster.directory import ClusterDirectory
     from daemon.cluster.routing import Router
 
     store_clock = StoreClock()  # the store's clock, measured by the heartbeat (§13.8)
@@ -269,7 +270,8 @@ async def _join_cluster(
         return await answer_routed(rt, op, body)
 
     await services.start(channel.serve, answer)
-    sessions.router = Router(config.node_id, store, channel, lease_s=config.lease_s)
+    router = Router(config.node_id, store, channel, lease_s=config.lease_s)
+    sessions.directory = ClusterDirectory(node, router, store, SCHEDULER_LOCK)
     await services.start(node.serve)
     return node
 
@@ -295,8 +297,8 @@ async def _open_backends(
         )
         stack.push_async_callback(_bounded_close, event_log.aclose)
         return store, event_log, None
-    from daemon.cluster.redis import connect
     from daemon.eventlog.redis import RedisEventLog
+    from daemon.redisconn import connect
 
     # Nothing of the store is here, but the workspaces (by default) and claude-cli's home.
     server.data_dir.mkdir(parents=True, exist_ok=True)
@@ -403,7 +405,7 @@ async def _serve(
                 await services.start(cluster.serve_leader, SCHEDULER_LOCK, scheduler.serve)
                 await services.start(cluster.serve_sweeper, sessions)
             runtime = late.value = Runtime(config, store, bus, sessions, mcp, scheduler,
-                                           clock, cluster)
+                                           clock)
             connections = Connections()
             http_server = HttpServer(
                 build_app(runtime, connections, metrics),

@@ -18,8 +18,9 @@ import trio
 from coredis.response.types import StreamEntry
 
 from daemon.cluster.control import ControlChannel
-from daemon.cluster.redis import connect
+from daemon.cluster.directory import ClusterDirectory
 from daemon.cluster.routing import Router
+from daemon.redisconn import connect
 from daemon.runtime.ports import ClusterStore
 from tests.clusterkit import LEASE_S, Backends, Node, open_cluster
 from tests.harness import Provider, mock, open_recorder, spawn
@@ -119,9 +120,9 @@ async def lossy_router(redis_url: str, store: ClusterStore,
 
 
 def router_of(node: Node) -> Router:
-    router = node.daemon.runtime.sessions.router
-    assert router is not None
-    return router
+    directory = node.daemon.runtime.directory
+    assert isinstance(directory, ClusterDirectory)
+    return directory.router
 
 
 async def test_a_routed_delivery_retried_after_its_reply_was_lost_is_delivered_once(
@@ -222,8 +223,9 @@ async def test_a_same_session_schedule_runs_on_the_session_s_owner(
                 await trio.sleep(0.05)  # a poll: nothing announces the leader
             assert r.status_code == 202, r.text
             sid, first = r.json()["sessionId"], r.json()["turnId"]
-            leader = next(n for n in nodes if n.daemon.runtime.cluster is not None
-                          and n.daemon.runtime.cluster.leads(SCHEDULER_LOCK))
+            leader = next(n for n in nodes
+                          if isinstance(d := n.daemon.runtime.directory, ClusterDirectory)
+                          and d.node.leads(SCHEDULER_LOCK))
             other = next(n for n in nodes if n is not leader)
             await rec.wait_for(chunked({first}))
             assert (await leader.http.post(f"/sessions/{sid}/cancel")).status_code == 200

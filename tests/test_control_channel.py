@@ -12,8 +12,8 @@ import trio
 
 from daemon.clock import now_ms
 from daemon.cluster.control import ControlChannel, Handler
-from daemon.cluster.redis import connect
 from daemon.errors import NodeUnreachable, NotFound, RemoteError
+from daemon.redisconn import connect
 from tests.redisserver import RedisServer, prefix, redis_server
 
 __all__ = ["prefix", "redis_server"]  # fixtures

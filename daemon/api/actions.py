@@ -1,7 +1,7 @@
 """The operations on one session, as (status, body): what an HTTP route answers, and
 what a node answers for a session it owns when another node routes the request to it
-(cluster/routing.py). One place for each, so a routed request is answered exactly as a
-local one.
+(the session directory: runtime/directory.py). One place for each, so a routed request
+is answered exactly as a local one.
 
 `perform` runs an operation where it belongs: here, or on the session's owner.
 """
@@ -14,17 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from daemon.errors import BadRequest, ServiceUnavailable
+from daemon.errors import BadRequest, OwnerGone, RoutedError, ServiceUnavailable
 from daemon.runtime import delivery_text
+from daemon.runtime.directory import CALL_TIMEOUT_S, KEY, Result
 
 if TYPE_CHECKING:
-    from daemon.cluster.routing import Router
     from daemon.runtime.core import Runtime
     from daemon.runtime.turn import Turn
 
 log = logging.getLogger(__name__)
 
-Result = tuple[int, dict[str, Any]]
 # How long a node's part of a tree cancel waits for its stopped turns' terminals before
 # it answers (their exit paths kill tool processes: well under a second as a rule).
 PART_ENDS_S = 10.0
@@ -38,33 +37,29 @@ async def _cancel(rt: Runtime, body: dict[str, Any]) -> Result:
     shuts the gates of its part (`cancel_part`); the receipts are merged, the seq the
     largest of them (each was taken once that node's gates had closed)."""
     sid, scope = body["sessionId"], body["scope"]
-    router = rt.sessions.router
-    if scope != "tree" or router is None:
+    if scope != "tree":
         return 200, (await rt.sessions.cancel(sid, scope)).wire()
     # The turns stopped here publish their terminals once the parts elsewhere have
     # ended (§5.6: a descendant's terminal first, in the one global seq order).
     remote_ended = trio.Event()
     try:
         receipt = (await rt.sessions.cancel(sid, scope, hold=remote_ended)).wire()
-        return 200, await _cancel_elsewhere(rt, router, sid, receipt)
+        return 200, await _cancel_elsewhere(rt, sid, receipt)
     finally:
         remote_ended.set()
 
 
-async def _cancel_elsewhere(rt: Runtime, router: Router, sid: str,
-                            receipt: dict[str, Any]) -> dict[str, Any]:
+async def _cancel_elsewhere(rt: Runtime, sid: str, receipt: dict[str, Any]) -> dict[str, Any]:
     """The parts of the tree other nodes own, cancelled there; the merged receipt."""
-    tree = await rt.sessions.store.subtree(sid)
-    parts = await router.elsewhere([r.id for r in tree[1:]])
+    directory = rt.directory
+    parts = await directory.tree_elsewhere(sid)
     if not parts:
         return receipt
     receipts = [receipt]
 
     async def part(node: str, session_ids: list[str]) -> None:
-        from daemon.cluster.routing import OwnerGone
-
         try:
-            _, out = await router.call(node, "cancel_part", {"sessionIds": session_ids})
+            _, out = await directory.call(node, "cancel_part", {"sessionIds": session_ids})
         except OwnerGone:  # its turns end INTERRUPTED by its sweep: nothing to stop
             log.warning("tree cancel of %s: node %s is gone", sid, node)
             return
@@ -246,16 +241,10 @@ async def _schedule(rt: Runtime, body: dict[str, Any]) -> Result:
 async def perform_on_scheduler(rt: Runtime, body: dict[str, Any]) -> Result:
     """Schedules tick on one node of a cluster (CONTRACT §13.5): their operations run
     there, wherever they were asked."""
-    from daemon.cluster.node import SCHEDULER_LOCK
-
-    cluster, router = rt.cluster, rt.sessions.router
-    if cluster is None or router is None or cluster.leads(SCHEDULER_LOCK):
+    node = await rt.directory.scheduler_node()
+    if node is None:
         return await _schedule(rt, body)
-    leader = await cluster.leader(SCHEDULER_LOCK)
-    if leader is None or leader == cluster.node_id:
-        raise ServiceUnavailable("no node of the cluster runs the schedules yet (one takes "
-                                 "over within lease_s)")
-    return await router.call(leader, "schedule", body)
+    return await rt.directory.call(node, "schedule", body)
 
 
 ACTIONS: dict[str, Action] = {
@@ -276,59 +265,54 @@ async def perform(rt: Runtime, op: str, body: dict[str, Any], *,
                   timeout_s: float | None = None) -> Result:
     """Run a session operation here, or on the node that owns the session; a cancel
     whose owner is gone before it answered runs again on the session's next owner."""
-    from daemon.cluster.routing import CALL_TIMEOUT_S, OwnerGone, RoutedError
-
-    if rt.cluster is not None:
-        rt.cluster.check_bus()
-    router = rt.sessions.router
-    if router is None:
-        return await ACTIONS[op](rt, body)
+    directory = rt.directory
+    directory.check_writable()
     sid = body["sessionId"]
-    node = await router.owner(sid)
+    node = await directory.owner(sid)
     while node is not None:
         try:
-            return await router.call(node, op, body,
-                                     timeout_s=timeout_s or CALL_TIMEOUT_S)
+            return await directory.call(node, op, body,
+                                        timeout_s=timeout_s or CALL_TIMEOUT_S)
         except OwnerGone:
             if op not in MOVABLE_OPS:
                 raise
             log.warning("%s of session %s: its owner %s is gone; asking its next owner",
                         op, sid, node)
-            node = await router.moved(sid, node)
+            node = await directory.moved(sid, node)
         except RoutedError as exc:
             if not (op in MOVABLE_OPS and exc.status == 503
                     and (exc.details or {}).get("ownerMoved")):
                 raise
-            node = await router.owner(sid)
+            node = await directory.owner(sid)
     return await ACTIONS[op](rt, body)
 
 
 async def answer_routed(rt: Runtime, op: str, body: dict[str, Any]) -> dict[str, Any]:
     """The owner's side of a routed operation (the control channel's handler). A write
     with an idempotency key seen before is answered with its first answer (waiting for
-    it while it runs): cluster/routing.Answers."""
-    from daemon.cluster.routing import KEY
-
+    it while it runs): the directory's `once`."""
     action = ACTIONS.get(op)
     if action is None:
         raise BadRequest(f"unknown cluster operation {op!r}")
     key = body.pop(KEY, None)
-    router = rt.sessions.router
+    directory = rt.directory
 
     async def run() -> Result:
-        if op in SESSION_OPS and router is not None:
+        if op in SESSION_OPS:
             # Ownership moved since the caller looked (a sweep, then a claim elsewhere):
             # 503, and the client retries on any node (a cancel's caller: on its owner).
-            if await router.owner(body["sessionId"]) is not None:
+            owner = await directory.owner(body["sessionId"])
+            if owner is not None:
+                here, _ = directory.describe()
                 raise ServiceUnavailable(
-                    f"session {body['sessionId']} is no longer owned by node "
-                    f"{router.node_id}", {"sessionId": body["sessionId"], "ownerMoved": True},
-                )
+                    f"session {body['sessionId']} is no longer owned by node {here} "
+                    f"(node {owner} owns it)",
+                    {"sessionId": body["sessionId"], "ownerMoved": True})
         assert action is not None
         return await action(rt, body)
 
-    if key is not None and router is not None:
-        status, out = await router.answers.once(f"{op}:{key}", run)
+    if key is not None:
+        status, out = await directory.once(f"{op}:{key}", run)
     else:
         status, out = await run()
     return {"status": status, "body": out}

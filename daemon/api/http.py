@@ -30,13 +30,13 @@ from daemon.api.spec import (
 )
 from daemon.api.sse import sse_response
 from daemon.clock import new_id
-from daemon.cluster.routing import TURN_TIMEOUT_S
 from daemon.errors import ApiError
 from daemon.httpserver import Connections
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Filter, Subscription
 from daemon.runtime.context_view import context_wire
 from daemon.runtime.core import Runtime
+from daemon.runtime.directory import TURN_TIMEOUT_S
 from daemon.runtime.toolrunner import offered_tools
 from daemon.runtime.turn import STORE_UNAVAILABLE, TurnOutcome
 
@@ -153,10 +153,11 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         body: dict[str, Any] = {"status": "ok", "version": __version__,
                                 "sessionsRunning": sessions.running_count,
                                 "sandbox": rt.sandbox.mode}  # CONTRACT §16
-        if rt.cluster is not None:  # CONTRACT §13: the node, and whether it lost a backend
-            body["node"] = rt.cluster.node_id
-            if rt.cluster.degraded:
-                body["status"] = "degraded"
+        node, degraded = rt.directory.describe()
+        if node is not None:  # CONTRACT §13: the node, and whether it lost a backend
+            body["node"] = node
+        if degraded:
+            body["status"] = "degraded"
         return _json(body)
 
     @bp.get("/agents")
@@ -200,10 +201,9 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     async def chat(name: str) -> Response:
         agent = sessions.agent(name)
         req = parse.ChatRequest.parse(await body_object())
-        if rt.cluster is not None:
-            rt.cluster.check_bus()
-        if sessions.router is not None and req.session_id is not None:
-            node = await sessions.router.owner(req.session_id)
+        rt.directory.check_writable()
+        if req.session_id is not None:
+            node = await rt.directory.owner(req.session_id)
             if node is not None:
                 return await chat_elsewhere(node, agent.name, req)
         state = await sessions.session_for_chat(agent, req.session_id)
@@ -227,19 +227,19 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         """A chat to a session another node owns (CONTRACT §13): its turn runs there. In
         SSE mode this node names the turn and subscribes first, then streams it from
         its own bus, which carries every node's events."""
-        assert sessions.router is not None and req.session_id is not None
+        assert req.session_id is not None
         body: dict[str, Any] = {"agent": agent, "sessionId": req.session_id,
                                 "message": req.message, "sse": req.sse,
                                 "budgetTokens": req.budget_tokens}
         if not req.sse:
-            status, out = await sessions.router.call(node, "chat", body,
-                                                     timeout_s=TURN_TIMEOUT_S)
+            status, out = await rt.directory.call(node, "chat", body,
+                                                  timeout_s=TURN_TIMEOUT_S)
             return _json(out, status)
         body["turnId"] = new_id("turn")
         sub = rt.bus.subscribe(Filter(session_ids=frozenset({req.session_id}),
                                       turn_id=body["turnId"], stream_only=True))
         try:
-            status, out = await sessions.router.call(node, "chat", body)
+            status, out = await rt.directory.call(node, "chat", body)
         except BaseException:
             sub.close()
             raise
@@ -304,12 +304,8 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     async def list_approvals() -> Response:
         query = {"sessionId": request.args.get("sessionId") or None,
                  "rootSessionId": request.args.get("rootSessionId") or None}
-        if sessions.router is None:
-            _, out = await ACTIONS["approvals"](rt, query)
-            return _json(out)
-        return _json({"approvals": await sessions.router.gather("approvals", query,
-                                                                 local=ACTIONS["approvals"],
-                                                                 rt=rt)})
+        return _json({"approvals": await rt.directory.gather(
+            "approvals", query, partial(ACTIONS["approvals"], rt, query))})
 
     @bp.get("/sessions")
     @documented(Op(

@@ -133,7 +133,7 @@ def openai_routes(rt: Runtime, connections: Connections) -> Blueprint:
         unknown = _session_error(404, "session_not_found", f"no session {sid!r} (drop "
                                  f"`{wire.SESSION_HEADER}` to start a new one)")
         try:
-            if sessions.router is not None and await sessions.router.owner(sid) is not None:
+            if await rt.directory.owner(sid) is not None:
                 # Its turns run on the node that owns it; this node does not route a
                 # completion there (docs/openai.md, "Cluster").
                 raise _session_error(409, "session_on_another_node", f"session {sid!r} "
@@ -198,8 +198,7 @@ def openai_routes(rt: Runtime, connections: Connections) -> Blueprint:
         if agent is None:
             raise model_not_found(req.model)
         message = req.last_user()
-        if rt.cluster is not None:
-            rt.cluster.check_bus()
+        rt.directory.check_writable()
         state = await open_session(agent, req, request.headers.get(wire.SESSION_HEADER))
         turn_id = new_id("turn")
         answer = _Answer(turn_id, int(time.time()), agent.name)

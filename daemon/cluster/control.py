@@ -34,8 +34,8 @@ from coredis.response.types import StreamEntry
 from coredis.tokens import PureToken
 
 from daemon.cluster.clock import StoreClock
-from daemon.cluster.redis import COMMAND_TIMEOUT_S, TRANSIENT, Client
 from daemon.errors import ApiError, BusUnavailable, NodeUnreachable, RemoteError
+from daemon.redisconn import COMMAND_TIMEOUT_S, TRANSIENT, Client
 
 log = logging.getLogger(__name__)
 

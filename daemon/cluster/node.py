@@ -47,8 +47,8 @@ from daemon.errors import ServiceUnavailable, StoreError, StoreUnavailable, Turn
 from daemon.runtime.published import published_terminals
 
 if TYPE_CHECKING:
-    from daemon.cluster.redis import Client
     from daemon.config import ClusterConfig
+    from daemon.redisconn import Client
     from daemon.runtime.ports import ClusterStore
     from daemon.runtime.sessions import SessionManager
 
@@ -212,8 +212,8 @@ class ClusterNode:
         """Fence the dead node before anything is published for its turns: in the store
         (every write of its turns refused from the commit on), then on the bus (its
         appends refused). None: it is alive after all (it renewed its lease)."""
-        from daemon.cluster.redis import TRANSIENT
         from daemon.eventlog.redis import fence_node
+        from daemon.redisconn import TRANSIENT
 
         fenced = await self._store.fence_node(dead, epoch)
         if fenced is None:
@@ -307,7 +307,7 @@ class ClusterNode:
 
     async def leader(self, name: str) -> str | None:
         """The node that leads `name` now (None: none has said so within a lease)."""
-        from daemon.cluster.redis import TRANSIENT
+        from daemon.redisconn import TRANSIENT
 
         try:
             with trio.fail_after(self.config.connect_timeout_s):
@@ -317,7 +317,7 @@ class ClusterNode:
         return raw.decode() if raw is not None else None
 
     async def _announce(self, name: str) -> None:
-        from daemon.cluster.redis import TRANSIENT
+        from daemon.redisconn import TRANSIENT
 
         try:
             with trio.fail_after(self.period_s):

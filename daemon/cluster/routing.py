@@ -42,10 +42,13 @@ from daemon.errors import (
     ApiError,
     NodeUnreachable,
     NotFound,
+    OwnerGone,
     RemoteError,
+    RoutedError,
     ServiceUnavailable,
     StoreError,
 )
+from daemon.runtime.directory import CALL_TIMEOUT_S, KEY, Result
 
 if TYPE_CHECKING:
     from daemon.runtime.ports import ClusterStore
@@ -53,11 +56,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How long a routed operation may take on the owner before the caller answers 503. A
-# JSON chat waits for its whole turn: it gets the longer bound (and is sent once: its
-# owner is watched while it waits).
-CALL_TIMEOUT_S = 30.0
-TURN_TIMEOUT_S = 24 * 3600.0
 # One attempt of a short operation: a reply lost or late past it is asked for again
 # (same idempotency key) while the owner lives.
 ATTEMPT_S = 10.0
@@ -68,7 +66,6 @@ READ_OPS = frozenset({"approvals"})
 # The owner's memory of keys it answered (Answers).
 ANSWERS_MAX = 4096
 ANSWERS_TTL_S = 600.0
-KEY = "idempotencyKey"
 
 
 class Channel(Protocol):
@@ -76,29 +73,6 @@ class Channel(Protocol):
 
     async def call(self, node_id: str, op: str, body: dict[str, Any], *,
                    timeout_s: float) -> dict[str, Any]: ...
-
-
-class RoutedError(ApiError):
-    """An error the owner answered with: its status, code, message and details."""
-
-    def __init__(self, status: int, code: str, message: str,
-                 details: dict[str, Any] | None) -> None:
-        super().__init__(message, details)
-        self.status = status
-        self.code = code
-
-
-class OwnerGone(ServiceUnavailable):
-    """The node a call waited for is gone (dead, swept, left or restarted)."""
-
-    def __init__(self, node_id: str, op: str) -> None:
-        super().__init__(
-            f"node {node_id}, which owned this session, is gone (its lease ran out or it "
-            f"left) before it answered {op!r}; try again", {"node": node_id})
-        self.node_id = node_id
-
-
-Result = tuple[int, dict[str, Any]]
 
 
 class _Answer:
@@ -315,18 +289,15 @@ class Router:
                 self._nodes = (trio.current_time(), {n.node_id: n for n in rows})
             return self._nodes[1]
 
-    async def gather(
-        self, op: str, body: dict[str, Any], *,
-        local: Callable[[Any, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]],
-        rt: Any,
-    ) -> list[dict[str, Any]]:
-        """Ask every live node for its part (e.g. its pending approvals) and put the
-        answers together, oldest first. A node that does not answer in time is left
-        out (logged): its turns' requests reappear once it answers again."""
+    async def gather(self, op: str, body: dict[str, Any],
+                     here: Callable[[], Awaitable[Result]]) -> list[dict[str, Any]]:
+        """Ask every live node for its part (e.g. its pending approvals; this node's is
+        `here`) and put the answers together, oldest first. A node that does not answer
+        in time is left out (logged): its turns' requests reappear once it answers."""
         parts: list[dict[str, Any]] = []
         for node in await self._store.nodes():
             if node.node_id == self.node_id:
-                _, out = await local(rt, body)
+                _, out = await here()
             else:
                 try:
                     _, out = await self.call(node.node_id, op, body, timeout_s=2.0)

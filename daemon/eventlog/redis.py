@@ -87,9 +87,9 @@ from coredis.response._callbacks import NoopCallback
 from coredis.tokens import PrefixToken
 from coredis.typing import Key
 
-from daemon.cluster.redis import COMMAND_TIMEOUT_S, TRANSIENT, Client, connect
 from daemon.errors import BusUnavailable, StoreUnavailable
 from daemon.eventlog.ring import PagedReplay, Ring
+from daemon.redisconn import COMMAND_TIMEOUT_S, TRANSIENT, Client, connect
 from daemon.runtime.events import CHUNK_TYPES, Envelope
 
 log = logging.getLogger(__name__)
@@ -277,7 +277,7 @@ class RedisEventLog:
     @classmethod
     async def open(cls, client: Client, *, reserve: Reserve | None = None,
                    **kwargs: Any) -> RedisEventLog:
-        """A log over a connected client (cluster/redis.connect), tailing from now.
+        """A log over a connected client (redisconn.connect), tailing from now.
         `reserve` is the store's `raise_seq_reserved` (the durable seq floor): on a
         Redis without a counter, the log starts at the store's reservation."""
         key_prefix = kwargs.get("key_prefix", "veild")

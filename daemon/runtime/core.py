@@ -16,7 +16,7 @@ from daemon.runtime.sessions import SessionManager
 from daemon.sandbox import Sandbox
 
 if TYPE_CHECKING:
-    from daemon.cluster.node import ClusterNode
+    from daemon.runtime.directory import SessionDirectory
     from daemon.schedules.scheduler import Scheduler
 
 
@@ -29,7 +29,11 @@ class Runtime:
     mcp: McpManager
     schedules: Scheduler | None = None
     clock: Clock = SYSTEM_CLOCK  # what "older than" is measured from (DELETE /sessions)
-    cluster: ClusterNode | None = None  # this node, with [cluster] (CONTRACT §13)
+
+    @property
+    def directory(self) -> SessionDirectory:
+        """Which node owns a session, and how an operation reaches it (CONTRACT §13)."""
+        return self.sessions.directory
 
     @property
     def sandbox(self) -> Sandbox:

@@ -29,7 +29,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -40,6 +40,7 @@ from daemon.errors import Conflict, NotFound, StoreError, Unavailable
 from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Bus, Filter, Subscription
+from daemon.runtime.directory import LocalDirectory, SessionDirectory
 from daemon.runtime.inbox import Inbox, TurnHold
 from daemon.runtime.ports import Store
 from daemon.runtime.published import Published, published_terminals
@@ -54,9 +55,6 @@ from daemon.store.models import (
     TokenUsage,
     TurnRecord,
 )
-
-if TYPE_CHECKING:
-    from daemon.cluster.routing import Router
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +121,9 @@ class SessionManager:
         # deletions have completed (a load that raced one checks the store again).
         self._deleting: set[str] = set()
         self._deletions = 0
-        # In a cluster (CONTRACT §13): where sessions owned by other nodes are reached.
-        # None in the embedded default, where every session is this process's.
-        self.router: Router | None = None
+        # Which node owns a session and how an operation reaches it (CONTRACT §13):
+        # the cluster's directory sets this; alone, every session is this process's.
+        self.directory: SessionDirectory = LocalDirectory()
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -518,16 +516,15 @@ class SessionManager:
         """Store a message in the session's inbox, then hand it over or wake the session.
         NotFound or Conflict (the inbox is full) before anything is stored. A session
         another node owns gets it there (its inbox bound is counted there)."""
-        if self.router is not None:
-            node = await self.router.owner(session_id)
-            if node is not None:
-                _, body = await self.router.call(node, "deliver", {
-                    "sessionId": session_id, "content": content,
-                    "fromSessionId": from_session_id, "delivery": delivery,
-                    "replyTo": reply_to,
-                })
-                return InboxRecord(int(body["inboxId"]), session_id, content,
-                                   from_session_id, delivery, True, reply_to, now_ms())
+        node = await self.directory.owner(session_id)
+        if node is not None:
+            _, body = await self.directory.call(node, "deliver", {
+                "sessionId": session_id, "content": content,
+                "fromSessionId": from_session_id, "delivery": delivery,
+                "replyTo": reply_to,
+            })
+            return InboxRecord(int(body["inboxId"]), session_id, content,
+                               from_session_id, delivery, True, reply_to, now_ms())
         state = await self.load(session_id)
         if state.deleted or session_id in self._deleting:
             raise NotFound(f"no session {session_id!r} (deleted)", {"sessionId": session_id})
@@ -556,13 +553,12 @@ class SessionManager:
         for item in items:
             by_session.setdefault(item.session_id, []).append(item)
         for session_id, entries in by_session.items():
-            node = await self.router.owner(session_id) if self.router is not None else None
+            node = await self.directory.owner(session_id)
             if node is None:  # offered already (by whoever stored them): wake it
                 if any(i.wakes for i in entries):
                     await self._wake(session_id)
                 continue
-            assert self.router is not None
-            await self.router.call(node, "offer", {
+            await self.directory.call(node, "offer", {
                 "sessionId": session_id, "items": [inbox_wire(i) for i in entries],
             })
 

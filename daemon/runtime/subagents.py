@@ -63,8 +63,7 @@ class TurnAgents:
         if async_inform:
             self._check_reply_room("send with asyncInform")
         try:
-            node = (await manager.router.owner(session_id)
-                    if manager.router is not None else None)
+            node = await manager.directory.owner(session_id)
             if node is not None:
                 return await self._message_elsewhere(session_id, message, node,
                                                      async_inform=async_inform,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 
 from daemon.config import ScheduleConfig
-from daemon.errors import Conflict, NotFound, Unavailable
+from daemon.errors import Conflict, NotFound, RoutedError, Unavailable
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Filter, Subscription
 from daemon.runtime.sessions import SessionManager
@@ -101,7 +101,7 @@ class SessionLauncher:
             raise Unavailable("the daemon is shutting down")
         agent = sessions.agent(schedule.agent)
         state: SessionState | None = None
-        if session_id is not None and sessions.router is not None:
+        if session_id is not None:
             run = await self._start_on_owner(schedule, session_id)
             if run is not None:
                 return run
@@ -122,12 +122,9 @@ class SessionLauncher:
                               session_id: str) -> RemoteRun | None:
         """The run on the session's owner when that is another node; None when it is
         this one (or the session is gone, or belongs to another agent now)."""
-        from daemon.cluster.routing import RoutedError
-
-        sessions, router = self.sessions, self.sessions.router
-        assert router is not None
+        sessions, directory = self.sessions, self.sessions.directory
         try:
-            node = await router.owner(session_id)
+            node = await directory.owner(session_id)
             if node is None:
                 return None
             if (await sessions.record(session_id)).agent_name != schedule.agent:
@@ -138,7 +135,7 @@ class SessionLauncher:
         sub = sessions.bus.subscribe(Filter(session_ids=frozenset({session_id}),
                                             types=ev.TERMINAL_TYPES, stream_only=True))
         try:
-            _, out = await router.call(node, "schedule_turn", {
+            _, out = await directory.call(node, "schedule_turn", {
                 "sessionId": session_id, "agent": schedule.agent,
                 "message": schedule.message, "schedule": schedule.name,
             })
@@ -152,8 +149,7 @@ class SessionLauncher:
         except BaseException:
             sub.close()
             raise
-        return RemoteRun(sessions, sub, session_id, str(out["turnId"]),
-                         max(router.lease_s / 3, 0.2))
+        return RemoteRun(sessions, sub, session_id, str(out["turnId"]), directory.poll_s)
 
     async def ended_outcome(self, session_id: str, turn_id: str) -> str | None:
         # One row by id: a `same` session holds a turn per run, a year of them at 30 s.
