@@ -192,14 +192,11 @@ class SessionManager:
         # Owed replies are accepted past the bound (docs/subagents.md).
         delivered = await self.store.end_turn(turn.id, code, now_ms(), record, replies)
         self._offer(delivered)
-        if published is None:
-            # The turn's own exit path died with its process: this is its terminal.
-            stats = ev.TurnStats(record.agent_name, record.model, 0, 0, TokenUsage(), ())
-            self.bus.publish_stream(state.ref, turn.id, ev.ERROR, ev.error_data(
-                "INTERRUPTED", message, {"startedAt": turn.started_at}, record, stats,
-            ))
-        self.bus.publish("session.updated", state.ref, {"session": ev.session_wire(record)})
-        self._forget_if_idle(state)
+        # Unless it was published already: the turn's own exit path died with its
+        # process, so this is its terminal.
+        stats = ev.TurnStats(record.agent_name, record.model, 0, 0, TokenUsage(), ())
+        self._publish_end(state, record, turn.id, None if published is not None else (
+            "INTERRUPTED", message, {"startedAt": turn.started_at}), stats)
         return delivered
 
     async def publish_stored_end(self, ended: EndedTurn, node: str) -> None:
@@ -212,13 +209,24 @@ class SessionManager:
         stats = ev.TurnStats(record.agent_name, ended.model, 0, 0, ended.token_usage, ())
         log.warning("turn %s ended (%s) on node %s, which stopped before publishing its "
                     "terminal: published now from its stored end", turn.id, ended.code, node)
-        if ended.code == "done":
-            self.bus.publish_stream(state.ref, turn.id, ev.DONE, ev.done_data(record, stats))
-        else:
-            details = {"reason": ended.cancel_reason} if ended.cancel_reason else None
-            self.bus.publish_stream(state.ref, turn.id, ev.ERROR, ev.error_data(
-                ended.code, f"the turn ended ({ended.code}) on node {node}, which stopped "
-                "before publishing this terminal", details, record, stats))
+        self._publish_end(state, record, turn.id, (
+            ended.code, f"the turn ended ({ended.code}) on node {node}, which stopped "
+            "before publishing this terminal",
+            {"reason": ended.cancel_reason} if ended.cancel_reason else None), stats)
+
+    def _publish_end(self, state: SessionState, record: SessionRecord, turn_id: str,
+                     end: tuple[str, str, dict[str, Any] | None] | None,
+                     stats: ev.TurnStats) -> None:
+        """The terminal of a turn its own exit path did not publish (it died with its
+        process, or its node stopped first) — `done`, or `error` with end's (code,
+        message, details); none when `end` is None (it was published) — then the
+        session as it is now. The one place a terminal comes from outside a turn."""
+        if end is not None and end[0] == "done":
+            self.bus.publish_stream(state.ref, turn_id, ev.DONE, ev.done_data(record, stats))
+        elif end is not None:
+            code, message, details = end
+            self.bus.publish_stream(state.ref, turn_id, ev.ERROR, ev.error_data(
+                code, message, details, record, stats))
         self.bus.publish("session.updated", state.ref, {"session": ev.session_wire(record)})
         self._forget_if_idle(state)
 
