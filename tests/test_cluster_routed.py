@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import httpx
 import psycopg
+import pytest
 import trio
 from coredis.response.types import StreamEntry
 
@@ -200,6 +201,72 @@ async def test_a_tree_cancel_stops_a_descendant_another_node_owns(
             turns = (await a.http.get(f"/sessions/{sid}/turns")).json()["turns"]
             reasons[sid] = turns[-1]["cancelReason"]
         assert reasons == {parent: "user_cancel", child: "parent_cancelled"}
+
+
+THREE = ("node-a", "node-b", "node-c")
+
+
+@pytest.mark.parametrize("owners", [("node-b", "node-c"), ("node-b", "node-a")],
+                         ids=["a-b-c", "a-b-a"])
+async def test_a_tree_cancel_across_three_nodes_ends_each_descendant_before_its_ancestors(
+    tmp_path: Path, provider: Provider, backends: Backends, owners: tuple[str, str],
+) -> None:
+    """A root on node A, its child moved to B, its grandchild to C — or back to A (a
+    tree that leaves a node and comes back). Cancelled as a tree, every terminal comes
+    before its ancestors' in the one global seq order (§5.6), whichever node publishes
+    it: the root's owner cancels the parts depth by depth, from the deepest up."""
+    async with open_cluster(tmp_path, provider, backends, nodes=THREE) as nodes, \
+            open_recorder(nodes[1].ws_url) as rec, trio.open_nursery() as nursery:
+        by_id = {n.node_id: n for n in nodes}
+        a = by_id["node-a"]
+        r = await a.http.post("/agents/assistant/chat", json={"message": mock(calls=[
+            {"tools": [spawn("assistant", mock(calls=[
+                {"tools": [spawn("plain", mock(say="grandchild"))]}, {"say": "child"}]))]},
+            {"say": "root"}])})
+        assert r.status_code == 200, r.text
+        root = r.json()["sessionId"]
+
+        async def children(sid: str) -> list[str]:
+            listed = (await a.http.get("/sessions", params={"parent": sid})).json()
+            return [s["id"] for s in listed["sessions"]]
+
+        [child] = await children(root)
+        [grandchild] = await children(child)
+        # Failovers moved the descendants (each owner swept, another node claimed it).
+        for sid, owner in zip((child, grandchild), owners, strict=True):
+            db(backends, tmp_path, "UPDATE sessions SET owner=%s WHERE id=%s", owner, sid)
+        seen = {e["turnId"] for e in rec.stream()}
+
+        async def chat(node: Node, agent: str, sid: str) -> None:
+            resp = await node.http.post(f"/agents/{agent}/chat", json={
+                "message": mock(**HANG), "sessionId": sid})
+            assert resp.status_code == 200, resp.text
+
+        # Each turn runs on its session's owner.
+        nursery.start_soon(chat, by_id[owners[1]], "plain", grandchild)
+        nursery.start_soon(chat, by_id[owners[0]], "assistant", child)
+        nursery.start_soon(chat, a, "assistant", root)
+        with trio.fail_after(30):
+            running = await rec.wait_for(lambda evs: (lambda got: got if len(got) == 3
+                                                      else None)(
+                chunked(not_in=frozenset(seen))(evs) or set()))
+            # Asked on C: routed to A, the root's owner.
+            resp = await nodes[2].http.post(f"/sessions/{root}/cancel")
+            assert resp.status_code == 200, resp.text
+            receipt = resp.json()
+            ends = {}
+            for turn in running:
+                terminal = await rec.terminal(turn)
+                assert terminal["data"]["cancelled"] is True, terminal
+                ends[terminal["sessionId"]] = terminal["seq"]
+        assert {c["sessionId"] for c in receipt["cancelled"]} == {root, child, grandchild}
+        assert ends[grandchild] < ends[child] < ends[root], ends
+        for turn in running:
+            chunks = [e["seq"] for e in rec.stream(turn) if e["eventType"] == "inference.chunk"]
+            assert max(chunks) <= receipt["seq"], (chunks, receipt)
+        terminals = [e["turnId"] for e in rec.stream() if e["eventType"] in ("done", "error")
+                     and e["turnId"] in running]
+        assert sorted(terminals) == sorted(running)  # one each
 
 
 # -- 4. a scheduled turn on a session another node owns ------------------------------------------

@@ -116,7 +116,9 @@ async def test_the_cluster_directory_names_the_owner_and_routes_there(
     async with two_nodes(tmp_path, provider, backends) as (a, _, _da, db):
         parent, child = await tree(a.http)
         assert await db.owner(parent) == "node-a"
-        assert await db.tree_elsewhere(parent) == {"node-a": [child]}
+        parts = await db.tree_elsewhere(parent)
+        assert {n: [(r.id, r.depth) for r in rs] for n, rs in parts.items()} == {
+            "node-a": [(child, 1)]}
         # Routed to the owner and answered with its result: a delivery is queued there.
         status, out = await db.call("node-a", "deliver", {
             "sessionId": parent, "content": "from b", "delivery": "queue"})

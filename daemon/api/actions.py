@@ -20,6 +20,7 @@ from daemon.runtime.directory import CALL_TIMEOUT_S, KEY, Result
 
 if TYPE_CHECKING:
     from daemon.runtime.core import Runtime
+    from daemon.runtime.sessions import CancelReceipt
     from daemon.runtime.turn import Turn
 
 log = logging.getLogger(__name__)
@@ -33,29 +34,46 @@ Action = Callable[["Runtime", dict[str, Any]], Awaitable[Result]]
 async def _cancel(rt: Runtime, body: dict[str, Any]) -> Result:
     """A cancel on the session's owner. A tree cancel reaches every descendant wherever
     it runs (after a failover a tree can span nodes, CONTRACT §13.10): this node's gates
-    first (no await before they are shut), then each other node that owns a descendant
-    shuts the gates of its part (`cancel_part`); the receipts are merged, the seq the
-    largest of them (each was taken once that node's gates had closed)."""
+    first (no await before they are shut), then the parts other nodes own
+    (`_cancel_elsewhere`). The receipts are merged, the seq the largest of them (each
+    was taken once that node's gates had closed)."""
     sid, scope = body["sessionId"], body["scope"]
     if scope != "tree":
         return 200, (await rt.sessions.cancel(sid, scope)).wire()
-    # The turns stopped here publish their terminals once the parts elsewhere have
-    # ended (§5.6: a descendant's terminal first, in the one global seq order).
-    remote_ended = trio.Event()
+    # Each turn stopped here holds its terminal on the event of its depth, until the
+    # parts of the tree below it have ended elsewhere (§5.6 across nodes).
+    holds: dict[int, trio.Event] = {}
+
+    def hold(turn: Turn) -> trio.Event:
+        return holds.setdefault(turn.session.ref.depth, trio.Event())
+
     try:
-        receipt = (await rt.sessions.cancel(sid, scope, hold=remote_ended)).wire()
-        return 200, await _cancel_elsewhere(rt, sid, receipt)
+        receipt = await rt.sessions.cancel(sid, scope, hold=hold)
+        return 200, await _cancel_elsewhere(rt, sid, receipt, holds)
     finally:
-        remote_ended.set()
+        for event in holds.values():
+            event.set()
 
 
-async def _cancel_elsewhere(rt: Runtime, sid: str, receipt: dict[str, Any]) -> dict[str, Any]:
-    """The parts of the tree other nodes own, cancelled there; the merged receipt."""
+async def _cancel_elsewhere(rt: Runtime, sid: str, receipt: CancelReceipt,
+                            holds: dict[int, trio.Event]) -> dict[str, Any]:
+    """The parts of the tree other nodes own, cancelled there, depth by depth from the
+    deepest up: at each depth the turns of that depth stopped here publish their
+    terminals (released from `holds`) while each node that owns sessions of that depth
+    cancels them (`cancel_part`, which answers once their terminals are numbered), and
+    the next depth up waits for both. So every descendant's terminal has a smaller
+    global seq than its ancestors', however many nodes the tree spans and in whatever
+    order it crosses them. Shallower turns elsewhere run on for the few milliseconds
+    that takes; none of their chunks can come after the receipt's seq. The merged
+    receipt."""
     directory = rt.directory
     parts = await directory.tree_elsewhere(sid)
     if not parts:
-        return receipt
-    receipts = [receipt]
+        return receipt.wire()
+    receipts = [receipt.wire()]
+    here: dict[int, list[Turn]] = {}
+    for turn in receipt.turns:
+        here.setdefault(turn.session.ref.depth, []).append(turn)
 
     async def part(node: str, session_ids: list[str]) -> None:
         try:
@@ -65,9 +83,22 @@ async def _cancel_elsewhere(rt: Runtime, sid: str, receipt: dict[str, Any]) -> d
             return
         receipts.append(out)
 
-    async with trio.open_nursery() as nursery:
-        for node, session_ids in parts.items():
-            nursery.start_soon(part, node, session_ids)
+    async def release(depth: int) -> None:
+        holds[depth].set()
+        with trio.move_on_after(PART_ENDS_S):
+            for turn in here[depth]:
+                await turn.finished.wait()
+        await rt.bus.fence()  # numbered before anything of the next depth up
+
+    depths = {r.depth for records in parts.values() for r in records} | set(here)
+    for depth in sorted(depths, reverse=True):
+        async with trio.open_nursery() as nursery:
+            if depth in here:
+                nursery.start_soon(release, depth)
+            for node, records in parts.items():
+                ids = [r.id for r in records if r.depth == depth]
+                if ids:
+                    nursery.start_soon(part, node, ids)
     return merge_receipts(receipts)
 
 

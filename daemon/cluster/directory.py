@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from daemon.cluster.node import ClusterNode
     from daemon.cluster.routing import Router
     from daemon.runtime.ports import ClusterStore
+    from daemon.store.models import SessionRecord
 
 
 class ClusterDirectory:
@@ -54,10 +55,11 @@ class ClusterDirectory:
     async def moved(self, session_id: str, gone: str) -> str | None:
         return await self.router.moved(session_id, gone)
 
-    async def tree_elsewhere(self, root_id: str) -> dict[str, list[str]]:
+    async def tree_elsewhere(self, root_id: str) -> dict[str, list[SessionRecord]]:
         # After a failover a tree can span nodes (CONTRACT §13.10).
-        tree = await self._store.subtree(root_id)
-        return await self.router.elsewhere([r.id for r in tree[1:]])
+        below = {r.id: r for r in (await self._store.subtree(root_id))[1:]}
+        return {node: [below[sid] for sid in ids]
+                for node, ids in (await self.router.elsewhere(list(below))).items()}
 
     async def gather(self, op: str, body: dict[str, Any],
                      here: Callable[[], Awaitable[Result]]) -> list[dict[str, Any]]:

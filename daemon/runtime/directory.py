@@ -16,7 +16,8 @@ every write of this node's turns (fencing, §13.8).
                         error raised here as the same API error; OwnerGone (503) once
                         the node is gone before it answered
     moved(sid, gone)    after OwnerGone: the session's owner now (None: this node)
-    tree_elsewhere(r)   the sessions of r's tree other nodes own, by node
+    tree_elsewhere(r)   the sessions of r's tree other nodes own (their records: each
+                        has its depth), by node
     gather(op, b, here) every node's part of a listing (here: this node's), together
     scheduler_node()    the node whose scheduler runs, None when it is this one
     once(key, run)      the owner's side of an idempotency key: the first answer of a
@@ -29,7 +30,10 @@ every write of this node's turns (fencing, §13.8).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from daemon.store.models import SessionRecord
 
 Result = tuple[int, dict[str, Any]]
 # How long a routed operation may take on its owner before the caller answers 503. A
@@ -54,7 +58,7 @@ class SessionDirectory(Protocol):
 
     async def moved(self, session_id: str, gone: str) -> str | None: ...
 
-    async def tree_elsewhere(self, root_id: str) -> dict[str, list[str]]: ...
+    async def tree_elsewhere(self, root_id: str) -> dict[str, list[SessionRecord]]: ...
 
     async def gather(self, op: str, body: dict[str, Any],
                      here: Callable[[], Awaitable[Result]]) -> list[dict[str, Any]]: ...
@@ -87,7 +91,7 @@ class LocalDirectory:
     async def moved(self, session_id: str, gone: str) -> str | None:
         return None
 
-    async def tree_elsewhere(self, root_id: str) -> dict[str, list[str]]:
+    async def tree_elsewhere(self, root_id: str) -> dict[str, list[SessionRecord]]:
         return {}
 
     async def gather(self, op: str, body: dict[str, Any],

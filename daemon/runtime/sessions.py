@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -592,12 +592,12 @@ class SessionManager:
 
     async def cancel(self, session_id: str, scope: str, *,
                      reason: str = "user_cancel",
-                     hold: trio.Event | None = None) -> CancelReceipt:
+                     hold: Callable[[Turn], trio.Event] | None = None) -> CancelReceipt:
         """Shut the gates; the terminals follow from each turn's exit path. `reason`:
         the named session's turn's (`parent_cancelled` when it is a descendant of the
-        session a tree cancel named, on another node: api/actions.py). `hold`: the
-        stopped turns publish their terminals only once it is set (or after a bound):
-        their descendants on other nodes end first (CONTRACT §5.6)."""
+        session a tree cancel named, on another node: api/actions.py). `hold`: each
+        stopped turn publishes its terminal only once the event `hold(turn)` is set (or
+        after a bound): its descendants on other nodes end first (CONTRACT §5.6)."""
         if session_id not in self._sessions:
             await self.record(session_id)  # 404 for an unknown session
         # From here on nothing awaits until every gate is shut.
@@ -632,7 +632,7 @@ class SessionManager:
             )
         if hold is not None:
             for turn in stopped:
-                turn.after_remote.append(hold)
+                turn.after_remote.append(hold(turn))
         # Every gate is shut: no chunk of a stopped turn is published from here, so the
         # fence (everything this node published so far is numbered) bounds their seqs.
         return CancelReceipt(
