@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from daemon.eventlog.redis import RedisEventLog, fence_key, fence_node
@@ -443,3 +444,196 @@ async def test_a_swept_node_is_refused_after_the_bus_lost_its_fences(
     assert not [e for e in stream if label(e).startswith("z")]
     assert not [x for x in client.labels if x.startswith("z")]
     client.check()
+
+
+# -- a failover to a replica that is behind, not empty -------------------------------------
+
+# Redis put back to a state it held before: the counter SET to its old value, every stream
+# entry above the old top XDELed and the stream's last id set back to that top (XSETID:
+# XDEL alone leaves it where it was, and a replica that is behind has the old one), each
+# fence key as it was (absent: deleted). One script, so nothing appends in between.
+# KEYS: the counter, the stream, the fence keys. ARGV: the old counter, the old top, then
+# each fence key's old value ('': none).
+_ROLL_BACK = """
+local top = tonumber(ARGV[2])
+local above = string.format('%d-0', top + 1)
+for _, entry in ipairs(redis.call('XRANGE', KEYS[2], above, '+')) do
+  redis.call('XDEL', KEYS[2], entry[1])
+end
+redis.call('XSETID', KEYS[2], string.format('%d-0', top))
+redis.call('SET', KEYS[1], ARGV[1])
+for i = 3, #KEYS do
+  if ARGV[i] == '' then
+    redis.call('DEL', KEYS[i])
+  else
+    redis.call('SET', KEYS[i], ARGV[i])
+  end
+end
+return 0
+"""
+
+
+class Snapshot:
+    """What Redis held at a point T: the counter, the stream's last id, fence keys."""
+
+    def __init__(self, counter: int, top: int, fences: dict[str, bytes | None]) -> None:
+        self.counter = counter
+        self.top = top
+        self.fences = fences
+
+
+def _id(ident: bytes | str) -> int:
+    raw = ident.decode() if isinstance(ident, bytes) else ident
+    return int(raw.split("-")[0])
+
+
+async def snapshot(client: Any, key_prefix: str, nodes: list[str]) -> Snapshot:
+    counter = int(await client.get(f"{key_prefix}:seq"))
+    top = await client.xrevrange(f"{key_prefix}:events", "+", "-", count=1)
+    fences = {n: await client.get(fence_key(n, key_prefix=key_prefix)) for n in nodes}
+    return Snapshot(counter, _id(top[0].identifier), fences)
+
+
+async def roll_back(client: Any, key_prefix: str, snap: Snapshot) -> None:
+    """Redis as a replica that stopped replicating at `snap` is once promoted."""
+    names = list(snap.fences)
+    await client.eval(
+        _ROLL_BACK,
+        keys=[f"{key_prefix}:seq", f"{key_prefix}:events",
+              *[fence_key(n, key_prefix=key_prefix) for n in names]],
+        args=[snap.counter, snap.top, *[snap.fences[n] or "" for n in names]])
+    assert int(await client.get(f"{key_prefix}:seq")) == snap.counter
+    top = await client.xrevrange(f"{key_prefix}:events", "+", "-", count=1)
+    assert _id(top[0].identifier) == snap.top
+
+
+async def settle(c: Client, wanted: set[str], limit_s: float = 15) -> None:
+    """`c` gets every event in `wanted`, within a bound; else which it never got."""
+    with trio.move_on_after(limit_s):
+        await c.until(wanted)
+    missing = sorted(wanted - c.labels)
+    assert not missing, (f"never delivered: {missing[:10]}", consistent(c) and None)
+
+
+@pytest.mark.parametrize("first", ["saw-all", "saw-some", "lagged"])
+async def test_a_failover_to_a_replica_that_is_behind(
+        redis_server: RedisServer, prefix: str, pg_url: str, first: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Redis goes back to its state at T (counter, stream, fence keys), as a promoted
+    replica that was behind: the counter exists, only lower. The first node to append
+    after is one that saw every seq after T (`saw-all`), one whose tailer stopped
+    midway (`saw-some`): both find the counter below what they saw; or one started
+    after the failover, that saw none of them but knows the store's current
+    reservation (`lagged`): it finds the counter below the reservation minus the step.
+    Each time: a loss — seqs go on above the store's reservation (none handed out
+    twice), the fence raised after T is raised again from the store (a swept node is
+    still refused), live clients and a client resuming across it get a stream.gap."""
+    import psycopg
+
+    fenced_calls: list[str] = []
+    step = 100
+    with trio.fail_after(90):
+        async with stores(pg_url, 5) as (sa, sb, sc, sd, sx):
+            ledger = Ledger()
+            epoch_x = await sx.register_node("x", "http://x", 60_000)
+            common: dict[str, Any] = {"reserve_step": step}
+            async with node(redis_server.url, prefix, reserve=Reservations(sa, ledger),
+                            fences=sa.node_fences, **common) as (log_a, bus_a), \
+                    node(redis_server.url, prefix, reserve=Reservations(sx, ledger),
+                         fences=sx.node_fences, **common) as (log_x, bus_x), \
+                    RedisEventLog.connect(redis_server.url, key_prefix=prefix,
+                                          reserve=Reservations(sb, ledger),
+                                          fences=sb.node_fences, **common) as log_b, \
+                    trio.open_nursery() as nursery:
+                log_x.set_writer_epoch("x", epoch_x, lambda: fenced_calls.append("x"))
+                bus_b = Bus(log_b)
+                ca, cb = Client(bus_a, ledger), Client(bus_b, ledger)
+                nursery.start_soon(ca.run)
+                nursery.start_soon(cb.run)
+                async with trio.open_nursery() as b_running:
+                    await b_running.start(log_b.serve)
+                    early = publish(bus_a, "p", 50) + publish(bus_x, "x", 5)
+                    await ca.until(set(early))
+                    await cb.until(set(early))
+                    since = max(ca.envelopes()) - 10  # a client that saw up to here
+                    client = log_a._client
+                    at_t = await snapshot(client, prefix, ["x"])
+                    mid = publish(bus_a, "q", 100)
+                    await cb.until(set(mid))
+                    b_running.cancel_scope.cancel()  # b stops here: it saw some
+                late: list[str] = []
+                for i in range(40):  # 1000 seqs past T: the reservation crossed 10 times
+                    late += publish(bus_a, f"r{i}.", 25)
+                    await log_a.fence()
+                await ca.until(set(mid + late))
+                # x swept after T: the store's fence, then the bus's.
+                with psycopg.connect(pg_url, autocommit=True) as conn:
+                    conn.execute("UPDATE nodes SET lease_until = 0 WHERE node_id = 'x'")
+                fenced = await sa.fence_node("x", epoch_x)
+                assert fenced is not None
+                await fence_node(client, "x", fenced, key_prefix=prefix)
+                held = max(ca.envelopes())
+                reserved = ledger.durable
+                assert at_t.counter < reserved - step - 512 and held <= reserved
+                await roll_back(client, prefix, at_t)
+                # The first to append after the failover.
+                if first == "saw-all":
+                    after = publish(bus_a, "f", 10)
+                    await log_a.fence()
+                    await nursery.start(log_b.serve)
+                elif first == "saw-some":
+                    assert at_t.counter < log_b.latest_seq < held
+                    await nursery.start(log_b.serve)
+                    after = publish(bus_b, "f", 10)
+                    await log_b.fence()
+                log_c = await RedisEventLog.open(client, key_prefix=prefix,
+                                                 reserve=Reservations(sc, ledger),
+                                                 fences=sc.node_fences, **common)
+                bus_c = Bus(log_c)
+                cc = Client(bus_c, ledger)
+                nursery.start_soon(cc.run)
+                await nursery.start(log_c.serve)
+                if first == "lagged":
+                    assert log_c.latest_seq == at_t.counter  # saw none of the newer seqs
+                    after = publish(bus_c, "f", 10)
+                    await log_c.fence()
+                    await nursery.start(log_b.serve)
+                # Then everyone: x's batches refused, the others' above the loss.
+                publish(bus_x, "z", 20)
+                await log_x.fence()
+                rest = publish(bus_a, "g", 10) + publish(bus_b, "h", 10) + \
+                    publish(bus_c, "i", 10)
+                for c, wanted in ((ca, after + rest), (cb, after + rest),
+                                  (cc, rest + (after if first == "lagged" else []))):
+                    await settle(c, set(wanted))
+                # A client that saw up to `since` (before T) resumes on a new node.
+                async with node(redis_server.url, prefix, reserve=Reservations(sd, ledger),
+                                **common) as (_, bus_d):
+                    cd = Client(bus_d, ledger)
+                    async with trio.open_nursery() as resume:
+                        resume.start_soon(cd.run, since)
+                        await settle(cd, set(after + rest))
+                        resume.cancel_scope.cancel()
+                with trio.move_on_after(5, shield=True):
+                    await log_b.aclose()
+                    await log_c.aclose()
+                nursery.cancel_scope.cancel()
+            stored = await sa.seq_reserved()
+    union = consistent(ca, cb, cc, cd)  # no seq was given to two events
+    # x was refused as before the failover: the fence came back from the store.
+    assert fenced_calls == ["x"] and log_x.fenced_events == 20
+    assert not [x for x in union.values() if x.startswith("z")]
+    got = {name: seq for seq, name in union.items()}
+    assert min(got[x] for x in after + rest) > reserved  # above every seq handed out
+    assert stored is not None and stored >= max(union)
+    # Live clients that held seqs above T: a gap between those and what came after.
+    for c in (ca, cb):
+        gaps = [g for g in c.items if isinstance(g, Gap) and g.last >= held]
+        assert gaps, (first, c.items[-30:])
+    # The resumed client: what it missed up to T, then a gap over what was lost.
+    gap = next(g for g in cd.items if isinstance(g, Gap))
+    assert gap.first == at_t.top + 1 and gap.last >= held, (gap, at_t.top, held)
+    assert [e.seq for e in cd.items if isinstance(e, Envelope) and e.seq <= at_t.top] == \
+        list(range(since + 1, at_t.top + 1))
+    # The loss was noticed (and logged) by the node that appended first.
+    assert any("lost its data" in r.getMessage() for r in caplog.records), first

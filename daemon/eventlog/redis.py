@@ -51,10 +51,21 @@ Every tailer that lagged behind what was lost sees the next seq jump past the re
 point and reports the range to the Bus (`lost`): its subscribers end lagged and resume
 with since=, where the replay answers a `stream.gap` for the vanished seqs (PagedReplay:
 the stream's first entry above since+1, or nothing, is a Gap in their place). A client
-resuming across the loss on any node gets the same Gap; never an old seq again. Not
-covered: a failover to a replica that is behind, not empty (its counter exists but is
-low): the floor is then only the stream's top and what this node saw; and two losses
-within one store round trip of each other.
+resuming across the loss on any node gets the same Gap; never an old seq again.
+
+A failover to a replica that is behind, not empty (its counter exists, only lower, and
+the stream lacks its newest entries and fence keys) is the same loss, found by the same
+script call: a counter below what this node saw (ARGV 3: never so unless Redis went
+back in time, the stream's ids come from it), or below the reservation this node knows
+minus reserve_step + MAX_BATCH_EVENTS (every reservation was c + n + step for a
+counter c Redis held before it was stored, n the batch: `_lowest`) is refused
+(`_BEHIND`), and the writer takes the path of a counter gone: the counter restarts
+above the store's reservation, the fences are raised again from the store, the loss
+is logged once and the tailers report the range. Still not covered: a node that lagged
+and holds an old ceiling (it saw none of the newer seqs and its reservation predates
+them, so its counter check cannot tell) appending first after such a failover, which
+reuses seqs; two losses within one store round trip of each other; and nodes that use
+different reserve_steps (the bound assumes one step).
 
 Fencing on the bus (§13.8): `set_writer_epoch(node_id, epoch, on_fenced)` makes every
 append script call also read `fence_key(node_id)`; once a sweeper has raised it to the
@@ -118,15 +129,18 @@ SEP: Final = b"\x1f"
 _SEP: Final = "\x1f"
 
 # What the append script answers: [code, value].
-_OK, _FENCED, _NO_COUNTER, _OVER_CEILING = 0, 1, 2, 3
+_OK, _FENCED, _NO_COUNTER, _OVER_CEILING, _BEHIND = 0, 1, 2, 3, 4
 
 # KEYS: the seq counter, the stream, this writer's last-batch record, its fence key.
 # ARGV: n, maxlen, seq floor, batch token, ceiling (-1: none), restart floor (-1: a
-# missing counter is refused), epoch (0: not fenced), the token's TTL, then 2 fields per
-# event. Answers [0, first seq] (appended, or the token's batch was), [1, 0] (fenced:
-# nothing appended), [2, 0] (the counter is gone: Redis lost its data), [3, counter]
-# (the batch would go above the ceiling: nothing appended). The counter is first raised
-# to the floor and to the stream's last id.
+# missing counter, or one below the lowest, is refused), epoch (0: not fenced), the
+# token's TTL, the lowest the counter can be unless Redis went back in time (checked
+# only while the restart floor is -1), then 2 fields per event. Answers [0, first seq]
+# (appended, or the token's batch was), [1, 0] (fenced: nothing appended), [2, 0] (the
+# counter is gone: Redis lost its data), [3, counter] (the batch would go above the
+# ceiling: nothing appended), [4, counter] (the counter is below the lowest: Redis went
+# back in time, a replica that was behind; nothing appended). The counter is first
+# raised to the floor, the restart floor and the stream's last id.
 _APPEND = """
 local done = redis.call('GET', KEYS[3])
 if done then
@@ -140,18 +154,19 @@ if epoch > 0 and tonumber(redis.call('GET', KEYS[4]) or '0') >= epoch then
   return {1, 0}
 end
 local n = tonumber(ARGV[1])
-local floor = tonumber(ARGV[3])
+local restart = tonumber(ARGV[6])
 local counter = redis.call('GET', KEYS[1])
 if counter then
   counter = tonumber(counter)
-else
-  local restart = tonumber(ARGV[6])
-  if restart < 0 then
-    return {2, 0}
+  if restart < 0 and counter < tonumber(ARGV[9]) then
+    return {4, counter}
   end
-  floor = math.max(floor, restart)
+elseif restart < 0 then
+  return {2, 0}
+else
   counter = 0
 end
+local floor = math.max(tonumber(ARGV[3]), restart)
 local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
 if top[1] then
   floor = math.max(floor, tonumber(string.match(top[1][1], '^(%d+)')))
@@ -163,7 +178,7 @@ if ceiling >= 0 and counter + n > ceiling then
 end
 redis.call('SET', KEYS[1], string.format('%d', counter + n))
 local first = counter + 1
-local at = 9
+local at = 10
 for i = 0, n - 1 do
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], string.format('%d-0', first + i),
     'm', ARGV[at], 'd', ARGV[at + 1])
@@ -498,10 +513,11 @@ class RedisEventLog:
         durable = self._reserve is not None
         restart = -1 if durable else 0  # without a store: the floor is what this node saw
         while True:
+            seen = self._seen()
             args: list[str | bytes | int] = [
-                n, self._retention_events, self._seen(), token,
+                n, self._retention_events, seen, token,
                 self._reserved if durable else -1, restart, self._epoch, TOKEN_TTL_S,
-                *fields]
+                self._lowest(seen) if durable else -1, *fields]
             with trio.fail_after(COMMAND_TIMEOUT_S):
                 reply: object = await self._append(
                     keys=[self._seq_key, self._stream, self._token_key, self._fence_key],
@@ -523,14 +539,21 @@ class RedisEventLog:
                     self._on_fenced()
                 raise _Refused
             assert self._reserve is not None
-            if code == _NO_COUNTER:
-                restart = await self._reserve(0)  # the reservation now: above every seq
+            if code in (_NO_COUNTER, _BEHIND):
+                # The counter is gone, or exists but went back in time (a failover to a
+                # replica that is behind): restarted above the reservation now, above
+                # every seq handed out; the retry raises a counter that is behind.
+                restart = await self._reserve(0)
                 self._reserved = max(self._reserved, restart)
-                # The fences went with the counter: raised again before the counter is
-                # recreated (this append's), so a swept node is refused as it was —
-                # also this one, if it is among them (the retry then answers fenced).
+                # The fences went with the counter (a replica that is behind lacks the
+                # newest): raised again before the counter is recreated (this append's),
+                # so a swept node is refused as it was — also this one, if it is among
+                # them (the retry then answers fenced).
                 await self._raise_fences()
-                if restart > 0 or self._seen() > 0:  # else: a new cluster, nothing lost
+                if code == _BEHIND:
+                    self._notice_loss(f"the writer found the seq counter at {value}, "
+                                      f"{self._below(value, seen)}")
+                elif restart > 0 or seen > 0:  # else: a new cluster, nothing lost
                     self._notice_loss("the writer found the seq counter gone")
             else:  # _OVER_CEILING: move the durable reservation ahead first
                 self._reserved = await self._reserve(value + n + self._reserve_step)
@@ -556,6 +579,22 @@ class RedisEventLog:
     def _seen(self) -> int:
         """The highest seq this node knows was assigned: the floor of every new one."""
         return max(self._latest, self._acked_seq)
+
+    def _lowest(self, seen: int) -> int:
+        """The lowest the counter can be unless Redis went back in time (a failover to a
+        replica that is behind): what this node saw, and the reservation it knows minus
+        what one raise adds to a counter the raising node read before. Every stored
+        reservation is c + n + reserve_step (`_append_batch`, GREATEST in the store)
+        for a counter c that Redis held before it was stored, n <= MAX_BATCH_EVENTS
+        (the batch that crossed the ceiling), so the counter is never below it minus
+        both. It holds while every node uses the same reserve_step."""
+        return max(seen, self._reserved - self._reserve_step - MAX_BATCH_EVENTS)
+
+    def _below(self, counter: int, seen: int) -> str:
+        if counter < seen:
+            return f"below seq {seen} this node saw"
+        return (f"below the store's reservation {self._reserved} minus "
+                f"{self._reserve_step + MAX_BATCH_EVENTS}")
 
     async def _read_seq(self) -> int:
         """The seq counter, retried until the fence's own deadline (the tailer is what
@@ -648,15 +687,26 @@ class RedisEventLog:
 
     async def _check_loss(self) -> None:
         """After a lost connection, or idle: a counter gone, or below what this node
-        delivered, is a Redis that lost its data. Logged once; the writer restarts the
-        counter above the store's reservation (without a store, above what it saw)."""
+        saw (or, with a store, below the reservation it knows minus the step: `_lowest`),
+        is a Redis that lost its data or went back in time. Logged once; the writer, at
+        its next append, restarts the counter above the store's reservation (without a
+        store, above what it saw). The counter, not the stream's top: the script sets
+        the counter to its last entry's id, so on a Redis that went back (a replica
+        that is behind holds both as they were) one is below what this node delivered
+        exactly when the other is; the entries above it are reported lost (`lost`)
+        when the next seq jumps past them."""
         with trio.fail_after(COMMAND_TIMEOUT_S):
             raw = await self._client.get(self._seq_key)
         if raw is None and self._latest == 0:
             return  # nothing was ever appended
-        if raw is None or int(raw) < self._latest:
-            self._notice_loss(f"the tailer found the seq counter at {raw and int(raw)}, "
-                              f"below seq {self._latest} it delivered")
+        if raw is None:
+            self._notice_loss(f"the tailer found the seq counter gone, after seq "
+                              f"{self._latest} it delivered")
+            return
+        counter, seen = int(raw), self._seen()
+        if counter < (self._lowest(seen) if self._reserve is not None else seen):
+            self._notice_loss(f"the tailer found the seq counter at {counter}, "
+                              f"{self._below(counter, seen)}")
 
     async def _read(self, after: int, upto: int, limit: int) -> list[Envelope]:
         try:
