@@ -58,22 +58,19 @@ async def _cancel(rt: Runtime, body: dict[str, Any]) -> Result:
 async def _cancel_elsewhere(rt: Runtime, sid: str, receipt: CancelReceipt,
                             holds: dict[int, trio.Event]) -> dict[str, Any]:
     """The parts of the tree other nodes own, cancelled there, depth by depth from the
-    deepest up: at each depth the turns of that depth stopped here publish their
-    terminals (released from `holds`) while each node that owns sessions of that depth
-    cancels them (`cancel_part`, which answers once their terminals are numbered), and
-    the next depth up waits for both. So every descendant's terminal has a smaller
-    global seq than its ancestors', however many nodes the tree spans and in whatever
-    order it crosses them. Shallower turns elsewhere run on for the few milliseconds
-    that takes; none of their chunks can come after the receipt's seq. The merged
-    receipt."""
+    deepest up: before the parts of a depth are cancelled (`cancel_part`, which answers
+    once their terminals are numbered), the turns stopped here below that depth publish
+    theirs (released from `holds`, then numbered: the bus fence). So every descendant's
+    terminal has a smaller global seq than its ancestors', however many nodes the tree
+    spans and in whatever order it crosses them; between two such depths this node's
+    own turns are ordered by their `before_end`. Shallower turns elsewhere run on for
+    the few milliseconds that takes; none of their chunks can come after the receipt's
+    seq. The merged receipt (the rest of `holds` is released by the caller)."""
     directory = rt.directory
     parts = await directory.tree_elsewhere(sid)
     if not parts:
         return receipt.wire()
     receipts = [receipt.wire()]
-    here: dict[int, list[Turn]] = {}
-    for turn in receipt.turns:
-        here.setdefault(turn.session.ref.depth, []).append(turn)
 
     async def part(node: str, session_ids: list[str]) -> None:
         try:
@@ -83,18 +80,22 @@ async def _cancel_elsewhere(rt: Runtime, sid: str, receipt: CancelReceipt,
             return
         receipts.append(out)
 
-    async def release(depth: int) -> None:
-        holds[depth].set()
+    async def release_below(depth: int) -> None:
+        deeper = {d for d, event in holds.items() if d > depth and not event.is_set()}
+        if not deeper:
+            return
+        for d in deeper:
+            holds[d].set()
         with trio.move_on_after(PART_ENDS_S):
-            for turn in here[depth]:
-                await turn.finished.wait()
-        await rt.bus.fence()  # numbered before anything of the next depth up
+            for turn in receipt.turns:
+                if turn.session.ref.depth in deeper:
+                    await turn.finished.wait()
+        await rt.bus.fence()  # numbered before the parts of `depth` are asked
 
-    depths = {r.depth for records in parts.values() for r in records} | set(here)
-    for depth in sorted(depths, reverse=True):
+    for depth in sorted({r.depth for records in parts.values() for r in records},
+                        reverse=True):
+        await release_below(depth)
         async with trio.open_nursery() as nursery:
-            if depth in here:
-                nursery.start_soon(release, depth)
             for node, records in parts.items():
                 ids = [r.id for r in records if r.depth == depth]
                 if ids:

@@ -517,7 +517,7 @@ class RedisEventLog:
             args: list[str | bytes | int] = [
                 n, self._retention_events, seen, token,
                 self._reserved if durable else -1, restart, self._epoch, TOKEN_TTL_S,
-                self._lowest(seen) if durable else -1, *fields]
+                self._lowest(seen), *fields]
             with trio.fail_after(COMMAND_TIMEOUT_S):
                 reply: object = await self._append(
                     keys=[self._seq_key, self._stream, self._token_key, self._fence_key],
@@ -587,7 +587,10 @@ class RedisEventLog:
         reservation is c + n + reserve_step (`_append_batch`, GREATEST in the store)
         for a counter c that Redis held before it was stored, n <= MAX_BATCH_EVENTS
         (the batch that crossed the ceiling), so the counter is never below it minus
-        both. It holds while every node uses the same reserve_step."""
+        both. It holds while every node uses the same reserve_step. Without a store,
+        only what this node saw."""
+        if self._reserve is None:
+            return seen
         return max(seen, self._reserved - self._reserve_step - MAX_BATCH_EVENTS)
 
     def _below(self, counter: int, seen: int) -> str:
@@ -704,7 +707,7 @@ class RedisEventLog:
                               f"{self._latest} it delivered")
             return
         counter, seen = int(raw), self._seen()
-        if counter < (self._lowest(seen) if self._reserve is not None else seen):
+        if counter < self._lowest(seen):
             self._notice_loss(f"the tailer found the seq counter at {counter}, "
                               f"{self._below(counter, seen)}")
 
