@@ -38,7 +38,26 @@ from daemon.store.queueing import Shield
 
 
 class Store(Protocol):
-    """What the runtime keeps. Errors: StoreError, StoreUnavailable (busy: 503)."""
+    """What the runtime keeps. Errors: StoreError, StoreUnavailable (busy: 503).
+
+    The write contract (both stores; tests/test_store_port.py). A write — a method that
+    changes something — ends one of three ways:
+      - it returns: the write committed;
+      - it raises StoreError (or a subclass): it did not commit. One exception:
+        StoreUnavailable for a write whose connection was lost as it committed, or whose
+        disk did not answer within the daemon's stop bound, says so in its message — it
+        may or may not be stored;
+      - it raises Cancelled: either the cancel came before the write was taken (still
+        waiting for a connection or a batch) and the write was withdrawn — it never
+        runs — or it came while the write ran, and the write ran to its end and
+        committed first: a running write is never left, and the cancel is raised after
+        it returned. A write that fails while a cancel is pending raises its error (the
+        cancel comes at the caller's next checkpoint). So Cancelled alone does not say
+        whether the write happened: a caller that must know (store, then mirror in
+        memory) shields the write.
+    A read raises Cancelled when a cancel reaches it — at once, or once its query has
+    ended — never its answer; it changes nothing either way.
+    """
 
     async def aclose(self) -> None: ...
     def bound_shields(self, shield: Shield) -> None: ...

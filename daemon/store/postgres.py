@@ -2,7 +2,7 @@
 
 psycopg 3's async API runs on asyncio only, so every call is a blocking psycopg call in
 a worker thread (`trio.to_thread.run_sync`) on a connection of a bounded pool
-(psycopg_pool, `_POOL_MAX` connections; a CapacityLimiter of the same size keeps threads
+(psycopg_pool, `POOL_SIZE` connections; a CapacityLimiter of the same size keeps threads
 from queueing inside the pool). Each method that is one transaction in the SQLite store
 (sqlite.py, whose behaviour this file follows method by method) is one PostgreSQL
 transaction here: a message and the inbox entries it consumes; a turn's start and its
@@ -41,7 +41,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -77,7 +77,8 @@ T = TypeVar("T")
 Conn = psycopg.Connection[Any]
 log = logging.getLogger(__name__)
 
-_POOL_MIN, _POOL_MAX = 1, 8
+# The pool: connections kept open at least, and at most (calls beyond wait their turn).
+POOL_MIN, POOL_SIZE = 1, 8
 # Attempts of a transaction that lost a deadlock or a serialization check.
 _ATTEMPTS = 3
 # How long a (re)connect attempt may take; libpq counts whole seconds, at least 2.
@@ -372,7 +373,7 @@ class PostgresStore:
         self._node_id = node_id
         self._busy_timeout_s = busy_timeout_s
         self._connect_timeout_s = connect_timeout_s
-        self._limiter = trio.CapacityLimiter(_POOL_MAX)
+        self._limiter = trio.CapacityLimiter(POOL_SIZE)
         self._progress = Progress()  # calls finished: a queue that moves, or stuck?
         self.migrated = tuple(migrated)  # the migrations this open applied
         # This node's lease epoch (CONTRACT §13.8), once registered: every write of a
@@ -419,7 +420,7 @@ class PostgresStore:
 
         def _open_pool() -> ConnectionPool[Any]:
             pool: ConnectionPool[Any] = ConnectionPool(
-                url, min_size=_POOL_MIN, max_size=_POOL_MAX, open=False,
+                url, min_size=POOL_MIN, max_size=POOL_SIZE, open=False,
                 timeout=busy_timeout_s, configure=_configure, name=f"veild-{node_id}",
                 kwargs={"autocommit": True, "connect_timeout": _CONNECT_ATTEMPT_S,
                         "application_name": app_name(node_id)},
@@ -474,20 +475,25 @@ class PostgresStore:
     async def _insert(self, statements: tuple[str, str], args: Sequence[Any]
                       ) -> list[tuple[Any, ...]]:
         """One INSERT of a turn (a _guarded pair): with an epoch, the fenced one — no
-        row back is Fenced."""
-        if self.epoch is None:
+        row back is Fenced (raised in the worker, as the write's outcome: a cancel that
+        arrives meanwhile does not hide it)."""
+        epoch = self.epoch
+        if epoch is None:
             return await self._statement(
                 lambda conn: conn.execute(statements[0], args).fetchall())
-        rows = await self._statement(lambda conn: conn.execute(
-            statements[1], (self._node_id, self.epoch, *args)).fetchall())
-        if not rows:
-            self._refused()
-        return rows
 
-    def _refused(self) -> NoReturn:
-        if self.on_fenced is not None:
-            self.on_fenced()
-        raise Fenced(self._node_id, self.epoch)
+        def _fenced_insert(conn: Conn) -> list[tuple[Any, ...]]:
+            rows = conn.execute(statements[1], (self._node_id, epoch, *args)).fetchall()
+            if not rows:
+                raise Fenced(self._node_id, epoch)
+            return rows
+
+        try:
+            return await self._statement(_fenced_insert)
+        except Fenced:
+            if self.on_fenced is not None:
+                self.on_fenced()
+            raise
 
     def _work(self, fn: Callable[[Conn], T], write: bool, tx: bool, wait_s: float) -> T:
         # In the worker thread: one pooled connection (waited for at most `wait_s`, what
@@ -529,11 +535,14 @@ class PostgresStore:
             result = await trio.to_thread.run_sync(self._work, fn, write, tx, wait_s,
                                                    abandon_on_cancel=not write)
             self._progress.tick()
-            return result
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self._database, self._busy_timeout_s) from exc
         finally:
             self._limiter.release()
+        # The port's write contract (runtime/ports.Store): a cancel that arrived while
+        # the write ran is raised now that it has committed — never swallowed.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return result
 
     async def _read(self, fn: Callable[[Conn], T]) -> T:
         return await self._run(fn, write=False, tx=False)

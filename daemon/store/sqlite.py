@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import outcome
 import trio
 
-from daemon.errors import StoreError, StoreUnavailable
+from daemon.errors import StoreError, StoreUnavailable, TurnClosed
 from daemon.store.models import (
     CompactionRecord,
     InboxRecord,
@@ -383,11 +383,16 @@ class Store:
                                               self._busy_timeout_s, "its connection")
         try:
             busy_ms = max(_MIN_BUSY_MS, int((deadline - trio.current_time()) * 1000))
-            return await trio.to_thread.run_sync(self._run, lane, busy_ms, fn, *args)
+            result = await trio.to_thread.run_sync(self._run, lane, busy_ms, fn, *args)
         except sqlite3.Error as exc:
             raise _translate(exc, self._busy_timeout_s) from exc
         finally:
             lane.limiter.release()
+        # A cancel that came while the thread ran (it cannot be left: the connection is
+        # the lane's) is raised now, as the group commit's writes and PostgreSQL's
+        # calls raise it (runtime/ports.Store).
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return result
 
     @staticmethod
     def _run(lane: _Lane, busy_ms: int, fn: Callable[..., T], *args: Any) -> T:
@@ -431,10 +436,13 @@ class Store:
             # Bounded: the leader's batch ends (its own shield ends with the stop).
             with self._shield():
                 await op.done.wait()
-            if not isinstance(exc, StoreUnavailable):
-                raise  # Cancelled: the write a leader had taken ran regardless
-            # Given up as stuck just as a leader took it: its outcome is the answer.
             if not op.done.is_set():
+                raise  # the stop's bound passed first: its outcome is not known
+            # Given up as stuck just as a leader took it: its outcome is the answer.
+            # Cancelled (runtime/ports.Store's write contract): a write that failed
+            # raises its error (the cancel comes at the next checkpoint); one that
+            # committed raises the cancel, now that it has.
+            if not isinstance(exc, StoreUnavailable) and op.error is None:
                 raise
         if op.error is not None:
             raise op.error
@@ -733,12 +741,18 @@ class Store:
         t = usage or TokenUsage()
 
         def _end(conn: sqlite3.Connection) -> list[InboxRecord]:
-            conn.execute(
+            # Only an open turn ends (one terminal, CONTRACT §5.2), as on PostgreSQL: a
+            # turn closed already (by a recovery) is not closed a second time.
+            closed = conn.execute(
                 "UPDATE turns SET ended_at=?, terminal_code=?, cancel_reason=?, model=?, "
-                "input_tokens=?, output_tokens=?, cache_tokens=?, cost=? WHERE id=?",
+                "input_tokens=?, output_tokens=?, cache_tokens=?, cost=? "
+                "WHERE id=? AND ended_at IS NULL",
                 (ended_at, code, cancel_reason, model, t.input, t.output, t.cache, t.cost,
                  turn_id),
-            )
+            ).rowcount
+            if not closed and conn.execute("SELECT 1 FROM turns WHERE id=?",
+                                           (turn_id,)).fetchone():
+                raise TurnClosed(turn_id)
             conn.execute(
                 "UPDATE sessions SET status=?, updated_at=?, model=?, input_tokens=?, "
                 "output_tokens=?, cache_tokens=?, cost=? WHERE id=?",
