@@ -27,7 +27,8 @@ from daemon.store.models import (
     TokenUsage,
     TurnRecord,
 )
-from daemon.store.postgres import POOL_SIZE, PostgresStore
+from daemon.store.pg_pool import POOL_SIZE
+from daemon.store.postgres import PostgresStore
 from daemon.store.sqlite import Store as SqliteStore
 from tests.pgserver import pg_server, pg_url  # noqa: F401  (fixtures)
 
