@@ -59,7 +59,9 @@ async def wait_until(condition: Callable[[], bool]) -> None:
     """Until the server reports `condition` (polled: the server has no way to tell us);
     TooSlowError after WAIT_S."""
     with trio.fail_after(WAIT_S):
-        while not condition():
+        while True:
+            if condition():
+                return
             await trio.sleep(0.01)
 
 
