@@ -44,30 +44,23 @@ from daemon.store.pg_coordination import PgCoordination
 from daemon.store.pg_fence import NodeLease, guarded
 from daemon.store.pg_pool import NOW_MS, Conn, PgPool
 from daemon.store.queueing import Shield
+from daemon.store.rows import (
+    COMPACTION_COLUMNS,
+    INBOX_COLUMNS,
+    MESSAGE_COLUMNS,
+    SCHEDULE_COLUMNS,
+    SESSION_COLUMNS,
+    TURN_HISTORY_COLUMNS,
+    compaction_record,
+    inbox_record,
+    message_record,
+    schedule_record,
+    session_record,
+    stored_context,
+    turn_history,
+)
 
 T = TypeVar("T")
-
-_SESSION_COLUMNS = (
-    "id, agent_name, parent_session_id, root_session_id, depth, spawn_tool_call_id, "
-    "status, created_at, updated_at, model, input_tokens, output_tokens, cache_tokens, cost, "
-    "engine_session_id"
-)
-_INBOX_COLUMNS = (
-    "id, session_id, content, from_session_id, delivery, wakes, reply_to, created_at"
-)
-
-
-def _session(row: tuple[Any, ...]) -> SessionRecord:
-    return SessionRecord(
-        id=row[0], agent_name=row[1], parent_session_id=row[2], root_session_id=row[3],
-        depth=row[4], spawn_tool_call_id=row[5], status=row[6], created_at=row[7],
-        updated_at=row[8], model=row[9],
-        token_usage=TokenUsage(row[10], row[11], row[12], row[13]), engine_session_id=row[14],
-    )
-
-
-def _inbox(row: tuple[Any, ...]) -> InboxRecord:
-    return InboxRecord(row[0], row[1], row[2], row[3], row[4], bool(row[5]), row[6], row[7])
 
 
 def _inbox_row(d: InboxRecord) -> tuple[Any, ...]:
@@ -121,24 +114,6 @@ def _message_row(session_id: str, m: MessageRecord, turn_id: str | None) -> tupl
             m.created_at, turn_id)
 
 
-def _message(row: Sequence[Any]) -> MessageRecord:
-    """A row of role, content, tool_calls, tool_call_id, created_at, turn_id."""
-    return MessageRecord(row[0], row[1], json.loads(row[2]) if row[2] else None, row[3],
-                         row[4], turn_id=row[5])
-
-
-_COMPACTION_COLUMNS = (
-    "place, covers_until, pruned_until, summary, reason, before_tokens, after_tokens, "
-    "pruned_tool_results, created_at, turn_id"
-)
-
-
-def _compaction(row: Sequence[Any]) -> CompactionRecord:
-    """A row of _COMPACTION_COLUMNS."""
-    return CompactionRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7],
-                            row[8], turn_id=row[9])
-
-
 # What a session's next LLM call starts from (`context`), as the SQLite store's _CONTEXT
 # (same rows, same columns): one statement, so one snapshot and one round trip. Part 0,
 # the latest record with a summary and the latest of all; part 1, the messages after
@@ -159,18 +134,6 @@ _CONTEXT = (
     "                  WHERE id = (SELECT id FROM summary)), 0)) "
     "ORDER BY 1, 2"
 )
-
-
-def _stored_context(rows: Sequence[Sequence[Any]]) -> StoredContext:
-    """_CONTEXT's rows as a StoredContext."""
-    records = [  # by id: the latest last
-        CompactionRecord(r[8], r[9], r[10], r[4], r[5], r[11], r[12], r[13], r[2],
-                         turn_id=r[3])
-        for r in rows if r[0] == 0]
-    summary = next((c for c in reversed(records) if c.summary is not None), None)
-    return StoredContext(
-        summary=summary, latest=records[-1] if records else None,
-        messages=[_message((r[4], r[5], r[6], r[7], r[2], r[3])) for r in rows if r[0] == 1])
 
 
 class PostgresStore:
@@ -291,9 +254,9 @@ class PostgresStore:
             (engine_session_id, session_id)))
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
-        rows = await self._pool.rows(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id=%s",
+        rows = await self._pool.rows(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id=%s",
                                 (session_id,))
-        return _session(rows[0]) if rows else None
+        return session_record(rows[0]) if rows else None
 
     async def list_sessions(
         self, *, agent: str | None = None, parent: str | None = None, limit: int = 100
@@ -305,11 +268,11 @@ class PostgresStore:
         if parent is not None:
             where.append("parent_session_id=%s")
             args.append(parent)
-        sql = f"SELECT {_SESSION_COLUMNS} FROM sessions"
+        sql = f"SELECT {SESSION_COLUMNS} FROM sessions"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at DESC, seq DESC LIMIT %s"
-        return [_session(r) for r in await self._pool.rows(sql, (*args, limit))]
+        return [session_record(r) for r in await self._pool.rows(sql, (*args, limit))]
 
     async def children(self, session_id: str) -> list[str]:
         rows = await self._pool.rows(
@@ -358,9 +321,9 @@ class PostgresStore:
 
     async def messages(self, session_id: str) -> list[MessageRecord]:
         rows = await self._pool.rows(
-            "SELECT role, content, tool_calls, tool_call_id, created_at, turn_id "
+            f"SELECT {MESSAGE_COLUMNS} "
             "FROM messages WHERE session_id=%s ORDER BY id", (session_id,))
-        return [_message(r) for r in rows]
+        return [message_record(r) for r in rows]
 
     # -- compactions (CONTRACT §15) -------------------------------------------------------
 
@@ -374,14 +337,14 @@ class PostgresStore:
     async def compactions(self, session_id: str) -> list[CompactionRecord]:
         """Every compaction of the session, oldest first."""
         rows = await self._pool.rows(
-            f"SELECT {_COMPACTION_COLUMNS} FROM compactions WHERE session_id=%s ORDER BY id",
+            f"SELECT {COMPACTION_COLUMNS} FROM compactions WHERE session_id=%s ORDER BY id",
             (session_id,))
-        return [_compaction(r) for r in rows]
+        return [compaction_record(r) for r in rows]
 
     async def context(self, session_id: str) -> StoredContext:
         """The latest summary and compaction of the session and the messages after the
         summary, from one snapshot; only those messages are read."""
-        return _stored_context(await self._pool.read(
+        return stored_context(await self._pool.read(
             lambda conn: conn.execute(_CONTEXT, {"s": session_id}).fetchall()))
 
     # -- turns ----------------------------------------------------------------------------
@@ -454,13 +417,10 @@ class PostgresStore:
 
     async def turns(self, session_id: str) -> list[TurnHistory]:
         rows = await self._pool.rows(
-            "SELECT id, trigger, from_session_id, started_at, ended_at, terminal_code, "
-            "cancel_reason, input_tokens, output_tokens, cache_tokens, cost, model, "
-            "start_seq, schedule FROM turns WHERE session_id=%s ORDER BY started_at, seq",
+            f"SELECT {TURN_HISTORY_COLUMNS} FROM turns WHERE session_id=%s "
+            "ORDER BY started_at, seq",
             (session_id,))
-        return [TurnHistory(r[0], r[1], r[2], r[3], r[4], r[5], r[6],
-                            TokenUsage(r[7], r[8], r[9], r[10]), r[11], r[12], r[13])
-                for r in rows]
+        return [turn_history(r) for r in rows]
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         return await self.coordination.node_unfinished_turns(self._lease.node_id)
@@ -473,9 +433,9 @@ class PostgresStore:
 
     async def pending_inbox(self, session_id: str) -> list[InboxRecord]:
         rows = await self._pool.rows(
-            f"SELECT {_INBOX_COLUMNS} FROM inbox "
+            f"SELECT {INBOX_COLUMNS} FROM inbox "
             "WHERE session_id=%s AND consumed_by_turn IS NULL ORDER BY id", (session_id,))
-        return [_inbox(r) for r in rows]
+        return [inbox_record(r) for r in rows]
 
     async def sessions_to_wake(self) -> list[str]:
         """This node's sessions holding a waking delivery no turn has taken yet."""
@@ -489,9 +449,8 @@ class PostgresStore:
 
     async def schedule_states(self) -> list[ScheduleRecord]:
         rows = await self._pool.rows(
-            "SELECT name, paused, last_run_at, next_run_at, last_session_id, "
-            "last_turn_id, last_outcome, skipped FROM schedules ORDER BY name")
-        return [ScheduleRecord(r[0], bool(r[1]), *r[2:]) for r in rows]
+            f"SELECT {SCHEDULE_COLUMNS} FROM schedules ORDER BY name")
+        return [schedule_record(r) for r in rows]
 
     async def save_schedule_state(self, s: ScheduleRecord) -> None:
         await self._pool.execute(
@@ -509,7 +468,7 @@ class PostgresStore:
     async def subtree(self, session_id: str) -> list[SessionRecord]:
         """The session and all its descendants, each parent before its children; [] for
         an unknown id."""
-        columns = ", ".join("s." + c.strip() for c in _SESSION_COLUMNS.split(","))
+        columns = ", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))
         rows = await self._pool.rows(
             "WITH RECURSIVE tree(id, level) AS ("
             " SELECT id, 0 FROM sessions WHERE id=%s"
@@ -517,7 +476,7 @@ class PostgresStore:
             " JOIN tree ON s.parent_session_id = tree.id) "
             f"SELECT {columns} FROM tree JOIN sessions s ON s.id = tree.id "
             "ORDER BY tree.level, s.seq", (session_id,))
-        return [_session(r) for r in rows]
+        return [session_record(r) for r in rows]
 
     async def delete_sessions(self, session_ids: Sequence[str]) -> None:
         """Remove these sessions (a whole subtree) with their messages, compactions, turns

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
 
 import trio
 
@@ -35,16 +34,22 @@ from daemon.store.models import (
     TurnRecord,
 )
 from daemon.store.queueing import Shield
-from daemon.store.sqlite_runner import SqliteRunner, connect
-
-T = TypeVar("T")
-
-_SESSION_COLUMNS = (
-    "id, agent_name, parent_session_id, root_session_id, depth, spawn_tool_call_id, "
-    "status, created_at, updated_at, model, input_tokens, output_tokens, cache_tokens, cost, "
-    "engine_session_id"
+from daemon.store.rows import (
+    COMPACTION_COLUMNS,
+    INBOX_COLUMNS,
+    MESSAGE_COLUMNS,
+    SCHEDULE_COLUMNS,
+    SESSION_COLUMNS,
+    TURN_HISTORY_COLUMNS,
+    compaction_record,
+    inbox_record,
+    message_record,
+    schedule_record,
+    session_record,
+    stored_context,
+    turn_history,
 )
-
+from daemon.store.sqlite_runner import SqliteRunner, connect
 
 # A migration whose first line is this runs outside a transaction (VACUUM cannot run
 # inside one); its statements must be safe to run again.
@@ -61,15 +66,6 @@ def _migrations() -> list[tuple[int, str]]:
         if entry.name.endswith(".sql"):
             found.append((int(entry.name.split("_", 1)[0]), entry.read_text()))
     return sorted(found)
-
-
-_INBOX_COLUMNS = (
-    "id, session_id, content, from_session_id, delivery, wakes, reply_to, created_at"
-)
-
-
-def _inbox(row: tuple[Any, ...]) -> InboxRecord:
-    return InboxRecord(row[0], row[1], row[2], row[3], row[4], bool(row[5]), row[6], row[7])
 
 
 def _insert_inbox(conn: sqlite3.Connection, d: InboxRecord) -> InboxRecord:
@@ -108,24 +104,6 @@ def _insert_message(conn: sqlite3.Connection, session_id: str, m: MessageRecord,
     )
 
 
-def _message(row: Sequence[Any]) -> MessageRecord:
-    """A row of role, content, tool_calls, tool_call_id, created_at, turn_id."""
-    return MessageRecord(row[0], row[1], json.loads(row[2]) if row[2] else None, row[3],
-                         row[4], turn_id=row[5])
-
-
-_COMPACTION_COLUMNS = (
-    "place, covers_until, pruned_until, summary, reason, before_tokens, after_tokens, "
-    "pruned_tool_results, created_at, turn_id"
-)
-
-
-def _compaction(row: Sequence[Any]) -> CompactionRecord:
-    """A row of _COMPACTION_COLUMNS."""
-    return CompactionRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7],
-                            row[8], turn_id=row[9])
-
-
 # What a session's next LLM call starts from (`Store.context`), in one statement so that
 # it is one snapshot: part 0, the latest record with a summary and the latest of all
 # (one row when they are the same); part 1, the messages after the summary's
@@ -151,27 +129,6 @@ _CONTEXT = (
     "                             WHERE id = (SELECT id FROM summary)), 0)) "
     "ORDER BY 1, 2"
 )
-
-
-def _stored_context(rows: Sequence[Sequence[Any]]) -> StoredContext:
-    """_CONTEXT's rows as a StoredContext."""
-    records = [  # by id: the latest last
-        CompactionRecord(r[8], r[9], r[10], r[4], r[5], r[11], r[12], r[13], r[2],
-                         turn_id=r[3])
-        for r in rows if r[0] == 0]
-    summary = next((c for c in reversed(records) if c.summary is not None), None)
-    return StoredContext(
-        summary=summary, latest=records[-1] if records else None,
-        messages=[_message((r[4], r[5], r[6], r[7], r[2], r[3])) for r in rows if r[0] == 1])
-
-
-def _session(row: tuple[Any, ...]) -> SessionRecord:
-    return SessionRecord(
-        id=row[0], agent_name=row[1], parent_session_id=row[2], root_session_id=row[3],
-        depth=row[4], spawn_tool_call_id=row[5], status=row[6], created_at=row[7],
-        updated_at=row[8], model=row[9],
-        token_usage=TokenUsage(row[10], row[11], row[12], row[13]), engine_session_id=row[14],
-    )
 
 
 class Store:
@@ -275,9 +232,9 @@ class Store:
     async def get_session(self, session_id: str) -> SessionRecord | None:
         def _get(conn: sqlite3.Connection) -> SessionRecord | None:
             row = conn.execute(
-                f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id=?", (session_id,)
+                f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id=?", (session_id,)
             ).fetchone()
-            return _session(row) if row else None
+            return session_record(row) if row else None
 
         return await self.runner.read(_get)
 
@@ -292,11 +249,11 @@ class Store:
             if parent is not None:
                 where.append("parent_session_id=?")
                 args.append(parent)
-            sql = f"SELECT {_SESSION_COLUMNS} FROM sessions"
+            sql = f"SELECT {SESSION_COLUMNS} FROM sessions"
             if where:
                 sql += " WHERE " + " AND ".join(where)
             sql += " ORDER BY created_at DESC, rowid DESC LIMIT ?"
-            return [_session(r) for r in conn.execute(sql, (*args, limit))]
+            return [session_record(r) for r in conn.execute(sql, (*args, limit))]
 
         return await self.runner.read(_list)
 
@@ -331,10 +288,10 @@ class Store:
     async def messages(self, session_id: str) -> list[MessageRecord]:
         def _messages(conn: sqlite3.Connection) -> list[MessageRecord]:
             rows = conn.execute(
-                "SELECT role, content, tool_calls, tool_call_id, created_at, turn_id "
+                f"SELECT {MESSAGE_COLUMNS} "
                 "FROM messages WHERE session_id=? ORDER BY id", (session_id,),
             )
-            return [_message(r) for r in rows]
+            return [message_record(r) for r in rows]
 
         return await self.runner.read(_messages)
 
@@ -356,10 +313,10 @@ class Store:
 
         def _compactions(conn: sqlite3.Connection) -> list[CompactionRecord]:
             rows = conn.execute(
-                f"SELECT {_COMPACTION_COLUMNS} FROM compactions WHERE session_id=? "
+                f"SELECT {COMPACTION_COLUMNS} FROM compactions WHERE session_id=? "
                 "ORDER BY id", (session_id,),
             )
-            return [_compaction(r) for r in rows]
+            return [compaction_record(r) for r in rows]
 
         return await self.runner.read(_compactions)
 
@@ -367,7 +324,7 @@ class Store:
         """The latest summary and compaction of the session and the messages after the
         summary, from one snapshot; only those messages are read."""
         return await self.runner.read(
-            lambda conn: _stored_context(conn.execute(_CONTEXT, {"s": session_id})
+            lambda conn: stored_context(conn.execute(_CONTEXT, {"s": session_id})
                                          .fetchall()))
 
     # -- turns ----------------------------------------------------------------------------
@@ -443,16 +400,11 @@ class Store:
 
         def _turns(conn: sqlite3.Connection) -> list[TurnHistory]:
             rows = conn.execute(
-                "SELECT id, trigger, from_session_id, started_at, ended_at, terminal_code, "
-                "cancel_reason, input_tokens, output_tokens, cache_tokens, cost, model, "
-                "start_seq, schedule FROM turns WHERE session_id=? ORDER BY started_at, rowid",
+                f"SELECT {TURN_HISTORY_COLUMNS} FROM turns WHERE session_id=? "
+                "ORDER BY started_at, rowid",
                 (session_id,),
             )
-            return [
-                TurnHistory(r[0], r[1], r[2], r[3], r[4], r[5], r[6],
-                            TokenUsage(r[7], r[8], r[9], r[10]), r[11], r[12], r[13])
-                for r in rows
-            ]
+            return [turn_history(r) for r in rows]
 
         return await self.runner.read(_turns)
 
@@ -482,10 +434,10 @@ class Store:
     async def pending_inbox(self, session_id: str) -> list[InboxRecord]:
         def _pending(conn: sqlite3.Connection) -> list[InboxRecord]:
             rows = conn.execute(
-                f"SELECT {_INBOX_COLUMNS} FROM inbox "
+                f"SELECT {INBOX_COLUMNS} FROM inbox "
                 "WHERE session_id=? AND consumed_by_turn IS NULL ORDER BY id", (session_id,),
             )
-            return [_inbox(r) for r in rows]
+            return [inbox_record(r) for r in rows]
 
         return await self.runner.read(_pending)
 
@@ -508,10 +460,9 @@ class Store:
 
         def _states(conn: sqlite3.Connection) -> list[ScheduleRecord]:
             rows = conn.execute(
-                "SELECT name, paused, last_run_at, next_run_at, last_session_id, "
-                "last_turn_id, last_outcome, skipped FROM schedules ORDER BY name"
+                f"SELECT {SCHEDULE_COLUMNS} FROM schedules ORDER BY name"
             )
-            return [ScheduleRecord(r[0], bool(r[1]), *r[2:]) for r in rows]
+            return [schedule_record(r) for r in rows]
 
         return await self.runner.read(_states)
 
@@ -539,11 +490,11 @@ class Store:
                 " SELECT id, 0 FROM sessions WHERE id=?"
                 " UNION ALL SELECT s.id, tree.level + 1 FROM sessions s"
                 " JOIN tree ON s.parent_session_id = tree.id) "
-                f"SELECT {', '.join('s.' + c.strip() for c in _SESSION_COLUMNS.split(','))} "
+                f"SELECT {', '.join('s.' + c.strip() for c in SESSION_COLUMNS.split(','))} "
                 "FROM tree JOIN sessions s ON s.id = tree.id ORDER BY tree.level, s.rowid",
                 (session_id,),
             )
-            return [_session(r) for r in rows]
+            return [session_record(r) for r in rows]
 
         return await self.runner.read(_subtree)
 
