@@ -90,8 +90,8 @@ class PgCoordination:
         """Insert this node's row with a new epoch, or take over one whose lease is past
         (a node that died with this id); NodeIdInUse while a live node has it, or while
         a sweep of the old one is under way (its row is `swept` until the sweep ends:
-        the old turns must be the sweeper's alone). Returns the epoch, which this
-        store's writes of turns are conditional on from now."""
+        the old turns must be the sweeper's alone). Returns the epoch, which the Store's
+        writes of turns (postgres.py, pg_fence.py) are conditional on from now."""
         rows = await self._pool.statement(lambda conn: conn.execute(
             "INSERT INTO nodes(node_id, url, started_at, lease_until) "
             f"VALUES (%s, %s, {NOW_MS}, {NOW_MS} + %s) "

@@ -385,7 +385,7 @@ class PostgresStore:
         t = usage or TokenUsage()
 
         def _end(conn: Conn) -> list[InboxRecord]:
-            # Only an open turn ends (one terminal, CONTRACT §5.1): a turn a sweeper
+            # Only an open turn ends (one terminal, CONTRACT §5.2): a turn a sweeper
             # closed already is not closed a second time, by its own node or another.
             closed = conn.execute(
                 "UPDATE turns SET ended_at=%s, terminal_code=%s, cancel_reason=%s, model=%s, "
