@@ -43,10 +43,10 @@ class Store(Protocol):
     The write contract (both stores; tests/test_store_port.py). A write — a method that
     changes something — ends one of three ways:
       - it returns: the write committed;
-      - it raises StoreError (or a subclass): it did not commit. One exception:
-        StoreUnavailable for a write whose connection was lost as it committed, or whose
-        disk did not answer within the daemon's stop bound, says so in its message — it
-        may or may not be stored;
+      - it raises StoreError (or a subclass): it did not commit — except a
+        StoreUnavailable from a write whose connection was lost while it ran
+        (PostgreSQL: never retried) or whose disk did not answer within the daemon's
+        stop bound (SQLite: the message says so), which may or may not be stored;
       - it raises Cancelled: either the cancel came before the write was taken (still
         waiting for a connection or a batch) and the write was withdrawn — it never
         runs — or it came while the write ran, and the write ran to its end and
