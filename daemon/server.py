@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from daemon.cluster.node import Degradable
     from daemon.config import ClusterConfig
     from daemon.redisconn import Client as RedisClient
-    from daemon.runtime.ports import ClusterStore
+    from daemon.store.postgres import PostgresStore
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ class _Late:
 
 
 async def _join_cluster(
-    config: ClusterConfig, store: ClusterStore, event_log: EventLog, redis: RedisClient,
+    config: ClusterConfig, store: PostgresStore, event_log: EventLog, redis: RedisClient,
     sessions: SessionManager, services: trio.Nursery, url: str, stop: trio.Event,
     runtime: _Late, max_running_turns: int,
 ) -> ClusterNode:
@@ -253,8 +253,8 @@ async def _join_cluster(
     from daemon.cluster.routing import Router
 
     store_clock = StoreClock()  # the store's clock, measured by the heartbeat (§13.8)
-    node = ClusterNode(config, config.node_id, store, cast("Degradable", event_log), redis,
-                       stop.set, store_clock)
+    node = ClusterNode(config, config.node_id, store.coordination,
+                       cast("Degradable", event_log), redis, stop.set, store_clock)
     await node.register(url)
     # A routed JSON chat holds its call (and the owner's handler) for its whole turn: the
     # bounds leave room for as many as turns may run, plus the short operations (a
@@ -270,7 +270,7 @@ async def _join_cluster(
         return await answer_routed(rt, op, body)
 
     await services.start(channel.serve, answer)
-    router = Router(config.node_id, store, channel, lease_s=config.lease_s)
+    router = Router(config.node_id, store.coordination, channel, lease_s=config.lease_s)
     sessions.directory = ClusterDirectory(node, router, store, SCHEDULER_LOCK)
     await services.start(node.serve)
     return node
@@ -302,18 +302,18 @@ async def _open_backends(
 
     # Nothing of the store is here, but the workspaces (by default) and claude-cli's home.
     server.data_dir.mkdir(parents=True, exist_ok=True)
-    store = await open_store(server, cluster)
-    stack.push_async_callback(_bounded_close, store.aclose)
+    cluster_store = await open_store(server, cluster)
+    stack.push_async_callback(_bounded_close, cluster_store.aclose)
     redis = await stack.enter_async_context(
         connect(cluster.bus, connect_timeout_s=cluster.connect_timeout_s))
     # The durable seq floor (CONTRACT §13.9): seqs are reserved in PostgreSQL ahead of
     # Redis's counter, so a Redis that lost its data never hands out a seq again.
     event_log = await RedisEventLog.open(
         redis, retention_events=cluster.retention_events,
-        reserve=cast("ClusterStore", store).raise_seq_reserved,
-        fences=cast("ClusterStore", store).node_fences)
+        reserve=cluster_store.raise_seq_reserved,
+        fences=cluster_store.coordination.node_fences)
     stack.push_async_callback(_bounded_close, event_log.aclose)
-    return store, event_log, redis
+    return cluster_store, event_log, redis
 
 
 async def _serve(
@@ -389,7 +389,7 @@ async def _serve(
             if config.cluster is not None:
                 assert redis is not None
                 cluster = await _join_cluster(
-                    config.cluster, cast("ClusterStore", store), event_log, redis,
+                    config.cluster, cast("PostgresStore", store), event_log, redis,
                     sessions, services, _listen_url(server.host, listener), stop,
                     late, server.max_running_turns,
                 )

@@ -11,7 +11,6 @@ Embedded only: the delay is put on the SQLite connections themselves.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -45,22 +44,19 @@ max_tool_calls = {CHILDREN}
 """
 
 
-def _slow(conn: sqlite3.Connection) -> None:
-    """Every write statement (and harder, every commit) on `conn` takes longer; the
-    callback runs in the store's worker thread, so the loop goes on meanwhile."""
-    def delay(statement: str) -> None:
-        head = statement.lstrip()[:8].upper()
-        if head.startswith("COMMIT"):
-            time.sleep(COMMIT_DELAY_S)
-        elif head.startswith(("INSERT", "UPDATE", "DELETE")):
-            time.sleep(STATEMENT_DELAY_S)
-
-    conn.set_trace_callback(delay)
+def _delay(statement: str) -> None:
+    """Every write statement (and harder, every commit) takes longer; called in the
+    store's worker thread, so the loop goes on meanwhile."""
+    head = statement.lstrip()[:8].upper()
+    if head.startswith("COMMIT"):
+        time.sleep(COMMIT_DELAY_S)
+    elif head.startswith(("INSERT", "UPDATE", "DELETE")):
+        time.sleep(STATEMENT_DELAY_S)
 
 
 def _slow_store(store: Any) -> None:
     assert isinstance(store, SqliteStore)
-    _slow(store._conn)  # the writer; reads are not what a burst queues on
+    store.runner.trace_writes(_delay)  # the writer; reads are not what a burst queues on
 
 
 def _burst(child_words: str) -> str:

@@ -13,7 +13,7 @@ import trio
 
 from daemon.cluster.node import SCHEDULER_LOCK
 from daemon.config import load_config
-from daemon.store.postgres import lock_key
+from daemon.store.pg_pool import lock_key
 from tests.clusterkit import Backends, Node, open_cluster
 from tests.harness import (
     Provider,

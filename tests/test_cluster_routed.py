@@ -20,9 +20,10 @@ from coredis.response.types import StreamEntry
 
 from daemon.cluster.control import ControlChannel
 from daemon.cluster.directory import ClusterDirectory
+from daemon.cluster.ports import Coordination
 from daemon.cluster.routing import Router
 from daemon.redisconn import connect
-from daemon.runtime.ports import ClusterStore
+from daemon.store.postgres import PostgresStore
 from tests.clusterkit import LEASE_S, Backends, Node, open_cluster
 from tests.harness import Provider, mock, open_recorder, spawn
 from tests.test_cluster_nodes import HANG, backends, open_nodes
@@ -104,7 +105,7 @@ class LossyChannel(ControlChannel):
 
 
 @asynccontextmanager
-async def lossy_router(redis_url: str, store: ClusterStore,
+async def lossy_router(redis_url: str, store: Coordination,
                        attempt_s: float) -> AsyncIterator[tuple[Router, LossyChannel]]:
     """A router of a caller of its own ("node-t", not a node of the cluster: it only
     calls) over a lossy channel on the cluster's bus."""
@@ -133,7 +134,7 @@ async def test_a_routed_delivery_retried_after_its_reply_was_lost_is_delivered_o
         r = await a.http.post("/agents/plain/chat", json={"message": mock(say="hi")})
         assert r.status_code == 200, r.text
         sid = r.json()["sessionId"]
-        store = cast(ClusterStore, b.daemon.runtime.store)
+        store = cast(PostgresStore, b.daemon.runtime.store).coordination
         answers = router_of(a).answers
         async with lossy_router(backends.redis_url, store, attempt_s=1.0) as (router, ch):
             with trio.fail_after(15):

@@ -44,14 +44,13 @@ async def test_a_turn_whose_end_was_not_stored_has_one_terminal_across_a_restart
     async with open_daemon(tmp_path, provider) as d:
         store = d.daemon.runtime.store
         assert isinstance(store, SqliteStore)
-        conn: sqlite3.Connection = store._conn
         async with open_recorder(d.ws_url) as rec:
-            conn.set_authorizer(_refuse_turn_ends)
+            store.runner.authorize_writes(_refuse_turn_ends)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(d.chat, mock(say="an answer"))
                 turn_id = await rec.turn_of()
                 first = await rec.terminal(turn_id)
-            conn.set_authorizer(None)
+            store.runner.authorize_writes(None)
         session_id = first["sessionId"]
     # What the restart finds: the turn's row still open.
     [row] = db_rows(tmp_path, f"SELECT ended_at FROM turns WHERE id='{turn_id}'")
@@ -92,7 +91,6 @@ async def test_a_cancelled_turn_whose_end_was_not_stored_stays_cancelled(
     async with open_daemon(tmp_path, provider) as d:
         store = d.daemon.runtime.store
         assert isinstance(store, SqliteStore)
-        conn: sqlite3.Connection = store._conn
         async with open_recorder(d.ws_url) as rec:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(d.chat, mock(say="never all of it", hang_after=2))
@@ -101,10 +99,10 @@ async def test_a_cancelled_turn_whose_end_was_not_stored_stays_cancelled(
                     e.get("eventType") == "inference.chunk" and e.get("turnId") == turn_id
                     for e in evs))
                 session_id = rec.stream(turn_id)[0]["sessionId"]
-                conn.set_authorizer(_refuse_turn_ends)
+                store.runner.authorize_writes(_refuse_turn_ends)
                 await d.cancel(session_id)
                 first = await rec.terminal(turn_id)
-            conn.set_authorizer(None)
+            store.runner.authorize_writes(None)
     assert first["eventType"] == "error", first["data"]
     assert first["data"]["code"] == "CANCELLED"
     assert first["data"]["details"] == {"reason": "user_cancel", "stored": False}

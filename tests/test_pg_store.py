@@ -27,7 +27,8 @@ from daemon.errors import (
 )
 from daemon.store import open_store
 from daemon.store.models import InboxRecord, MessageRecord, TurnRecord
-from daemon.store.postgres import PostgresStore, _migrations, lock_key
+from daemon.store.pg_pool import _migrations, lock_key
+from daemon.store.postgres import PostgresStore
 from tests.pgserver import (  # noqa: F401  (fixtures)
     PgServer,
     create_database,
@@ -49,12 +50,19 @@ async def two(pg_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]
         await b.aclose()
 
 
+# How long the server may take to report what a test waits for: a race that never
+# forms fails the test with this, not a hang.
+WAIT_S = 10
+
+
 async def wait_until(condition: Callable[[], bool]) -> None:
-    """Until the server reports `condition` (polled: the server has no way to tell us)."""
-    while True:
-        if condition():
-            return
-        await trio.sleep(0.01)
+    """Until the server reports `condition` (polled: the server has no way to tell us);
+    TooSlowError after WAIT_S."""
+    with trio.fail_after(WAIT_S):
+        while True:
+            if condition():
+                return
+            await trio.sleep(0.01)
 
 
 async def wait_for_lock_waiters(url: str, count: int) -> None:
@@ -73,29 +81,29 @@ async def test_node_ids_leases_and_sweeping(two: tuple[PostgresStore, PostgresSt
     """Leases are on the store's clock (CONTRACT §13.8): a lease of -1 s is past now,
     whatever this process's clock says; each registration gets a new, larger epoch."""
     a, b = two
-    ea = await a.register_node("a", "http://a:1", 60_000)
+    ea = await a.coordination.register_node("a", "http://a:1", 60_000)
     with pytest.raises(NodeIdInUse) as info:
-        await b.register_node("a", "http://other:2", 60_000)
+        await b.coordination.register_node("a", "http://other:2", 60_000)
     assert "'a'" in str(info.value) and info.value.node_id == "a"
-    eb = await b.register_node("b", "http://b:1", -1000)  # its lease has run out
-    assert eb > ea and a.epoch == ea and b.epoch == eb
-    assert [(n.node_id, n.url, n.epoch, n.alive) for n in await a.nodes()] == [
+    eb = await b.coordination.register_node("b", "http://b:1", -1000)  # its lease has run out
+    assert eb > ea and a.coordination.epoch == ea and b.coordination.epoch == eb
+    assert [(n.node_id, n.url, n.epoch, n.alive) for n in await a.coordination.nodes()] == [
         ("a", "http://a:1", ea, True), ("b", "http://b:1", eb, False)]
 
-    store_ms = await a.heartbeat("a", 60_000)
+    store_ms = await a.coordination.heartbeat("a", 60_000)
     assert store_ms is not None and abs(store_ms - time.time() * 1000) < 60_000
-    assert await b.expired_nodes() == [("b", eb)]
+    assert await b.coordination.expired_nodes() == [("b", eb)]
 
     # A node that died with this id can come back once its lease is past: a new epoch.
-    eb2 = await b.register_node("b", "http://b:2", 60_000)
-    assert eb2 > eb and await a.expired_nodes() == []
-    assert await b.heartbeat("b", 60_000) is not None
+    eb2 = await b.coordination.register_node("b", "http://b:2", 60_000)
+    assert eb2 > eb and await a.coordination.expired_nodes() == []
+    assert await b.coordination.heartbeat("b", 60_000) is not None
 
-    await a.drop_node("b", eb)  # an old epoch's drop: the live row stays
-    assert [n.node_id for n in await a.nodes()] == ["a", "b"]
-    await a.drop_node("b", eb2)
-    assert [n.node_id for n in await a.nodes()] == ["a"]
-    assert await b.heartbeat("b", 60_000) is None
+    await a.coordination.drop_node("b", eb)  # an old epoch's drop: the live row stays
+    assert [n.node_id for n in await a.coordination.nodes()] == ["a", "b"]
+    await a.coordination.drop_node("b", eb2)
+    assert [n.node_id for n in await a.coordination.nodes()] == ["a"]
+    assert await b.coordination.heartbeat("b", 60_000) is None
 
 
 def _expire(url: str, node_id: str) -> None:
@@ -112,9 +120,9 @@ async def test_a_swept_node_is_fenced(two: tuple[PostgresStore, PostgresStore],
     close its turns once (TurnClosed for a second end)."""
     a, b = two
     refused: list[int] = []
-    a.on_fenced = lambda: refused.append(1)
-    ea = await a.register_node("a", "http://a:1", 60_000)
-    await b.register_node("b", "http://b:1", 60_000)
+    a.coordination.on_fenced = lambda: refused.append(1)
+    ea = await a.coordination.register_node("a", "http://a:1", 60_000)
+    await b.coordination.register_node("b", "http://b:1", 60_000)
     sa = session("sa")
     await a.create_session(sa)
     await a.start_turn(TurnRecord("ta", "sa", "chat", 3000), running(sa, 3000))
@@ -125,16 +133,17 @@ async def test_a_swept_node_is_fenced(two: tuple[PostgresStore, PostgresStore],
         await a.append_message("sa", MessageRecord("assistant", "late", None, None, 3001),
                                "ta")
     assert refused == [1]
-    assert await b.expired_nodes() == [("a", ea)]
-    fenced = await b.fence_node("a", ea)
+    assert await b.coordination.expired_nodes() == [("a", ea)]
+    fenced = await b.coordination.fence_node("a", ea)
     assert fenced is not None and fenced > ea
-    assert await b.fence_node("a", ea) is None  # that epoch is gone
-    assert await b.fence_node("a", fenced) == fenced  # a sweep that goes on (idempotent)
-    assert await b.expired_nodes() == [("a", fenced)]  # swept rows stay until dropped
+    assert await b.coordination.fence_node("a", ea) is None  # that epoch is gone
+    # a sweep that goes on (idempotent)
+    assert await b.coordination.fence_node("a", fenced) == fenced
+    assert await b.coordination.expired_nodes() == [("a", fenced)]  # swept rows stay until dropped
     with pytest.raises(NodeIdInUse):  # a restart with its id waits for the sweep's end
-        await b.register_node("a", "http://a:2", 60_000)
+        await b.coordination.register_node("a", "http://a:2", 60_000)
 
-    assert await a.heartbeat("a", 60_000) is None  # it cannot renew: it learns
+    assert await a.coordination.heartbeat("a", 60_000) is None  # it cannot renew: it learns
     writes: list[Callable[[], Awaitable[Any]]] = [
         lambda: a.append_message("sa", MessageRecord("assistant", "x", None, None, 3002),
                                  "ta"),
@@ -170,17 +179,17 @@ async def test_the_fence_waits_for_a_write_in_flight_and_the_heartbeat_does_not(
     """The guard's KEY SHARE lock: a fence waits for the transaction that holds it (so a
     write commits before the fence or is refused after), a heartbeat does not."""
     a, b = two
-    ea = await a.register_node("a", "http://a:1", 60_000)
+    ea = await a.coordination.register_node("a", "http://a:1", 60_000)
     with psycopg.connect(pg_url) as writer:  # a turn's write, mid-transaction
         assert writer.execute("SELECT 1 FROM nodes WHERE node_id='a' AND epoch=%s "
                               "FOR KEY SHARE", (ea,)).fetchone() is not None
         with trio.fail_after(10):
-            assert await a.heartbeat("a", 60_000) is not None  # not behind it
+            assert await a.coordination.heartbeat("a", 60_000) is not None  # not behind it
         await trio.to_thread.run_sync(_expire, pg_url, "a")
         outcome: list[int | None] = []
 
         async def fence() -> None:
-            outcome.append(await b.fence_node("a", ea))
+            outcome.append(await b.coordination.fence_node("a", ea))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(fence)
@@ -197,9 +206,10 @@ async def test_ownership_follows_the_creating_node(
     sa, sb = session("sa"), session("sb")
     await a.create_session(sa)
     await b.create_session(sb)
-    assert await b.session_owner("sa") == "a" and await a.session_owner("sb") == "b"
-    assert await a.session_owner("nope") is None
-    assert await a.claim_session("sb", "a") == "b"  # owned: the claim changes nothing
+    assert await b.coordination.session_owner("sa") == "a"
+    assert await a.coordination.session_owner("sb") == "b"
+    assert await a.coordination.session_owner("nope") is None
+    assert await a.coordination.claim_session("sb", "a") == "b"  # owned: the claim changes nothing
 
     await a.start_turn(TurnRecord("ta", "sa", "chat", 3000), running(sa, 3000))
     with pytest.raises(OwnedElsewhere) as info:
@@ -214,23 +224,23 @@ async def test_ownership_follows_the_creating_node(
     assert [t.id for t in await b.unfinished_turns()] == ["tb"]
     assert await a.running_sessions() == ["sa"] and await b.running_sessions() == ["sb"]
     assert await a.sessions_to_wake() == ["sa"] and await b.sessions_to_wake() == ["sb"]
-    assert [t.id for t in await b.node_unfinished_turns("a")] == ["ta"]
-    assert await b.node_running_sessions("a") == ["sa"]
+    assert [t.id for t in await b.coordination.node_unfinished_turns("a")] == ["ta"]
+    assert await b.coordination.node_running_sessions("a") == ["sa"]
 
     # The sweeper releases a's sessions; the next node to claim one owns it.
-    assert await b.release_sessions("a") == ["sa"]
-    assert await b.session_owner("sa") is None
+    assert await b.coordination.release_sessions("a") == ["sa"]
+    assert await b.coordination.session_owner("sa") is None
     assert await a.unfinished_turns() == [] and await a.sessions_to_wake() == []
-    assert await b.claim_session("sa", "b") == "b"
-    assert await a.claim_session("sa", "a") == "b"
-    assert await b.claim_session("nope", "b") is None
+    assert await b.coordination.claim_session("sa", "b") == "b"
+    assert await a.coordination.claim_session("sa", "a") == "b"
+    assert await b.coordination.claim_session("nope", "b") is None
     assert await b.sessions_to_wake() == ["sa", "sb"]
 
     # A turn started on a released session makes it the starting node's.
     await b.create_session(session("sc"))
-    await b.release_sessions("b")
+    await b.coordination.release_sessions("b")
     await a.start_turn(TurnRecord("tc", "sc", "chat", 4000), running(session("sc"), 4000))
-    assert await b.session_owner("sc") == "a"
+    assert await b.coordination.session_owner("sc") == "a"
 
 
 async def test_claim_race_has_one_winner(two: tuple[PostgresStore, PostgresStore]) -> None:
@@ -238,18 +248,18 @@ async def test_claim_race_has_one_winner(two: tuple[PostgresStore, PostgresStore
     rounds = 60
     for i in range(rounds):
         await a.create_session(session(f"s{i}"))
-    await a.release_sessions("a")
+    await a.coordination.release_sessions("a")
     wins = {"a": 0, "b": 0}
     for i in range(rounds):
         seen: dict[str, str | None] = {}
 
         async def claim(store: PostgresStore, sid: str, seen: dict[str, str | None]) -> None:
-            seen[store.node_id] = await store.claim_session(sid, store.node_id)
+            seen[store.node_id] = await store.coordination.claim_session(sid, store.node_id)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(claim, a, f"s{i}", seen)
             nursery.start_soon(claim, b, f"s{i}", seen)
-        owner = await a.session_owner(f"s{i}")
+        owner = await a.coordination.session_owner(f"s{i}")
         assert owner in ("a", "b") and seen == {"a": owner, "b": owner}
         wins[owner] += 1
     assert sum(wins.values()) == rounds
@@ -261,7 +271,7 @@ async def test_claim_race_behind_a_row_lock(pg_url: str,  # noqa: F811
     a, b = two
     for i in range(5):
         await a.create_session(session(f"s{i}"))
-    await a.release_sessions("a")
+    await a.coordination.release_sessions("a")
     for i in range(5):
         seen: dict[str, str | None] = {}
         with psycopg.connect(pg_url) as holder:
@@ -269,14 +279,14 @@ async def test_claim_race_behind_a_row_lock(pg_url: str,  # noqa: F811
 
             async def claim(store: PostgresStore, sid: str,
                             seen: dict[str, str | None]) -> None:
-                seen[store.node_id] = await store.claim_session(sid, store.node_id)
+                seen[store.node_id] = await store.coordination.claim_session(sid, store.node_id)
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(claim, a, f"s{i}", seen)
                 nursery.start_soon(claim, b, f"s{i}", seen)
                 await wait_for_lock_waiters(pg_url, 2)
                 holder.commit()
-        owner = await b.session_owner(f"s{i}")
+        owner = await b.coordination.session_owner(f"s{i}")
         assert owner in ("a", "b") and seen == {"a": owner, "b": owner}
 
 
@@ -316,17 +326,17 @@ async def test_one_inbox_entry_consumed_once_by_two_nodes(
 async def test_advisory_lock_excludes_and_frees_with_its_connection(
         pg_url: str, two: tuple[PostgresStore, PostgresStore]) -> None:  # noqa: F811
     a, b = two
-    async with a.try_advisory_lock("sweeper") as got_a:
+    async with a.coordination.try_advisory_lock("sweeper") as got_a:
         assert got_a and await got_a.still_held()
-        async with b.try_advisory_lock("sweeper") as got_b:
+        async with b.coordination.try_advisory_lock("sweeper") as got_b:
             assert not got_b and not await got_b.still_held()
-        async with b.try_advisory_lock("scheduler") as other:
+        async with b.coordination.try_advisory_lock("scheduler") as other:
             assert other  # another name, another lock
-    async with b.try_advisory_lock("sweeper") as got_b:
+    async with b.coordination.try_advisory_lock("sweeper") as got_b:
         assert got_b
 
     # The holder's connection dies (as with its process): the server frees the lock.
-    async with a.try_advisory_lock("sweeper") as got_a:
+    async with a.coordination.try_advisory_lock("sweeper") as got_a:
         assert got_a
         with psycopg.connect(pg_url, autocommit=True) as admin:
             # A bigint key is (classid, objid) = its high and low 32 bits, objsubid 1.
@@ -339,7 +349,7 @@ async def test_advisory_lock_excludes_and_frees_with_its_connection(
             admin.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
         # The holder learns it (the schedule leader stops leading on this).
         assert not await got_a.still_held()
-        async with b.try_advisory_lock("sweeper") as got_b:
+        async with b.coordination.try_advisory_lock("sweeper") as got_b:
             assert got_b
 
 
@@ -422,7 +432,7 @@ async def test_a_database_that_appears_late_is_waited_for(
                 admin.execute(f'CREATE DATABASE "{name}"')
         [store] = opened
         await store.create_session(session("s"))
-        assert await store.session_owner("s") == "n"
+        assert await store.coordination.session_owner("s") == "n"
         await store.aclose()
     finally:
         drop_database(pg_server, late)
@@ -435,7 +445,7 @@ async def test_open_store_picks_postgres_for_a_cluster(pg_url: str) -> None:  # 
     try:
         assert isinstance(store, PostgresStore) and store.node_id == "n"
         await store.create_session(session("s"))
-        assert await store.session_owner("s") == "n"
+        assert await store.coordination.session_owner("s") == "n"
     finally:
         await store.aclose()
 

@@ -405,12 +405,12 @@ async def test_a_swept_node_is_refused_after_the_bus_lost_its_fences(
     with trio.fail_after(60):
         async with stores(pg_url, 2) as (sa, sx):
             ledger = Ledger()
-            epoch_a = await sa.register_node("a", "http://a", 60_000)
-            epoch_x = await sx.register_node("x", "http://x", 60_000)
+            epoch_a = await sa.coordination.register_node("a", "http://a", 60_000)
+            epoch_x = await sx.coordination.register_node("x", "http://x", 60_000)
             async with node(redis_server.url, prefix, reserve=Reservations(sa, ledger),
-                            fences=sa.node_fences) as (log_a, bus_a), \
+                            fences=sa.coordination.node_fences) as (log_a, bus_a), \
                     node(redis_server.url, prefix, reserve=Reservations(sx, ledger),
-                         fences=sx.node_fences) as (log_x, bus_x), \
+                         fences=sx.coordination.node_fences) as (log_x, bus_x), \
                     trio.open_nursery() as nursery:
                 log_a.set_writer_epoch("a", epoch_a, lambda: fenced_calls.append("a"))
                 log_x.set_writer_epoch("x", epoch_x, lambda: fenced_calls.append("x"))
@@ -421,10 +421,10 @@ async def test_a_swept_node_is_refused_after_the_bus_lost_its_fences(
                 # x stopped past its lease: swept — the store's fence, then the bus's.
                 with psycopg.connect(pg_url, autocommit=True) as conn:
                     conn.execute("UPDATE nodes SET lease_until = 0 WHERE node_id = 'x'")
-                fenced = await sa.fence_node("x", epoch_x)
+                fenced = await sa.coordination.fence_node("x", epoch_x)
                 assert fenced is not None and fenced > epoch_x
                 await fence_node(log_a._client, "x", fenced, key_prefix=prefix)
-                assert await sa.node_fences() == [("x", fenced)]
+                assert await sa.coordination.node_fences() == [("x", fenced)]
                 await log_a._client.flushall()  # the fence key goes with the rest
                 # The live node appends first: it recreates the counter.
                 after = publish(bus_a, "b", 5)
@@ -535,15 +535,15 @@ async def test_a_failover_to_a_replica_that_is_behind(
     with trio.fail_after(90):
         async with stores(pg_url, 5) as (sa, sb, sc, sd, sx):
             ledger = Ledger()
-            epoch_x = await sx.register_node("x", "http://x", 60_000)
+            epoch_x = await sx.coordination.register_node("x", "http://x", 60_000)
             common: dict[str, Any] = {"reserve_step": step}
             async with node(redis_server.url, prefix, reserve=Reservations(sa, ledger),
-                            fences=sa.node_fences, **common) as (log_a, bus_a), \
+                            fences=sa.coordination.node_fences, **common) as (log_a, bus_a), \
                     node(redis_server.url, prefix, reserve=Reservations(sx, ledger),
-                         fences=sx.node_fences, **common) as (log_x, bus_x), \
+                         fences=sx.coordination.node_fences, **common) as (log_x, bus_x), \
                     RedisEventLog.connect(redis_server.url, key_prefix=prefix,
                                           reserve=Reservations(sb, ledger),
-                                          fences=sb.node_fences, **common) as log_b, \
+                                          fences=sb.coordination.node_fences, **common) as log_b, \
                     trio.open_nursery() as nursery:
                 log_x.set_writer_epoch("x", epoch_x, lambda: fenced_calls.append("x"))
                 bus_b = Bus(log_b)
@@ -569,7 +569,7 @@ async def test_a_failover_to_a_replica_that_is_behind(
                 # x swept after T: the store's fence, then the bus's.
                 with psycopg.connect(pg_url, autocommit=True) as conn:
                     conn.execute("UPDATE nodes SET lease_until = 0 WHERE node_id = 'x'")
-                fenced = await sa.fence_node("x", epoch_x)
+                fenced = await sa.coordination.fence_node("x", epoch_x)
                 assert fenced is not None
                 await fence_node(client, "x", fenced, key_prefix=prefix)
                 held = max(ca.envelopes())
@@ -588,7 +588,7 @@ async def test_a_failover_to_a_replica_that_is_behind(
                     await log_b.fence()
                 log_c = await RedisEventLog.open(client, key_prefix=prefix,
                                                  reserve=Reservations(sc, ledger),
-                                                 fences=sc.node_fences, **common)
+                                                 fences=sc.coordination.node_fences, **common)
                 bus_c = Bus(log_c)
                 cc = Client(bus_c, ledger)
                 nursery.start_soon(cc.run)

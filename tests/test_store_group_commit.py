@@ -1,4 +1,4 @@
-"""The SQLite store's group commit (Store._write): a leader that is cancelled while its
+"""The SQLite store's group commit (SqliteRunner.write): a leader that is cancelled while its
 batch waits for one of Trio's thread tokens still runs it — the other writes of its
 batch are taken and their callers wait for them; they must never find themselves "done"
 with no result and no error (found by test_inbox_races: a delivery returned None)."""
@@ -39,7 +39,7 @@ async def test_a_cancelled_leader_hands_its_batch_back(tmp_path: Path) -> None:
         await store.create_session(session("s1"))
         limiter.total_tokens = 1
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(store._write, slow_write)
+            nursery.start_soon(store.runner.write, slow_write)
             await trio.testing.wait_all_tasks_blocked()
             with trio.CancelScope() as leader_scope:
                 async with trio.open_nursery() as leader:
@@ -54,7 +54,7 @@ async def test_a_cancelled_leader_hands_its_batch_back(tmp_path: Path) -> None:
                     with trio.fail_after(10):
                         # A condition, not a timing: the batch is taken (nothing
                         # pending) and its leader waits for the token.
-                        while store._pending or limiter.statistics().tasks_waiting != 1:
+                        while store.runner.waiting or limiter.statistics().tasks_waiting != 1:
                             await trio.testing.wait_all_tasks_blocked(0.001)
                     leader_scope.cancel()  # while its batch waits for a thread
                     blocker_done.set()  # (no checkpoint here: this scope is cancelled)

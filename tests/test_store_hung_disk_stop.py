@@ -13,7 +13,6 @@ returned well within CONTRACT §1's 10 s. The blocked thread is released at the 
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from pathlib import Path
 
@@ -49,8 +48,7 @@ async def test_a_hung_disk_does_not_hold_the_stop(tmp_path: Path, provider: Prov
                                    server=f"shutdown_grace_s = {GRACE_S}") as d:
                 store = d.daemon.runtime.store
                 assert isinstance(store, SqliteStore)
-                conn: sqlite3.Connection = store._conn
-                conn.set_trace_callback(hang)
+                store.runner.trace_writes(hang)
                 async with open_recorder(d.ws_url) as rec:
 
                     async def chat() -> None:

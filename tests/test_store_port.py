@@ -1,16 +1,23 @@
 """The Store port (daemon/runtime/ports.py): the same behaviours from both stores — the
-embedded SQLite and the cluster's PostgreSQL (a real server, tests/pgserver.py)."""
+embedded SQLite and the cluster's PostgreSQL (a real server, tests/pgserver.py) — the
+write contract under cancel included: a write that runs commits and then raises the
+cancel, one still queued is withdrawn, one that fails raises its error; a turn ends
+once."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import trio
+import trio.testing
 
-from daemon.errors import StoreError
+from daemon.errors import StoreError, TurnClosed
 from daemon.runtime.ports import Store
 from daemon.store.models import (
     InboxRecord,
@@ -20,6 +27,7 @@ from daemon.store.models import (
     TokenUsage,
     TurnRecord,
 )
+from daemon.store.pg_pool import POOL_SIZE
 from daemon.store.postgres import PostgresStore
 from daemon.store.sqlite import Store as SqliteStore
 from tests.pgserver import pg_server, pg_url  # noqa: F401  (fixtures)
@@ -296,3 +304,153 @@ async def test_concurrent_writes_all_land(store: Store) -> None:
     assert len(set(ids)) == 50
     pending = await store.pending_inbox("s")
     assert sorted(d.id for d in pending) == sorted(ids) == [d.id for d in pending]
+
+
+# -- the write contract under cancel (runtime/ports.Store) ------------------------------
+
+
+@asynccontextmanager
+async def writes_held(store_target: tuple[str, Any]) -> AsyncIterator[Callable[[], None]]:
+    """Another connection to the same database holds its writes (a transaction that
+    takes SQLite's write lock; on PostgreSQL an EXCLUSIVE lock on the tables, which
+    reads pass): a write the store runs meanwhile waits in its worker thread. Yields
+    the release (also done at the end)."""
+    kind, where = store_target
+    if kind == "sqlite":
+        lite = sqlite3.connect(where, isolation_level=None)
+        lite.execute("BEGIN IMMEDIATE")
+
+        def release() -> None:
+            if lite.in_transaction:
+                lite.execute("COMMIT")
+    else:
+        pg = psycopg.connect(where)  # a transaction until the release's commit
+        pg.execute("LOCK TABLE sessions, turns, inbox, messages IN EXCLUSIVE MODE")
+
+        def release() -> None:
+            if not pg.closed:
+                pg.commit()
+                pg.close()
+    try:
+        yield release
+    finally:
+        release()
+        if kind == "sqlite":
+            lite.close()
+
+
+class Call:
+    """One store call in a scope of its own, to be cancelled; how it ended."""
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.ended: str | None = None  # "returned", "cancelled" or the error's name
+        self.finished = trio.Event()
+
+    async def run(self, call: Callable[[], Awaitable[object]]) -> None:
+        with self.scope:
+            try:
+                await call()
+                self.ended = "returned"
+            except trio.Cancelled:
+                self.ended = "cancelled"
+                raise
+            except StoreError as exc:
+                self.ended = type(exc).__name__
+            finally:
+                self.finished.set()
+
+
+async def test_a_write_cancelled_while_it_runs_commits_then_raises_cancelled(
+        store: Store, store_target: tuple[str, Any]) -> None:
+    """Once a write runs it runs to its end: the cancel is raised after it committed
+    (on both stores; PostgreSQL used to return as if no cancel had come)."""
+    s = session("s")
+    await store.create_session(s)
+    call = Call()
+    with trio.fail_after(10):
+        async with writes_held(store_target) as release, trio.open_nursery() as nursery:
+            nursery.start_soon(call.run, lambda: store.save_session(idle(s, 5000)))
+            await trio.testing.wait_all_tasks_blocked()  # in its worker thread, waiting
+            call.scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            assert not call.finished.is_set()  # a running write is not left
+            release()
+    assert call.ended == "cancelled"
+    got = await store.get_session("s")
+    assert got is not None and got.updated_at == 5000  # and it committed
+
+
+async def test_a_write_cancelled_while_queued_never_runs(
+        store: Store, store_target: tuple[str, Any]) -> None:
+    """A write still waiting for a connection (behind writes that hold all of them) is
+    withdrawn by a cancel: Cancelled at once, and it never runs."""
+    s = session("s")
+    await store.create_session(s)
+    ahead = POOL_SIZE  # enough to hold every connection of either store
+    queued = Call()
+    with trio.fail_after(10):
+        async with writes_held(store_target) as release, trio.open_nursery() as nursery:
+            for i in range(ahead):
+                nursery.start_soon(store.save_session, idle(s, 5000 + i))
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(queued.run, lambda: store.create_session(session("late")))
+            await trio.testing.wait_all_tasks_blocked()
+            queued.scope.cancel()
+            await queued.finished.wait()  # at once: the lock is still held
+            assert queued.ended == "cancelled"
+            release()
+    assert await store.get_session("late") is None
+    got = await store.get_session("s")
+    assert got is not None and got.updated_at >= 5000  # the writes ahead ran
+
+
+async def test_a_write_that_fails_while_cancelled_raises_its_error(
+        store: Store, store_target: tuple[str, Any]) -> None:
+    """A running write that fails raises its error, not the cancel (which comes at the
+    caller's next checkpoint): Cancelled from a write never hides a write that did
+    not happen."""
+    s = session("s")
+    await store.create_session(s)
+    await store.start_turn(TurnRecord("t1", "s", "chat", 3000), running(s, 3000))
+    await store.end_turn("t1", "done", 4000, idle(s, 4000))
+    call = Call()
+    with trio.fail_after(10):
+        async with writes_held(store_target) as release, trio.open_nursery() as nursery:
+            nursery.start_soon(call.run, lambda: store.end_turn(
+                "t1", "CANCELLED", 5000, idle(s, 5000)))
+            await trio.testing.wait_all_tasks_blocked()
+            call.scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            release()
+    assert call.ended == "TurnClosed"
+    assert await store.turn_code("t1") == "done"
+
+
+async def test_a_write_or_read_under_a_cancel_does_not_run(store: Store) -> None:
+    """Called in a cancelled scope, a write is withdrawn and a read answers nothing:
+    both raise Cancelled."""
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        with pytest.raises(trio.Cancelled):
+            await store.create_session(session("never"))
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        with pytest.raises(trio.Cancelled):
+            await store.get_session("never")
+    assert await store.get_session("never") is None
+
+
+async def test_a_turn_ends_once(store: Store) -> None:
+    """end_turn on a turn that has ended already raises TurnClosed and changes nothing
+    (one terminal, CONTRACT §5.2); an unknown turn's end is stored as nothing."""
+    s = session("s")
+    await store.create_session(s)
+    await store.start_turn(TurnRecord("t1", "s", "chat", 3000), running(s, 3000))
+    await store.end_turn("t1", "done", 4000, idle(s, 4000))
+    with pytest.raises(TurnClosed):
+        await store.end_turn("t1", "CANCELLED", 5000, idle(s, 5000),
+                             [delivery("s", "owed twice")])
+    [turn] = await store.turns("s")
+    assert (turn.terminal_code, turn.ended_at) == ("done", 4000)
+    assert await store.pending_inbox("s") == []  # the second end's delivery is not kept

@@ -20,12 +20,12 @@ from daemon.runtime.directory import CALL_TIMEOUT_S, Result
 if TYPE_CHECKING:
     from daemon.cluster.node import ClusterNode
     from daemon.cluster.routing import Router
-    from daemon.runtime.ports import ClusterStore
+    from daemon.runtime.ports import Store
     from daemon.store.models import SessionRecord
 
 
 class ClusterDirectory:
-    def __init__(self, node: ClusterNode, router: Router, store: ClusterStore,
+    def __init__(self, node: ClusterNode, router: Router, store: Store,
                  scheduler_lock: str) -> None:
         self.node = node
         self.router = router

@@ -47,9 +47,9 @@ from daemon.errors import ServiceUnavailable, StoreError, StoreUnavailable, Turn
 from daemon.runtime.published import published_terminals
 
 if TYPE_CHECKING:
+    from daemon.cluster.ports import Coordination
     from daemon.config import ClusterConfig
     from daemon.redisconn import Client
-    from daemon.runtime.ports import ClusterStore
     from daemon.runtime.sessions import SessionManager
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class Degradable(Protocol):
 
 
 class ClusterNode:
-    def __init__(self, config: ClusterConfig, node_id: str, store: ClusterStore,
+    def __init__(self, config: ClusterConfig, node_id: str, coordination: Coordination,
                  bus_log: Degradable, redis: Client, on_swept: Callable[[], None],
                  clock: StoreClock | None = None) -> None:
         self.config = config
@@ -83,7 +83,7 @@ class ClusterNode:
         self._redis = redis
         self._leading: set[str] = set()  # the services this node leads now
         self.node_id = node_id
-        self._store = store
+        self._coordination = coordination
         self._log = bus_log
         self._on_swept = on_swept
         self._store_lost = False
@@ -110,8 +110,8 @@ class ClusterNode:
         return self._store_lost or self._log.degraded
 
     async def register(self, url: str) -> None:
-        self.epoch = await self._store.register_node(self.node_id, url, self.lease_ms)
-        self._store.on_fenced = self.fence_detected
+        self.epoch = await self._coordination.register_node(self.node_id, url, self.lease_ms)
+        self._coordination.on_fenced = self.fence_detected
         self._log.set_writer_epoch(self.node_id, self.epoch, self.fence_detected)
         log.info("node %s joined the cluster with epoch %d", self.node_id, self.epoch)
 
@@ -139,8 +139,8 @@ class ClusterNode:
             return
         self.leaving = True  # the heartbeat stops: its row is about to go
         try:
-            await self._store.release_sessions(self.node_id)
-            await self._store.drop_node(self.node_id, self.epoch)
+            await self._coordination.release_sessions(self.node_id)
+            await self._coordination.drop_node(self.node_id, self.epoch)
         except StoreError as exc:
             log.warning("leaving the cluster: %s (a sweeper will do it)", exc)
 
@@ -159,7 +159,7 @@ class ClusterNode:
                 return
             try:
                 sent = now_ms()
-                store_ms = await self._store.heartbeat(self.node_id, self.lease_ms)
+                store_ms = await self._coordination.heartbeat(self.node_id, self.lease_ms)
                 if store_ms is not None:
                     self.clock.observe(store_ms, sent, now_ms())
             except StoreError as exc:
@@ -192,13 +192,13 @@ class ClusterNode:
         """Take every dead node, if this node holds the sweeper's lock; returns how many
         were swept."""
         swept = 0
-        async with self._store.try_advisory_lock(SWEEPER_LOCK) as held:
+        async with self._coordination.try_advisory_lock(SWEEPER_LOCK) as held:
             if not held:
                 # Its holder may be a node that is paused, not dead (its connection
                 # lives on): a dead node's connections are ended, so the lock frees.
-                await self._store.end_dead_connections()
+                await self._coordination.end_dead_connections()
                 return 0
-            for node_id, epoch in await self._store.expired_nodes():
+            for node_id, epoch in await self._coordination.expired_nodes():
                 if node_id == self.node_id:
                     continue  # this node's own lease ran out while it stalled: it renews
                 try:
@@ -215,7 +215,7 @@ class ClusterNode:
         from daemon.eventlog.redis import fence_node
         from daemon.redisconn import TRANSIENT
 
-        fenced = await self._store.fence_node(dead, epoch)
+        fenced = await self._coordination.fence_node(dead, epoch)
         if fenced is None:
             return None
         try:
@@ -229,7 +229,7 @@ class ClusterNode:
         fenced = await self._fence(dead, epoch)
         if fenced is None:
             return False
-        turns = await self._store.node_unfinished_turns(dead)
+        turns = await self._coordination.node_unfinished_turns(dead)
         log.warning("node %s is dead (its lease ran out): %d turn(s) interrupted",
                     dead, len(turns))
         # A turn whose end the dead node could not store (its store was cut off, its
@@ -239,7 +239,7 @@ class ClusterNode:
         # A turn whose end the dead node stored but whose terminal it never appended
         # (it stopped between the two; the bus's fence refuses it now): its stored end
         # is published, once. Those are among the turns it ended in its last leases.
-        ended = await self._store.node_ended_turns(dead, ENDED_LEASES * self.lease_ms)
+        ended = await self._coordination.node_ended_turns(dead, ENDED_LEASES * self.lease_ms)
         published = await published_terminals(
             sessions.bus.log, [*turns, *(e.turn for e in ended)])
         unpublished = [e for e in ended if e.turn.id not in published]
@@ -254,10 +254,10 @@ class ClusterNode:
             except TurnClosed:
                 continue  # ended (stored) by another sweep meanwhile: it has its terminal
             self.interrupted += 1
-        for session_id in await self._store.node_running_sessions(dead):
+        for session_id in await self._coordination.node_running_sessions(dead):
             await sessions.set_idle(session_id)
-        released = await self._store.release_sessions(dead)
-        await self._store.drop_node(dead, fenced)
+        released = await self._coordination.release_sessions(dead)
+        await self._coordination.drop_node(dead, fenced)
         self.swept += 1
         # Replies the turns owed wake whoever was owed them (an interruption is not a
         # Stop); the released sessions' inboxes drain — each where it is owned now.
@@ -280,7 +280,7 @@ class ClusterNode:
         task_status.started()
         while True:
             try:
-                async with self._store.try_advisory_lock(name) as held:
+                async with self._coordination.try_advisory_lock(name) as held:
                     if held:
                         log.info("node %s leads %s", self.node_id, name)
                         try:

@@ -51,7 +51,7 @@ from daemon.errors import (
 from daemon.runtime.directory import CALL_TIMEOUT_S, KEY, Result
 
 if TYPE_CHECKING:
-    from daemon.runtime.ports import ClusterStore
+    from daemon.cluster.ports import Coordination
     from daemon.store.models import NodeRecord
 
 log = logging.getLogger(__name__)
@@ -147,11 +147,11 @@ class Answers:
 
 
 class Router:
-    def __init__(self, node_id: str, store: ClusterStore, channel: Channel, *,
+    def __init__(self, node_id: str, coordination: Coordination, channel: Channel, *,
                  lease_s: float = 15.0, answers: Answers | None = None,
                  attempt_s: float = ATTEMPT_S) -> None:
         self.node_id = node_id
-        self._store = store
+        self._coordination = coordination
         self._channel = channel
         self.lease_s = lease_s
         self.attempt_s = attempt_s
@@ -167,12 +167,12 @@ class Router:
     async def owner(self, session_id: str) -> str | None:
         """The node that owns the session, None when it is this one (a session nobody
         owns is claimed for this node). NotFound when there is no such session."""
-        owner = await self._store.session_owner(session_id)
+        owner = await self._coordination.session_owner(session_id)
         if owner is None:
-            owner = await self._store.claim_session(session_id, self.node_id)
+            owner = await self._coordination.claim_session(session_id, self.node_id)
             if owner is None:
                 raise NotFound(f"no session {session_id!r}", {"sessionId": session_id})
-        if owner != self.node_id and await self._store.claim_orphan(
+        if owner != self.node_id and await self._coordination.claim_orphan(
                 session_id, self.node_id, owner):
             # Its owner is no node of the cluster (a session it created while it was
             # leaving, after it released its sessions): no sweep will ever release it,
@@ -186,7 +186,7 @@ class Router:
         from the death, which was seen at least a lease after it)."""
         with trio.move_on_after(2 * self.lease_s + 1):
             while True:
-                owner = await self._store.session_owner(session_id)
+                owner = await self._coordination.session_owner(session_id)
                 if owner != gone:
                     return await self.owner(session_id)
                 if await self.owner(session_id) is None:  # an orphan: claimed here
@@ -199,7 +199,7 @@ class Router:
     async def elsewhere(self, session_ids: list[str]) -> dict[str, list[str]]:
         """The sessions among these that another node owns, by owner (in order)."""
         by_node: dict[str, list[str]] = {}
-        owners = await self._store.owners(session_ids) if session_ids else {}
+        owners = await self._coordination.owners(session_ids) if session_ids else {}
         for sid in session_ids:
             owner = owners.get(sid)
             if owner is not None and owner != self.node_id:
@@ -285,7 +285,7 @@ class Router:
         async with self._nodes_lock:
             now = trio.current_time()
             if fresh or self._nodes is None or now - self._nodes[0] >= self.period_s / 2:
-                rows = await self._store.nodes()
+                rows = await self._coordination.nodes()
                 self._nodes = (trio.current_time(), {n.node_id: n for n in rows})
             return self._nodes[1]
 
@@ -295,7 +295,7 @@ class Router:
         `here`) and put the answers together, oldest first. A node that does not answer
         in time is left out (logged): its turns' requests reappear once it answers."""
         parts: list[dict[str, Any]] = []
-        for node in await self._store.nodes():
+        for node in await self._coordination.nodes():
             if node.node_id == self.node_id:
                 _, out = await here()
             else:

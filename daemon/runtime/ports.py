@@ -2,11 +2,14 @@
 
 The runtime imports these protocols, never a concrete backend: the embedded defaults
 (SQLite store, SQLite event log) and the cluster's (PostgreSQL, Redis Streams) are files
-behind the same protocol, tested by the same suite.
+behind the same protocol, tested by the same suite (tests/test_store_port.py). What the
+cluster needs of its store beyond these (nodes, leases, fences, ownership) is its own
+port, cluster/ports.Coordination.
 
     Store      sessions, messages, turns, inboxes and schedules, in domain terms; each
                method one transaction where the runtime needs one (a message and the
-               inbox entries it consumes; a turn's end and the replies it owes)
+               inbox entries it consumes; a turn's end and the replies it owes); one
+               write contract under cancel for every backend
     EventLog   seqs and retention: take a seq, append the event, replay since a seq
     RemoteEventLog   an EventLog whose seqs another process assigns (the cluster's)
     Replay     one subscriber's replay, read page by page as the subscriber takes it
@@ -15,7 +18,6 @@ behind the same protocol, tested by the same suite.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 import trio
@@ -23,10 +25,8 @@ import trio
 from daemon.runtime.events import Envelope, Gap
 from daemon.store.models import (
     CompactionRecord,
-    EndedTurn,
     InboxRecord,
     MessageRecord,
-    NodeRecord,
     ScheduleRecord,
     SessionRecord,
     StoredContext,
@@ -38,7 +38,26 @@ from daemon.store.queueing import Shield
 
 
 class Store(Protocol):
-    """What the runtime keeps. Errors: StoreError, StoreUnavailable (busy: 503)."""
+    """What the runtime keeps. Errors: StoreError, StoreUnavailable (busy: 503).
+
+    The write contract (both stores; tests/test_store_port.py). A write — a method that
+    changes something — ends one of three ways:
+      - it returns: the write committed;
+      - it raises StoreError (or a subclass): it did not commit — except a
+        StoreUnavailable from a write whose connection was lost while it ran
+        (PostgreSQL: never retried) or whose disk did not answer within the daemon's
+        stop bound (SQLite: the message says so), which may or may not be stored;
+      - it raises Cancelled: either the cancel came before the write was taken (still
+        waiting for a connection or a batch) and the write was withdrawn — it never
+        runs — or it came while the write ran, and the write ran to its end and
+        committed first: a running write is never left, and the cancel is raised after
+        it returned. A write that fails while a cancel is pending raises its error (the
+        cancel comes at the caller's next checkpoint). So Cancelled alone does not say
+        whether the write happened: a caller that must know (store, then mirror in
+        memory) shields the write.
+    A read raises Cancelled when a cancel reaches it — at once, or once its query has
+    ended — never its answer; it changes nothing either way.
+    """
 
     async def aclose(self) -> None: ...
     def bound_shields(self, shield: Shield) -> None: ...
@@ -106,52 +125,6 @@ class Store(Protocol):
     async def set_seq_reserved(self, value: int) -> None: ...
     # raises it to at least `value`, never lowers it; the value now stored, durable
     async def raise_seq_reserved(self, value: int) -> int: ...
-
-
-class ClusterStore(Store, Protocol):
-    """The store of a cluster (CONTRACT §13): one database, several nodes. It is opened
-    with this node's id: sessions it creates are owned by this node, and
-    unfinished_turns / running_sessions / sessions_to_wake answer for this node's
-    sessions only. Errors also: NodeIdInUse, OwnedElsewhere."""
-
-    @property
-    def node_id(self) -> str: ...
-
-    # called (in the Trio thread) each time a write of a turn was refused as Fenced
-    on_fenced: Callable[[], None] | None
-
-    # nodes: a lease each (on the store's clock) with an epoch, renewed by heartbeats; a
-    # node whose lease is past is dead, and fenced before it is swept (CONTRACT §13.8):
-    # from then on every write of its turns raises Fenced
-    async def register_node(self, node_id: str, url: str, lease_ms: int) -> int: ...
-    async def heartbeat(self, node_id: str, lease_ms: int) -> int | None: ...
-    async def expired_nodes(self) -> list[tuple[str, int]]: ...
-    async def fence_node(self, node_id: str, epoch: int) -> int | None: ...
-    async def node_fences(self) -> list[tuple[str, int]]: ...
-    async def end_dead_connections(self) -> int: ...
-    async def drop_node(self, node_id: str, epoch: int | None = None) -> None: ...
-    async def nodes(self) -> list[NodeRecord]: ...
-
-    # ownership: which node runs a session's turns
-    async def session_owner(self, session_id: str) -> str | None: ...
-    async def owners(self, session_ids: Sequence[str]) -> dict[str, str | None]: ...
-    async def claim_session(self, session_id: str, node_id: str) -> str | None: ...
-    async def claim_orphan(self, session_id: str, node_id: str, owner: str) -> bool: ...
-    async def release_sessions(self, node_id: str) -> list[str]: ...
-    async def node_unfinished_turns(self, node_id: str) -> list[TurnRecord]: ...
-    async def node_running_sessions(self, node_id: str) -> list[str]: ...
-    async def node_ended_turns(self, node_id: str, within_ms: int) -> list[EndedTurn]: ...
-
-    # one holder at a time, cluster-wide, freed when the holder's process dies
-    def try_advisory_lock(self, name: str) -> AbstractAsyncContextManager[AdvisoryLock]: ...
-
-
-class AdvisoryLock(Protocol):
-    """A held (truthy) or refused advisory lock of ClusterStore.try_advisory_lock."""
-
-    def __bool__(self) -> bool: ...
-    async def still_held(self) -> bool:
-        """False once the lock was lost with its connection."""
 
 
 class Replay(Protocol):

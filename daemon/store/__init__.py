@@ -1,10 +1,19 @@
-"""The stores behind the runtime's Store port (runtime/ports.py).
+"""The stores behind the runtime's Store port (runtime/ports.py), one write contract
+under cancel for both (tests/test_store_port.py).
 
-models.py holds the plain records; sqlite.py the embedded database (WAL, a writer and a
-reader connection) with its numbered schema in migrations/; postgres.py the cluster's
-(CONTRACT §13) with its own in pg_migrations/. `open_store` picks the backend from the
-config, so nothing outside this package names a concrete store. Imports nothing from
-the rest of the daemon but errors and config.
+    models.py, rows.py       the plain records; the rows both stores read them from
+    queueing.py              a queue that moves is waited for, a stuck store is 503
+    sqlite.py                the embedded store's SQL, numbered schema in migrations/
+    sqlite_runner.py         its two connections from Trio: the group commit, the reader
+    postgres.py              the cluster's Store port (CONTRACT §13), schema in pg_migrations/
+    pg_pool.py               its pool from Trio: connect, migrate, errors, how calls run
+    pg_fence.py              the node's lease epoch every write of a turn is checked with
+    pg_coordination.py       the cluster's coordination (nodes, leases, fences, sweeps,
+                             ownership, advisory locks: cluster/ports.Coordination)
+
+`open_store` picks the backend from the config, so nothing outside this package names a
+concrete store but the composition (server.py) and the tests. Imports nothing from the
+rest of the daemon but errors and config.
 """
 
 from __future__ import annotations

@@ -1,0 +1,98 @@
+"""The stored rows as records: the columns both stores select and how such a row becomes
+a record (sqlite.py and postgres.py share the schema's names and order, so these are
+written once; the statements stay each store's, in its own dialect)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from daemon.store.models import (
+    CompactionRecord,
+    InboxRecord,
+    MessageRecord,
+    ScheduleRecord,
+    SessionRecord,
+    StoredContext,
+    TokenUsage,
+    TurnHistory,
+)
+
+SESSION_COLUMNS = (
+    "id, agent_name, parent_session_id, root_session_id, depth, spawn_tool_call_id, "
+    "status, created_at, updated_at, model, input_tokens, output_tokens, cache_tokens, cost, "
+    "engine_session_id"
+)
+INBOX_COLUMNS = (
+    "id, session_id, content, from_session_id, delivery, wakes, reply_to, created_at"
+)
+MESSAGE_COLUMNS = "role, content, tool_calls, tool_call_id, created_at, turn_id"
+COMPACTION_COLUMNS = (
+    "place, covers_until, pruned_until, summary, reason, before_tokens, after_tokens, "
+    "pruned_tool_results, created_at, turn_id"
+)
+TURN_HISTORY_COLUMNS = (
+    "id, trigger, from_session_id, started_at, ended_at, terminal_code, cancel_reason, "
+    "input_tokens, output_tokens, cache_tokens, cost, model, start_seq, schedule"
+)
+SCHEDULE_COLUMNS = (
+    "name, paused, last_run_at, next_run_at, last_session_id, last_turn_id, last_outcome, "
+    "skipped"
+)
+
+
+def session_record(row: Sequence[Any]) -> SessionRecord:
+    """A row of SESSION_COLUMNS."""
+    return SessionRecord(
+        id=row[0], agent_name=row[1], parent_session_id=row[2], root_session_id=row[3],
+        depth=row[4], spawn_tool_call_id=row[5], status=row[6], created_at=row[7],
+        updated_at=row[8], model=row[9],
+        token_usage=TokenUsage(row[10], row[11], row[12], row[13]), engine_session_id=row[14],
+    )
+
+
+def inbox_record(row: Sequence[Any]) -> InboxRecord:
+    """A row of INBOX_COLUMNS."""
+    return InboxRecord(row[0], row[1], row[2], row[3], row[4], bool(row[5]), row[6], row[7])
+
+
+def message_record(row: Sequence[Any]) -> MessageRecord:
+    """A row of MESSAGE_COLUMNS."""
+    return MessageRecord(row[0], row[1], json.loads(row[2]) if row[2] else None, row[3],
+                         row[4], turn_id=row[5])
+
+
+def compaction_record(row: Sequence[Any]) -> CompactionRecord:
+    """A row of COMPACTION_COLUMNS."""
+    return CompactionRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7],
+                            row[8], turn_id=row[9])
+
+
+def turn_history(row: Sequence[Any]) -> TurnHistory:
+    """A row of TURN_HISTORY_COLUMNS."""
+    r = row
+    return TurnHistory(r[0], r[1], r[2], r[3], r[4], r[5], r[6],
+                       TokenUsage(r[7], r[8], r[9], r[10]), r[11], r[12], r[13])
+
+
+def schedule_record(row: Sequence[Any]) -> ScheduleRecord:
+    """A row of SCHEDULE_COLUMNS."""
+    return ScheduleRecord(row[0], bool(row[1]), *row[2:])
+
+
+def stored_context(rows: Sequence[Sequence[Any]]) -> StoredContext:
+    """The rows of a store's context query (its _CONTEXT: the same rows and columns on
+    both) as a StoredContext. Each row: part, id, created_at, turn_id, then a
+    compaction's summary, reason, -, -, place, covers_until, pruned_until,
+    before_tokens, after_tokens, pruned_tool_results (part 0), or a message's role,
+    content, tool_calls, tool_call_id, -, … (part 1)."""
+    records = [  # by id: the latest last
+        CompactionRecord(r[8], r[9], r[10], r[4], r[5], r[11], r[12], r[13], r[2],
+                         turn_id=r[3])
+        for r in rows if r[0] == 0]
+    summary = next((c for c in reversed(records) if c.summary is not None), None)
+    return StoredContext(
+        summary=summary, latest=records[-1] if records else None,
+        messages=[message_record((r[4], r[5], r[6], r[7], r[2], r[3]))
+                  for r in rows if r[0] == 1])
