@@ -32,7 +32,6 @@ machine. `make bench` runs everything once.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -61,7 +60,7 @@ from bench import (
     traced,
 )
 from bench.procs import open_daemon, open_mock
-from bench.table import Ledger, Row, render
+from bench.table import Ledger, Row, bench_header, render
 
 Phase = Callable[[], Awaitable[list[Row]]]
 PHASE_LIMIT_S = 600
@@ -119,17 +118,6 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def _header(burn: int = 0) -> str:
-    root = Path(__file__).resolve().parent.parent
-    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True, check=False).stdout.strip()
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (f"make bench — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit "
-            f"{commit or '?'}, {os.cpu_count()} cores, load average {load} at the start"
-            + (f"; background load: {burn} CPU-burning processes (busy loops, nice "
-               f"{os.nice(0)}) during each phase" if burn else ""))
-
-
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.run")
     parser.add_argument("--only", default=",".join(PHASES),
@@ -157,7 +145,7 @@ async def main() -> int:
 
 
 async def _run(only: set[str], resets: bool = True, burn: int = 0) -> int:
-    header = _header(burn)
+    header = bench_header(burn)
     burners = Burners(burn)
 
     async def _phase(name: str, run: Phase, ledger: Ledger, rows: list[Row]) -> None:
