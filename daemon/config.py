@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from daemon.errors import ConfigError
 from daemon.hosts import configured_host, is_loopback, normalise_origin
-from daemon.schedules.timing import Every, Timing, TimingError, parse_cron, parse_every, parse_zone
+from daemon.timing import Every, Timing, TimingError, parse_cron, parse_every, parse_zone
 
 DEFAULT_CONFIG_PATH = Path("config/daemon.toml")
 ENGINES = ("openai", "claude-cli", "anthropic")  # the names CONTRACT §2 reserves
