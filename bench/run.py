@@ -61,6 +61,7 @@ from bench import (
 )
 from bench.procs import open_daemon, open_mock
 from bench.table import Ledger, Row, bench_header, render
+from daemon.errors import leaves
 
 Phase = Callable[[], Awaitable[list[Row]]]
 PHASE_LIMIT_S = 600
@@ -104,18 +105,12 @@ async def _measured(name: str, run: Phase, ledger: Ledger, rows: list[Row],
         ledger.lost(f"{name}: not done after {PHASE_LIMIT_S} s (a turn that never ended?)")
     except Exception as exc:
         traceback.print_exc()
-        what = "; ".join(f"{type(e).__name__}: {e}" for e in _leaves(exc))
+        what = "; ".join(f"{type(e).__name__}: {e}" for e in leaves(exc))
         rows.append(Row(name, "FAILED", note=what[:300]))
         ledger.lost(f"{name} failed: {what}")
     print(f"bench: {name} took {time.perf_counter() - started:.0f} s", file=sys.stderr,
           flush=True)
 
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions themselves, out of the nurseries' groups."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
-    return [exc]
 
 
 def _arguments() -> argparse.Namespace:
