@@ -42,6 +42,7 @@ def _log_level() -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from daemon.mock.provider import serve_mock_provider
     from daemon.server import serve_daemon
 
     try:
@@ -59,6 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
         async with trio.open_nursery() as nursery:
             daemon = await nursery.start(
                 lambda task_status: serve_daemon(config, handle_signals=True,
+                                                 serve_mock=serve_mock_provider,
                                                  task_status=task_status)
             )
             print(f"veild listening on {daemon.url}", flush=True)
