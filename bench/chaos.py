@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.clients import p99
 from bench.procs import Proc, open_daemon
-from bench.table import Ledger, Row, print_report
+from bench.table import Ledger, Row, bench_header, print_report
 
 SEED = 23
 TURNS = 200
@@ -442,13 +442,11 @@ async def chaos_rows(ledger: Ledger, resets: bool = True) -> list[Row]:
 
 async def main() -> int:
     """`python -m bench.chaos [--no-resets]`: only these rows, in make bench's table."""
-    from bench.run import _header
-
     parser = argparse.ArgumentParser(prog="python -m bench.chaos")
     parser.add_argument("--no-resets", action="store_true",
                         help="no connection resets, only the 429s")
     args = parser.parse_args()
-    header = _header()
+    header = bench_header()
     ledger = Ledger()
     rows = await chaos_rows(ledger, resets=not args.no_resets)
     return print_report(rows, header, ledger)

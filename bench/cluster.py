@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.clients import Collector, TurnRecord, open_collector, p99, script, words
 from bench.procs import Proc, cluster_table, open_daemon, open_mock
 from bench.procstat import cpu_seconds
-from bench.table import Ledger, Row, print_report
+from bench.table import Ledger, Row, bench_header, print_report
 from bench.throughput import P1_TOKENS, P2_DELAY_MS, P2_STREAMS, P2_TOKENS, chats
 from tests.pgserver import PgServer, create_database, start_server, stop_server
 from tests.redisserver import RedisServer
@@ -395,9 +395,7 @@ async def cluster_rows(mock_url: str, ledger: Ledger) -> list[Row]:
 
 async def main() -> int:
     """`python -m bench.cluster`: only these rows, in make bench's table."""
-    from bench.run import _header
-
-    header = _header()
+    header = bench_header()
     ledger = Ledger()
     async with open_mock() as mock:
         rows = await cluster_rows(mock.url, ledger)

@@ -67,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.procs import Proc, open_daemon
 from bench.procstat import cpu_seconds
-from bench.table import Ledger, Row, print_report
+from bench.table import Ledger, Row, bench_header, print_report
 from daemon.mock.provider import Served, serve_mock_provider
 
 TURNS = int(os.environ.get("LONG_SESSION_TURNS", "2000"))
@@ -356,9 +356,7 @@ async def long_rows(ledger: Ledger) -> list[Row]:
 
 async def main() -> int:
     """`python -m bench.long_session`: only these rows, in make bench's table."""
-    from bench.run import _header
-
-    header = _header()
+    header = bench_header()
     ledger = Ledger()
     rows = await long_rows(ledger)
     return print_report(rows, header, ledger)

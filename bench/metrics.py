@@ -26,6 +26,7 @@ import statistics
 import tempfile
 import time
 from contextlib import aclosing
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -94,7 +95,8 @@ async def _scrapes(tmp: Path) -> tuple[list[float], int, list[float]]:
         + "".join(f'[agents.a{i}]\nprovider = "mock"\nmodel = "m"\ntools = []\n'
                   for i in range(3)))
     async with trio.open_nursery() as nursery:
-        daemon = await nursery.start(serve_daemon, load_config(path))
+        daemon = await nursery.start(partial(serve_daemon, load_config(path),
+                                             serve_mock=serve_mock_provider))
         async with httpx.AsyncClient(base_url=daemon.url, timeout=60) as http:
             limit = trio.CapacityLimiter(50)
 

@@ -32,7 +32,6 @@ machine. `make bench` runs everything once.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -61,7 +60,8 @@ from bench import (
     traced,
 )
 from bench.procs import open_daemon, open_mock
-from bench.table import Ledger, Row, render
+from bench.table import Ledger, Row, bench_header, render
+from daemon.errors import leaves
 
 Phase = Callable[[], Awaitable[list[Row]]]
 PHASE_LIMIT_S = 600
@@ -105,29 +105,12 @@ async def _measured(name: str, run: Phase, ledger: Ledger, rows: list[Row],
         ledger.lost(f"{name}: not done after {PHASE_LIMIT_S} s (a turn that never ended?)")
     except Exception as exc:
         traceback.print_exc()
-        what = "; ".join(f"{type(e).__name__}: {e}" for e in _leaves(exc))
+        what = "; ".join(f"{type(e).__name__}: {e}" for e in leaves(exc))
         rows.append(Row(name, "FAILED", note=what[:300]))
         ledger.lost(f"{name} failed: {what}")
     print(f"bench: {name} took {time.perf_counter() - started:.0f} s", file=sys.stderr,
           flush=True)
 
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions themselves, out of the nurseries' groups."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
-    return [exc]
-
-
-def _header(burn: int = 0) -> str:
-    root = Path(__file__).resolve().parent.parent
-    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True, check=False).stdout.strip()
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (f"make bench — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit "
-            f"{commit or '?'}, {os.cpu_count()} cores, load average {load} at the start"
-            + (f"; background load: {burn} CPU-burning processes (busy loops, nice "
-               f"{os.nice(0)}) during each phase" if burn else ""))
 
 
 def _arguments() -> argparse.Namespace:
@@ -157,7 +140,7 @@ async def main() -> int:
 
 
 async def _run(only: set[str], resets: bool = True, burn: int = 0) -> int:
-    header = _header(burn)
+    header = bench_header(burn)
     burners = Burners(burn)
 
     async def _phase(name: str, run: Phase, ledger: Ledger, rows: list[Row]) -> None:

@@ -64,7 +64,7 @@ from bench.mcp_call import (
     p90,
     script,
 )
-from bench.table import Ledger, Row, print_report
+from bench.table import Ledger, Row, bench_header, print_report
 from daemon.config import load_config
 from daemon.sandbox import Sandbox, hidden_paths
 from daemon.tools.bash import SUPERVISOR
@@ -288,9 +288,7 @@ async def sandbox_rows(ledger: Ledger) -> list[Row]:
 
 async def main() -> int:
     """`python -m bench.sandbox`: only these rows, in make bench's table."""
-    from bench.run import _header
-
-    header = _header()
+    header = bench_header()
     ledger = Ledger()
     rows = await sandbox_rows(ledger)
     return print_report(rows, header, ledger)

@@ -25,7 +25,7 @@ import httpx
 import trio
 from trio_websocket import open_websocket_url
 
-from daemon.schedules.timing import parse_every
+from daemon.timing import parse_every
 
 SCRIPT = "scripted\n#mock " + json.dumps({"say": "tick"})
 

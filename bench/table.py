@@ -8,7 +8,11 @@ exits non-zero when it holds any loss, whatever the speed figures say.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -104,6 +108,18 @@ def render(rows: list[Row], header: str) -> str:
             out.append(" " * 4 + r.note)
     out.append(line)
     return "\n".join(out)
+
+
+def bench_header(burn: int = 0) -> str:
+    """The line above every table: when, which commit, the machine and its load."""
+    root = Path(__file__).resolve().parent.parent
+    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True, check=False).stdout.strip()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"make bench — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit "
+            f"{commit or '?'}, {os.cpu_count()} cores, load average {load} at the start"
+            + (f"; background load: {burn} CPU-burning processes (busy loops, nice "
+               f"{os.nice(0)}) during each phase" if burn else ""))
 
 
 def print_report(rows: list[Row], header: str, ledger: Ledger) -> int:

@@ -30,7 +30,7 @@ from daemon.cli_http import (
 )
 from daemon.cli_safe import print_table, safe, safe_line
 from daemon.config import Config, bind_host, check_exposure, load_config, resolve_config_path
-from daemon.errors import BusUnavailable, ConfigError, Fenced, StoreError
+from daemon.errors import BusUnavailable, ConfigError, Fenced, StoreError, leaves
 from daemon.observe.logs import configure_logging, one_line
 
 EXIT_CONFIG = EXIT_USAGE
@@ -42,6 +42,7 @@ def _log_level() -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from daemon.mock.provider import serve_mock_provider
     from daemon.server import serve_daemon
 
     try:
@@ -59,6 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
         async with trio.open_nursery() as nursery:
             daemon = await nursery.start(
                 lambda task_status: serve_daemon(config, handle_signals=True,
+                                                 serve_mock=serve_mock_provider,
                                                  task_status=task_status)
             )
             print(f"veild listening on {daemon.url}", flush=True)
@@ -67,10 +69,10 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         trio.run(main)
     except BaseException as exc:  # trio raises what nurseries collect as groups
-        leaves = _leaves(exc)
-        if all(isinstance(leaf, ConfigError) for leaf in leaves):
+        found = leaves(exc)
+        if all(isinstance(leaf, ConfigError) for leaf in found):
             # Found at start, not in the file: `sandbox = "bwrap"` that does not work.
-            print(one_line(f"config error: {leaves[0]}", log_format), file=sys.stderr)
+            print(one_line(f"config error: {found[0]}", log_format), file=sys.stderr)
             return EXIT_CONFIG
         line = _startup_failure(exc, config)
         if line is None:
@@ -80,19 +82,13 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
-    return [exc]
-
-
 def _startup_failure(exc: BaseException, config: Config) -> str | None:
     """One line for a failure a user can act on (CONTRACT §12), else None (also when
     anything else failed with it: that keeps its traceback)."""
-    leaves = _leaves(exc)
-    if not all(isinstance(leaf, (StoreError, BusUnavailable, OSError)) for leaf in leaves):
+    found = leaves(exc)
+    if not all(isinstance(leaf, (StoreError, BusUnavailable, OSError)) for leaf in found):
         return None
-    for leaf in leaves:
+    for leaf in found:
         if isinstance(leaf, BusUnavailable):  # the cluster's Redis (§13): it names it
             return f"bus error: {leaf}"
         if isinstance(leaf, Fenced):  # §13.8: stopped, it rejoins when restarted
@@ -384,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = _run_verb(args)
     except BaseException as exc:
-        if not any(isinstance(leaf, BrokenPipeError) for leaf in _leaves(exc)):
+        if not any(isinstance(leaf, BrokenPipeError) for leaf in leaves(exc)):
             raise
         return _reader_left()
     return result

@@ -18,6 +18,8 @@ from urllib.parse import quote, urlsplit
 import httpx
 import trio
 
+from daemon.errors import leaves
+
 if TYPE_CHECKING:
     from trio_websocket import ConnectionClosed, WebSocketConnection
 
@@ -314,13 +316,13 @@ class Remote:
             HandshakeError,
         )
 
-        leaves = _leaves(exc)
-        if any(isinstance(leaf, BrokenPipeError) for leaf in leaves):
+        found = leaves(exc)
+        if any(isinstance(leaf, BrokenPipeError) for leaf in found):
             return None  # stdout's reader left, not the daemon: cli.main ends quietly
-        for leaf in leaves:
+        for leaf in found:
             if isinstance(leaf, CliError):
                 return leaf
-        for leaf in leaves:
+        for leaf in found:
             if isinstance(leaf, ConnectionClosed):
                 return self.closed(leaf)
             if isinstance(leaf, (ConnectionTimeout, DisconnectionTimeout)):
@@ -330,7 +332,7 @@ class Remote:
                                 f"{leaf.status_code}{_rejected_body(leaf.body)}")
             if isinstance(leaf, httpx.HTTPError):
                 return self.failure(leaf)
-        for leaf in leaves:
+        for leaf in found:
             if isinstance(leaf, (OSError, HandshakeError)):
                 return CliError(unreachable(self.url, leaf.__cause__ or leaf))
         return None
@@ -345,11 +347,6 @@ def _rejected_body(body: bytes | None) -> str:
         message = body[:200].decode(errors="replace")
     return f": {' '.join(str(message).split())}"
 
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
-    return [exc]
 
 
 class EventStream:

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from daemon.errors import ConfigError
 from daemon.hosts import configured_host, is_loopback, normalise_origin
-from daemon.schedules.timing import Every, Timing, TimingError, parse_cron, parse_every, parse_zone
+from daemon.timing import Every, Timing, TimingError, parse_cron, parse_every, parse_zone
 
 DEFAULT_CONFIG_PATH = Path("config/daemon.toml")
 ENGINES = ("openai", "claude-cli", "anthropic")  # the names CONTRACT §2 reserves
@@ -251,15 +251,20 @@ class ClusterConfig:
 
 
 def redact_url(url: str) -> str:
-    """`url` without its password, for messages and logs."""
+    """`url` without its password, for messages and logs: the user info's (`u:***@`) and
+    a `password=` query parameter's (libpq and Redis URLs take one there too)."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    userinfo, at, host = rest.rpartition("@")
-    if not at:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user + ':***' if ':' in userinfo else user}@{host}"
+    end = next((i for i, ch in enumerate(rest) if ch in "/?#"), len(rest))
+    authority, tail = rest[:end], _QUERY_PASSWORD.sub(r"\1***", rest[end:])
+    userinfo, at, host = authority.rpartition("@")
+    if at and ":" in userinfo:
+        authority = f"{userinfo.split(':', 1)[0]}:***@{host}"
+    return f"{scheme}://{authority}{tail}"
+
+
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@
     │   ├── ServiceUnavailable   503 UNAVAILABLE (the store is busy or unreachable)
     │   │   ├── BusUnavailable       ... the cluster's Redis cannot be reached
     │   │   └── NodeUnreachable      ... a session's owner node did not answer
-    │   └── RemoteError          what an owner node answered a routed request with
+    │   └── RoutedError          what an owner node answered a routed request with
     ├── ProviderError        the LLM provider failed (HTTP status, dropped stream, garbage);
     │   │                    its status, reason and retry_after_s say if §14 retries it
     │   └── ModelCallFailed      ... and the call gave up (§14: provider, attempts)
@@ -27,11 +27,19 @@
 
 A turn turns ProviderError / MaxIterationsError / anything else into its terminal
 `error` event; the API layer turns ApiError into `{"error": {...}}` with its status.
+`leaves` takes the exceptions themselves out of the groups nurseries raise.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions themselves, out of the (nested) groups nurseries raise."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
 
 
 class VeildError(Exception):
@@ -233,23 +241,13 @@ class NodeUnreachable(ServiceUnavailable):
     """The node that owns a session did not answer a control request in time."""
 
 
-class RemoteError(ApiError):
-    """An error the owner node answered a routed request with: raised on the node that
-    routed it, with the owner's status, code and message, as if it were local."""
+class RoutedError(ApiError):
+    """An error the owner node of a session answered a routed request with (its status,
+    code, message and details): raised on the node that routed it, as if it were local
+    (CONTRACT §13)."""
 
     def __init__(self, status: int, code: str, message: str,
                  details: dict[str, Any] | None = None) -> None:
-        super().__init__(message, details)
-        self.status = status
-        self.code = code
-
-
-class RoutedError(ApiError):
-    """An error the owner of a session answered a routed operation with (its status,
-    code, message and details), raised on the node that routed it (CONTRACT §13)."""
-
-    def __init__(self, status: int, code: str, message: str,
-                 details: dict[str, Any] | None) -> None:
         super().__init__(message, details)
         self.status = status
         self.code = code

@@ -61,6 +61,7 @@ def protocol_error_body(status: int) -> bytes:
 class _H11Protocol(H11Protocol):
     """Hypercorn's HTTP/1.1 protocol whose own error responses carry the error shape."""
 
+    # Private hook: hypercorn (0.18) has no public way to shape its own error responses.
     async def _send_error_response(self, status_code: int) -> None:
         body = protocol_error_body(status_code)
         await self._send_h11_event(h11.Response(
@@ -78,6 +79,8 @@ class _H11Protocol(H11Protocol):
 class _TCPServer(TCPServer):
     """Hypercorn's Trio TCP server with `_H11Protocol` and a close that happens."""
 
+    # Private hook: hypercorn (0.18) takes no protocol class; this is the one place to
+    # swap it before a byte is read.
     async def _read_data(self) -> None:
         # Called once the protocol is set up and before any byte is read: swap in ours.
         wrapper = self.protocol
@@ -88,6 +91,8 @@ class _TCPServer(TCPServer):
             )
         await super()._read_data()
 
+    # Private hook: hypercorn (0.18) has no public close to bound; its own is skipped
+    # when the app's task is already cancelled.
     async def _close(self) -> None:
         # Reached from the app's task after the response, which may be cancelled by
         # then; send_eof and aclose never wait on the peer, so a short shield is safe.

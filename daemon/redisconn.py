@@ -26,6 +26,7 @@ import trio
 from coredis.exceptions import RedisError
 from coredis.retry import NoRetryPolicy
 
+from daemon.config import redact_url
 from daemon.errors import BusUnavailable
 
 log = logging.getLogger(__name__)
@@ -43,22 +44,10 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 COMMAND_TIMEOUT_S = 10.0
 
 
-def redact(url: str) -> str:
-    """The URL without its password, for logs and errors."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit((parts.scheme, user + host, parts.path, "", ""))
-
-
 def client_from_url(url: str, *, connect_timeout_s: float = 10.0) -> Client:
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss"):
-        raise ValueError(f"not a redis:// or rediss:// URL: {redact(url)}")
+        raise ValueError(f"not a redis:// or rediss:// URL: {redact_url(url)}")
     kwargs: dict[str, Any] = {}
     query = parse_qs(parts.query)
     if parts.scheme == "rediss":
@@ -100,7 +89,7 @@ async def _reach(client: Client, url: str, connect_timeout_s: float) -> BusUnava
         except TRANSIENT as exc:
             if trio.current_time() + delay > deadline:
                 failure = BusUnavailable(
-                    f"cannot reach the bus at {redact(url)}: {_reason(exc)}")
+                    f"cannot reach the bus at {redact_url(url)}: {_reason(exc)}")
                 failure.__cause__ = exc
                 return failure
             await trio.sleep(delay)

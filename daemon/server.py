@@ -30,14 +30,13 @@ from daemon.engines.base import Engine
 from daemon.engines.claude_cli import ClaudeCliEngine
 from daemon.engines.modelcall import ModelCall, ProviderSlots, Route
 from daemon.engines.openai import OpenAIEngine
-from daemon.errors import Fenced, ServiceUnavailable
+from daemon.errors import ConfigError, Fenced, ServiceUnavailable
 from daemon.eventlog.sqlite import SqliteEventLog
 from daemon.httpserver import Connections, HttpServer, bind_socket
 from daemon.llm.anthropic_client import AnthropicClient
 from daemon.llm.openai_client import OpenAIClient
 from daemon.llm.provider_http import ProviderHTTP, choose_transport, open_provider_http
 from daemon.mcp.manager import McpManager
-from daemon.mock.provider import serve_mock_provider
 from daemon.observe.looplag import LoopLag
 from daemon.observe.metrics import Metrics
 from daemon.observe.provider import ObservedAnthropicClient, ObservedOpenAIClient, ProviderCalls
@@ -62,6 +61,12 @@ if TYPE_CHECKING:
     from daemon.config import ClusterConfig
     from daemon.redisconn import Client as RedisClient
     from daemon.store.postgres import PostgresStore
+
+# The in-process mock of `[providers.X] type = "mock"` (daemon/mock/provider.py's
+# serve_mock_provider): started with nursery.start(serve, host, port,
+# max_context_chars=...), it reports its port. Passed in by whoever starts the daemon
+# (the CLI, the tests' harness), so the server does not import the mock.
+ServeMock = Callable[..., Awaitable[None]]
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +191,7 @@ CLOSE_S = 0.8
 
 async def serve_daemon(
     config: Config, *, handle_signals: bool = False, clock: Clock = SYSTEM_CLOCK,
+    serve_mock: ServeMock | None = None,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until `request_shutdown()`; reports the Daemon when listening.
@@ -194,9 +200,14 @@ async def serve_daemon(
     `services` inside it holds the owned services (signals, the event log's flusher,
     the demo provider, the watchdog). The stop sequence runs from a `finally` while the
     core still runs, so it also runs when a service crashes: turns end `shutdown` and
-    WebSockets get 1001 either way.
+    WebSockets get 1001 either way. `serve_mock` serves the providers of type "mock"
+    (required when the config has one).
     """
     check_exposure(config)  # before anything listens (CONTRACT §3.1)
+    for name, provider in config.providers.items():
+        if provider.type == "mock" and serve_mock is None:
+            raise ConfigError(str(config.path), f"providers.{name}.type",
+                              "a mock provider needs the daemon started by `veild serve`")
     if (warning := exposure_warning(config)) is not None:
         log.warning(warning)
     sandbox = await open_sandbox(config)  # CONTRACT §16: tried once, here
@@ -210,7 +221,8 @@ async def serve_daemon(
             store, event_log, redis = await _open_backends(config, backends)
             async with trio.open_nursery() as core:
                 await _serve(config, store, event_log, redis, core, stop, task_status,
-                             clock, sandbox, own_process=handle_signals)
+                             clock, sandbox, own_process=handle_signals,
+                             serve_mock=serve_mock)
                 core.cancel_scope.cancel()
         outer.cancel_scope.cancel()
 
@@ -320,7 +332,7 @@ async def _serve(
     config: Config, store: Store, event_log: EventLog, redis: RedisClient | None,
     core: trio.Nursery, stop: trio.Event, task_status: trio.TaskStatus[Daemon],
     clock: Clock = SYSTEM_CLOCK, sandbox: Sandbox | None = None, *,
-    own_process: bool = False,
+    own_process: bool = False, serve_mock: ServeMock | None = None,
 ) -> None:
     server = config.server
     bus = Bus(event_log, queue_bytes=server.stream_queue_bytes,
@@ -362,8 +374,9 @@ async def _serve(
             mock_roots: dict[str, str] = {}
             for name, provider in config.providers.items():
                 if provider.type == "mock":
+                    assert serve_mock is not None  # serve_daemon checked it
                     port = await services.start(partial(
-                        serve_mock_provider, max_context_chars=provider.max_context_chars),
+                        serve_mock, max_context_chars=provider.max_context_chars),
                         "127.0.0.1", 0)
                     mock_roots[name] = f"http://127.0.0.1:{port}"
             tools: dict[str, Tool] = {

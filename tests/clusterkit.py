@@ -23,6 +23,7 @@ import trio
 
 from daemon.clock import SYSTEM_CLOCK, Clock
 from daemon.config import load_config
+from daemon.mock.provider import serve_mock_provider
 from daemon.server import Daemon, serve_daemon
 from tests.harness import Provider, Running, write_config
 from tests.pgserver import PgServer, create_database
@@ -101,7 +102,8 @@ async def open_cluster(
                 extra=extra + cluster_table(store, backends.redis_url, node_id, lease_s),
             )
             daemon: Daemon = await nursery.start(
-                partial(serve_daemon, load_config(path), clock=clock))
+                partial(serve_daemon, load_config(path), clock=clock,
+                        serve_mock=serve_mock_provider))
             http = await stack.enter_async_context(
                 httpx.AsyncClient(base_url=daemon.url, timeout=30))
             started.append(Node(daemon, http, path, node_id))

@@ -167,7 +167,8 @@ async def open_daemon(
                         provider_keys=provider_keys)
     config = load_config(path)
     async with trio.open_nursery() as nursery:
-        daemon: Daemon = await nursery.start(partial(serve_daemon, config, clock=clock))
+        daemon: Daemon = await nursery.start(partial(serve_daemon, config, clock=clock,
+                                                      serve_mock=serve_mock_provider))
         async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as http:
             yield Running(daemon, http, path)
         daemon.request_shutdown()

@@ -12,7 +12,7 @@ import trio
 
 from daemon.clock import now_ms
 from daemon.cluster.control import ControlChannel, Handler
-from daemon.errors import NodeUnreachable, NotFound, RemoteError
+from daemon.errors import NodeUnreachable, NotFound, RoutedError
 from daemon.redisconn import connect
 from tests.redisserver import RedisServer, prefix, redis_server
 
@@ -58,9 +58,9 @@ async def test_an_error_reply_is_raised_as_remote_error(redis_server: RedisServe
     with trio.fail_after(30):
         async with channel(redis_server.url, prefix, "n1", echo("n1")) as n1, \
                 channel(redis_server.url, prefix, "n2", echo("n2")):
-            with pytest.raises(RemoteError) as missing:
+            with pytest.raises(RoutedError) as missing:
                 await n1.call("n2", "missing", {"sessionId": "ses_x"}, 5)
-            with pytest.raises(RemoteError) as boom:
+            with pytest.raises(RoutedError) as boom:
                 await n1.call("n2", "boom", {}, 5)
     assert (missing.value.status, missing.value.code, missing.value.message) == (
         404, "NOT_FOUND", "no such session")

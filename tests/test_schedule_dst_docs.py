@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from daemon.config import ScheduleConfig
-from daemon.schedules.timing import parse_cron
+from daemon.timing import parse_cron
 from tests.schedclock import MemoryStates, ScriptedLauncher, VirtualWall
 from tests.test_scheduler import running
 

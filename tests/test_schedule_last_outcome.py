@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from daemon.config import ScheduleConfig
-from daemon.schedules.timing import Every, parse_every
+from daemon.timing import Every, parse_every
 from tests.harness import Provider, open_recorder, write_config
 from tests.process import spawn_daemon
 from tests.schedclock import MemoryStates, ScriptedLauncher, VirtualWall

@@ -21,7 +21,7 @@ import trio
 from daemon.config import ScheduleConfig
 from daemon.errors import Conflict, NotFound
 from daemon.schedules.scheduler import Scheduler
-from daemon.schedules.timing import (
+from daemon.timing import (
     Every,
     TimingError,
     parse_cron,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from daemon.api.results import TurnFailed, chat_result
 from daemon.errors import BadRequest, OwnerGone, RoutedError, ServiceUnavailable
 from daemon.runtime import delivery_text
 from daemon.runtime.directory import CALL_TIMEOUT_S, KEY, Result
@@ -181,8 +182,6 @@ async def _chat(rt: Runtime, body: dict[str, Any]) -> Result:
     mode the caller streams the turn from its own bus subscription (it chose the turn id
     and subscribed before routing): this answers once the turn is claimed. In JSON mode
     this answers with the turn's result."""
-    from daemon.api.http import TurnFailed, chat_result
-
     sessions = rt.sessions
     agent = sessions.agent(body["agent"])
     state = await sessions.session_for_chat(agent, body["sessionId"])
@@ -205,7 +204,6 @@ async def _chat(rt: Runtime, body: dict[str, Any]) -> Result:
 async def _compact(rt: Runtime, body: dict[str, Any]) -> Result:
     """POST /sessions/{id}/compact (CONTRACT §15): a turn with trigger `compact` on an
     idle session (409 while one runs), answered like a JSON chat once it ended."""
-    from daemon.api.http import TurnFailed, chat_result
     from daemon.runtime.turn import COMPACT_TRIGGER
 
     sessions = rt.sessions

@@ -10,6 +10,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import WebsocketMismatch
 
 from daemon.api.auth import request_authorized
+from daemon.api.connections import Connections
 from daemon.api.guard import HostOriginGuard, HostPolicy
 from daemon.api.http import http_routes
 from daemon.api.metrics import metrics_routes
@@ -27,7 +28,6 @@ from daemon.errors import (
     StoreUnavailable,
     Unauthorized,
 )
-from daemon.httpserver import Connections
 from daemon.observe.metrics import Metrics
 from daemon.runtime.core import Runtime
 

@@ -10,6 +10,8 @@ from quart import Blueprint, Response, jsonify, request
 from daemon import __version__
 from daemon.api import parse
 from daemon.api.actions import ACTIONS, perform
+from daemon.api.connections import Connections
+from daemon.api.results import TurnFailed, chat_result
 from daemon.api.spec import (
     ANY,
     BOOL,
@@ -30,15 +32,12 @@ from daemon.api.spec import (
 )
 from daemon.api.sse import sse_response
 from daemon.clock import new_id
-from daemon.errors import ApiError
-from daemon.httpserver import Connections
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Filter, Subscription
 from daemon.runtime.context_view import context_wire
 from daemon.runtime.core import Runtime
 from daemon.runtime.directory import TURN_TIMEOUT_S
 from daemon.runtime.toolrunner import offered_tools
-from daemon.runtime.turn import STORE_UNAVAILABLE, TurnOutcome
 
 
 def _json(body: dict[str, Any], status: int = 200) -> Response:
@@ -51,43 +50,6 @@ def _answer(result: tuple[int, dict[str, Any]]) -> Response:
     """An operation's (status, body), run here or on the session's owner node."""
     status, body = result
     return _json(body, status)
-
-
-def chat_result(outcome: TurnOutcome) -> dict[str, Any]:
-    stats = outcome.stats.wire()
-    result: dict[str, Any] = {
-        "sessionId": outcome.session.id,
-        "turnId": outcome.turn_id,
-        "content": outcome.content,
-        "model": stats["model"],
-        "iterations": stats["iterations"],
-        "durationMs": stats["durationMs"],
-        "tokenUsage": stats["tokenUsage"],
-        "toolCalls": stats["toolCalls"],
-        "cancelled": outcome.cancelled,
-    }
-    if outcome.cancelled:
-        result["cancelReason"] = outcome.cancel_reason
-    result["session"] = ev.session_wire(outcome.session)
-    return result
-
-
-class TurnFailed(ApiError):
-    """A JSON-mode turn that ended in an `error` other than CANCELLED.
-
-    A turn that failed because the store was unavailable (its terminal: INTERNAL_ERROR,
-    `details.reason` "store_unavailable") answers 503 UNAVAILABLE, as any request
-    that needs a busy store does (CONTRACT §3)."""
-
-    def __init__(self, outcome: TurnOutcome) -> None:
-        super().__init__(outcome.message, {
-            **(outcome.details or {}), "sessionId": outcome.session.id, "turnId": outcome.turn_id,
-        })
-        self.code = outcome.code or "INTERNAL_ERROR"
-        # The provider failed, or refused the session's context for its length (§15).
-        self.status = 502 if self.code in ("PROVIDER_ERROR", "CONTEXT_OVERFLOW") else 500
-        if (outcome.details or {}).get("reason") == STORE_UNAVAILABLE:
-            self.code, self.status = "UNAVAILABLE", 503
 
 
 # -- what GET /openapi.json says of these routes (api/spec.py) ----------------------------

@@ -5,7 +5,7 @@ them here. Each node reads its own request stream `<prefix>:ctl:<node>` and answ
 the caller's reply stream `<prefix>:rep:<caller>`; both are Redis streams, trimmed
 (`MAXLEN ~`) on every append.
 
-    call(node, op, body, timeout_s) -> dict   the owner's answer; RemoteError(status,
+    call(node, op, body, timeout_s) -> dict   the owner's answer; RoutedError(status,
                                               code, message) when its handler raised;
                                               NodeUnreachable when none came in time
     serve(handler)                            this node's requests, each in its own task
@@ -34,7 +34,7 @@ from coredis.response.types import StreamEntry
 from coredis.tokens import PureToken
 
 from daemon.cluster.clock import StoreClock
-from daemon.errors import ApiError, BusUnavailable, NodeUnreachable, RemoteError
+from daemon.errors import ApiError, BusUnavailable, NodeUnreachable, RoutedError
 from daemon.redisconn import COMMAND_TIMEOUT_S, TRANSIENT, Client
 
 log = logging.getLogger(__name__)
@@ -231,6 +231,6 @@ def _answer(fields: dict[bytes, bytes]) -> dict[str, Any]:
     body = orjson.loads(fields[b"body"])
     if fields.get(b"ok") == b"1":
         return cast(dict[str, Any], body)
-    raise RemoteError(int(body["status"]), str(body["code"]), str(body["message"]),
+    raise RoutedError(int(body["status"]), str(body["code"]), str(body["message"]),
                       body.get("details"))
 

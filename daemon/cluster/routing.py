@@ -43,7 +43,6 @@ from daemon.errors import (
     NodeUnreachable,
     NotFound,
     OwnerGone,
-    RemoteError,
     RoutedError,
     ServiceUnavailable,
     StoreError,
@@ -230,8 +229,6 @@ class Router:
             except NodeUnreachable:
                 log.warning("node %s did not answer %s in time; asking again", node_id, op)
                 continue  # the same key: the owner answers a repeat with its first answer
-            except RemoteError as exc:
-                raise RoutedError(exc.status, exc.code, exc.message, exc.details) from exc
             return int(reply.get("status", 200)), dict(reply.get("body") or {})
 
     async def _attempt(self, node_id: str, epoch: int, op: str, body: dict[str, Any],
@@ -253,7 +250,7 @@ class Router:
             nursery.start_soon(watch)
             try:
                 reply = await self._channel.call(node_id, op, body, timeout_s=timeout_s)
-            except (ApiError, RemoteError) as exc:  # NodeUnreachable is an ApiError
+            except ApiError as exc:  # NodeUnreachable and RoutedError are ApiErrors
                 failed = exc
             nursery.cancel_scope.cancel()
         if reply is not None:

@@ -64,7 +64,7 @@ from daemon.engines.base import (
     merge_text_runs,
 )
 from daemon.errors import MaxIterationsError, ProviderError
-from daemon.llm.sse import json_object
+from daemon.llm.jsonload import load_object
 from daemon.procgroup import stop_group
 from daemon.store.models import MessageRecord, TokenUsage
 from daemon.toolenv import tool_environment
@@ -414,7 +414,7 @@ class ClaudeCliEngine:
                 try:
                     for raw in batch:
                         if raw.strip():
-                            events += mapper.feed(json_object(raw, "claude-cli line"), now)
+                            events += mapper.feed(load_object(raw, "claude-cli line"), now)
                 except ProviderError as exc:
                     failure = exc  # what came before the bad line is still out first
                 for event in merge_text_runs(events):

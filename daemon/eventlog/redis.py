@@ -2,228 +2,40 @@
 
 Redis assigns the seq. A node never numbers an event itself: `submit` queues the
 envelope unsequenced (built with seq 0), and one writer task per node appends what is
-queued with ONE Lua script call per batch — `INCRBY <prefix>:seq N`, then `XADD
-<prefix>:events MAXLEN ~ R <seq>-0 …` for each event — atomically, so stream ids ARE
-seqs and strictly increase across every node. Every node, the publisher too, gets the
-events back only by tailing the stream (XREAD BLOCK) into its local Bus fan-out, so every
-subscriber on every node sees one global order.
+queued with ONE Lua script call per batch, atomically, so stream ids ARE seqs and
+strictly increase across every node (redis_writer.py: batching, the bound on what
+waits, the durable seq floor, fencing). Every node, the publisher too, gets the events
+back only by tailing the stream into its local Bus fan-out, so every subscriber on every
+node sees one global order (redis_tailer.py: tailing, loss reports, replay). What both
+halves share — the entry format and what this node knows of the seq floor — is in
+redis_stream.py.
 
-Per scheduler tick: the writer is woken by the first submit and takes everything queued
-by the time it runs (and what queued meanwhile, on its next round), so no timer delays a
-token and a busy node still makes one call per batch, not per event.
-
-Encoded once: the envelope's JSON starts `{"seq":0,` (events.build and ChunkEncoder put
-seq first); the tailer splices the real seq into the bytes. Each entry has two fields:
-`d`, that JSON, and `m`, its type, sessionId, turnId, eventType and lineage (unit-
-separated), so a receiving node never parses JSON (two fields, not five: parsing the
-entries is most of a tailer's cost).
-
-Bounded: what waits to be appended is bounded in bytes (`max_pending_bytes`). Past the
-bound the log is `degraded` and chunk events (inference/thinking/tool chunks) are dropped
-and counted (`dropped_chunks`) while every other event is still kept — they are few
-and a turn's terminal, messages and tool results must not vanish; a client sees the
-missing text in the stored messages.
-
-A lost connection: the writer and the tailer retry with a bounded backoff, `degraded`
-is True meanwhile (/health reports it), nothing queued is lost within the bound, and the
-tailer resumes from the last id it delivered. A batch whose reply was lost is re-sent
-with the same token; the script recognises it and answers the seq it got, so an append
-is never applied twice.
-
-The seq floor is durable (CONTRACT §13.9). Redis alone cannot keep it: a restart without
-persistence, FLUSHALL or a failover to an empty replica takes the counter with it, and a
-node that lagged would hand out seqs clients already hold. So the store keeps a
-reservation (`reserve`, the store's `raise_seq_reserved`: PostgreSQL, GREATEST, never
-lowered) and every seq handed out is <= a reservation that was durable before it was:
-the append script refuses a batch that would go above the reservation this node knows
-(its `ceiling`); the writer then raises the reservation by `reserve_step` (1,000,000)
-past the counter and sends the batch again. A counter key that is gone means Redis lost
-its data: the script refuses the batch, the writer re-reads the reservation from the
-store and the counter restarts above it (and above the stream's top and every seq this
-node saw). The cost per batch stays one script call; the store is called only when the
-counter crosses the ceiling (once per `reserve_step` seqs per node) or is gone. Seqs
-skip numbers after a loss (the contract allows it). Without `reserve` (tests, tools) the
-floor is only what this node saw, as before.
-
-A loss is noticed and logged once per node (the writer finds the counter gone; the
-tailer, when idle or after a lost connection, finds it gone or below what it delivered).
-Every tailer that lagged behind what was lost sees the next seq jump past the restart
-point and reports the range to the Bus (`lost`): its subscribers end lagged and resume
-with since=, where the replay answers a `stream.gap` for the vanished seqs (PagedReplay:
-the stream's first entry above since+1, or nothing, is a Gap in their place). A client
-resuming across the loss on any node gets the same Gap; never an old seq again.
-
-A failover to a replica that is behind, not empty (its counter exists, only lower, and
-the stream lacks its newest entries and fence keys) is the same loss, found by the same
-script call: a counter below what this node saw (ARGV 3: never so unless Redis went
-back in time, the stream's ids come from it), or below the reservation this node knows
-minus reserve_step + MAX_BATCH_EVENTS (every reservation was c + n + step for a
-counter c Redis held before it was stored, n the batch: `_lowest`) is refused
-(`_BEHIND`), and the writer takes the path of a counter gone: the counter restarts
-above the store's reservation, the fences are raised again from the store, the loss
-is logged once and the tailers report the range. Still not covered: a node that lagged
-and holds an old ceiling (it saw none of the newer seqs and its reservation predates
-them, so its counter check cannot tell) appending first after such a failover, which
-reuses seqs; two losses within one store round trip of each other; and nodes that use
-different reserve_steps (the bound assumes one step).
-
-Fencing on the bus (§13.8): `set_writer_epoch(node_id, epoch, on_fenced)` makes every
-append script call also read `fence_key(node_id)`; once a sweeper has raised it to the
-node's epoch or above (`fence_node`), the batch is refused whole — nothing is XADDed —
-dropped and counted (`fenced_events`), `on_fenced` is called once, and what is
-submitted after is dropped here without a call, until a new epoch is set. The fence
-keys are lost with Redis's data, so the store keeps every fence too (`fences`, the
-store's `node_fences`): the writer that finds the counter gone raises them all again
-before its append recreates the counter.
-
-Replay (`since=`): the ring of recent events this node delivered, and below it XRANGE
-pages from the stream; below what the stream retains (`retention_events` seqs), a
-`stream.gap`.
+This module is the EventLog port over the two: `RedisEventLog`.
 """
 
 from __future__ import annotations
 
-import itertools
-import logging
-import os
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import Any, Final
 
 import trio
-from coredis.commands.constants import CommandName
-from coredis.response._callbacks import NoopCallback
-from coredis.tokens import PrefixToken
-from coredis.typing import Key
 
-from daemon.errors import BusUnavailable, StoreUnavailable
-from daemon.eventlog.ring import PagedReplay, Ring
+from daemon.errors import BusUnavailable
+from daemon.eventlog.redis_stream import RESERVE_STEP, Reserve, SeqFloor
+from daemon.eventlog.redis_tailer import RING_BYTES, RING_EVENTS, RedisTailer
+from daemon.eventlog.redis_writer import (
+    DEFAULT_PENDING_BYTES,
+    Fences,
+    RedisWriter,
+    fence_key,
+    fence_node,
+)
+from daemon.eventlog.ring import PagedReplay
 from daemon.redisconn import COMMAND_TIMEOUT_S, TRANSIENT, Client, connect
-from daemon.runtime.events import CHUNK_TYPES, Envelope
+from daemon.runtime.events import Envelope
 
-log = logging.getLogger(__name__)
-
-# One script call appends at most this many events, about this many bytes.
-MAX_BATCH_EVENTS = 512
-MAX_BATCH_BYTES = 1024 * 1024
-# What may wait to be appended (while Redis is slow or unreachable) before chunks drop.
-DEFAULT_PENDING_BYTES = 64 * 1024 * 1024
-# The tailer's reads: entries per read, and how long one read blocks at the server.
-TAIL_COUNT = 1000
-BLOCK_MS = 2000
-# Retrying a lost connection: the first wait, doubled each time up to the last.
-BACKOFF_MIN_S = 0.05
-BACKOFF_MAX_S = 2.0
-RING_EVENTS = 10_000
-RING_BYTES = 32 * 1024 * 1024
-# How long a writer's last-batch record lives (a retry comes well within it).
-TOKEN_TTL_S = 3600
-
-# How far past the counter a node raises the store's seq reservation when it runs out.
-RESERVE_STEP = 1_000_000
-
-SEQ_PREFIX: Final = b'{"seq":0,'
-SEP: Final = b"\x1f"
-_SEP: Final = "\x1f"
-
-# What the append script answers: [code, value].
-_OK, _FENCED, _NO_COUNTER, _OVER_CEILING, _BEHIND = 0, 1, 2, 3, 4
-
-# KEYS: the seq counter, the stream, this writer's last-batch record, its fence key.
-# ARGV: n, maxlen, seq floor, batch token, ceiling (-1: none), restart floor (-1: a
-# missing counter, or one below the lowest, is refused), epoch (0: not fenced), the
-# token's TTL, the lowest the counter can be unless Redis went back in time (checked
-# only while the restart floor is -1), then 2 fields per event. Answers [0, first seq]
-# (appended, or the token's batch was), [1, 0] (fenced: nothing appended), [2, 0] (the
-# counter is gone: Redis lost its data), [3, counter] (the batch would go above the
-# ceiling: nothing appended), [4, counter] (the counter is below the lowest: Redis went
-# back in time, a replica that was behind; nothing appended). The counter is first
-# raised to the floor, the restart floor and the stream's last id.
-_APPEND = """
-local done = redis.call('GET', KEYS[3])
-if done then
-  local sep = string.find(done, ':', 1, true)
-  if string.sub(done, 1, sep - 1) == ARGV[4] then
-    return {0, tonumber(string.sub(done, sep + 1))}
-  end
-end
-local epoch = tonumber(ARGV[7])
-if epoch > 0 and tonumber(redis.call('GET', KEYS[4]) or '0') >= epoch then
-  return {1, 0}
-end
-local n = tonumber(ARGV[1])
-local restart = tonumber(ARGV[6])
-local counter = redis.call('GET', KEYS[1])
-if counter then
-  counter = tonumber(counter)
-  if restart < 0 and counter < tonumber(ARGV[9]) then
-    return {4, counter}
-  end
-elseif restart < 0 then
-  return {2, 0}
-else
-  counter = 0
-end
-local floor = math.max(tonumber(ARGV[3]), restart)
-local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-if top[1] then
-  floor = math.max(floor, tonumber(string.match(top[1][1], '^(%d+)')))
-end
-counter = math.max(counter, floor)
-local ceiling = tonumber(ARGV[5])
-if ceiling >= 0 and counter + n > ceiling then
-  return {3, counter}
-end
-redis.call('SET', KEYS[1], string.format('%d', counter + n))
-local first = counter + 1
-local at = 10
-for i = 0, n - 1 do
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], string.format('%d-0', first + i),
-    'm', ARGV[at], 'd', ARGV[at + 1])
-  at = at + 2
-end
-redis.call('SET', KEYS[3], ARGV[4] .. ':' .. string.format('%d', first), 'EX', ARGV[8])
-return {0, first}
-"""
-
-# KEYS: a node's fence key. ARGV: the epoch. Raises the key to the epoch; the value now.
-_FENCE = """
-local now = tonumber(redis.call('GET', KEYS[1]) or '0')
-local epoch = tonumber(ARGV[1])
-if epoch > now then
-  redis.call('SET', KEYS[1], ARGV[1])
-  return epoch
-end
-return now
-"""
-
-Reserve = Callable[[int], Awaitable[int]]
-# The store's fences (node_id, epoch): raised again on a bus that lost them.
-Fences = Callable[[], Awaitable[list[tuple[str, int]]]]
-# What the writer retries: Redis, or the store while the reservation must move.
-RETRIED: tuple[type[BaseException], ...] = (*TRANSIENT, StoreUnavailable)
-
-
-def fence_key(node_id: str, *, key_prefix: str = "veild") -> str:
-    """The Redis key that fences `node_id`'s appends: its epoch, or above, is refused."""
-    return f"{key_prefix}:fence:{node_id}"
-
-
-async def fence_node(client: Client, node_id: str, epoch: int, *,
-                     key_prefix: str = "veild") -> int:
-    """Refuse every append `node_id` makes under `epoch` or below, from now on: raises its
-    fence key to max(current, epoch), atomically; the value now stored."""
-    with trio.fail_after(COMMAND_TIMEOUT_S):
-        value: object = await client.eval(
-            _FENCE, keys=[fence_key(node_id, key_prefix=key_prefix)], args=[epoch])
-    assert isinstance(value, int)
-    return value
-
-
-class _Refused(Exception):
-    """The batch was refused for a fence: drop it."""
+__all__ = ["RedisEventLog", "fence_key", "fence_node"]
 
 
 class RedisEventLog:
@@ -242,52 +54,16 @@ class RedisEventLog:
         reserve_step: int = RESERVE_STEP, fences: Fences | None = None,
     ) -> None:
         self._client = client
-        self._key_prefix = key_prefix
-        self._seq_key = f"{key_prefix}:seq"
-        self._stream = f"{key_prefix}:events"
-        self._token_key = f"{key_prefix}:writer:{os.urandom(8).hex()}"
-        self._append = client.register_script(_APPEND)
-        # The store's seq reservation (None: no durable floor) and what this node
-        # last knew of it: no seq above it is handed out.
-        self._reserve = reserve
-        self._reserved = reserved
-        self._reserve_step = reserve_step
-        self._fences = fences
-        self._loss_noticed = False
-        # Fencing on the bus: this node's fence key and epoch (0: not fenced).
-        self._fence_key = fence_key("", key_prefix=key_prefix)
-        self._epoch = 0
-        self._on_fenced: Callable[[], None] | None = None
-        self._fenced = False
-        self._retention_events = retention_events
-        self._max_pending_bytes = max_pending_bytes
-        self._fence_timeout_s = fence_timeout_s
-        self._ring = Ring(min(ring_events, retention_events), ring_bytes)
-        self._latest = latest  # the last seq the tailer delivered
-        self._deliver: Callable[[Envelope], None] | None = None
-        self._lost: Callable[[int, int], None] | None = None
-        # Queued, not yet acknowledged by Redis (the batch in flight stays at the front).
-        self._pending: deque[Envelope] = deque()
-        self._pending_bytes = 0
-        self._wanted = trio.Event()
-        self._submitted = 0  # events ever queued
-        self._acked = 0  # of those, appended
-        self._acked_seq = 0  # the seq counter's value after this node's last append
-        self._acked_lot = trio.lowlevel.ParkingLot()  # fences waiting for an append
-        # Held by whoever appends (the writer; aclose once the writer has stopped), so
-        # the batch at the front is never in flight twice.
-        self._write_lock = trio.Lock()
-        self._in_flight: tuple[int, str] | None = None  # (events, token) being appended
-        self._tokens = itertools.count(1)
-        self._writer_failing = False
-        self._tailer_failing = False
-        self._overflowing = False
-        self._closed = False
-        self.dropped_chunks = 0
-        self.lost_seqs = 0  # seqs trimmed before the tailer read them
-        self.appends = 0  # script calls that appended a batch
-        self.fenced_events = 0  # events dropped because this node was fenced
-        self.reservations = 0  # times this node raised the store's seq reservation
+        # `latest`: the last seq the tailer delivered, where it starts.
+        floor = SeqFloor(latest, reserve=reserve, reserved=reserved,
+                         reserve_step=reserve_step)
+        self._writer = RedisWriter(
+            client, floor, key_prefix=key_prefix, retention_events=retention_events,
+            max_pending_bytes=max_pending_bytes, fence_timeout_s=fence_timeout_s,
+            fences=fences)
+        self._tailer = RedisTailer(
+            client, floor, key_prefix=key_prefix, retention_events=retention_events,
+            ring_events=ring_events, ring_bytes=ring_bytes)
 
     @classmethod
     async def open(cls, client: Client, *, reserve: Reserve | None = None,
@@ -320,20 +96,21 @@ class RedisEventLog:
     @property
     def latest_seq(self) -> int:
         """The last seq this node's tailer delivered (what `hello` reports)."""
-        return self._latest
+        return self._tailer.latest
 
     @property
     def degraded(self) -> bool:
         """Redis is unreachable from here, or what waits to be appended is past its
         bound (chunks are being dropped)."""
-        return self._writer_failing or self._tailer_failing or self._overflowing
+        writer = self._writer
+        return writer.failing or self._tailer.failing or writer.overflowing
 
     @property
     def pending_bytes(self) -> int:
-        return self._pending_bytes
+        return self._writer.pending_bytes
 
     def retained_range(self) -> tuple[int, int]:
-        return (max(0, self._latest - self._retention_events) + 1, self._latest)
+        return self._tailer.retained_range()
 
     def take_seq(self) -> int:
         raise TypeError("a remote-sequenced log numbers events itself: submit them")
@@ -346,50 +123,21 @@ class RedisEventLog:
         """Where the tailer hands each event (the Bus's local fan-out), and whom it tells
         of seqs it can no longer deliver (trimmed before it read them: it fell further
         behind than the retention, or Redis lost them)."""
-        self._deliver = deliver
-        self._lost = lost
+        self._tailer.attach(deliver, lost)
 
     def submit(self, env: Envelope) -> None:
         """Queue an envelope built with seq 0 for the writer. Synchronous, never blocks."""
-        if self._closed:
-            raise BusUnavailable("the event log is closed")
-        size = len(env.data)
-        if self._pending_bytes + size > self._max_pending_bytes:
-            if not self._overflowing:
-                log.error("event log: %d bytes wait to be appended; dropping chunks "
-                          "until the writer catches up", self._pending_bytes)
-                self._overflowing = True
-            if env.event_type in CHUNK_TYPES:
-                self.dropped_chunks += 1
-                return
-        pending = self._pending
-        pending.append(env)
-        self._pending_bytes += size
-        self._submitted += 1
-        if len(pending) == 1:
-            self._wanted.set()
+        self._writer.submit(env)
 
     def replay(self, since: int) -> PagedReplay:
-        latest = self._latest
-        floor = max(0, latest - self._retention_events)
-        return PagedReplay(since, latest, self._ring.since(max(since, floor)), self._read,
-                           floor=floor)
+        return self._tailer.replay(since)
 
     async def fence(self, timeout_s: float | None = None) -> int:
         """Wait until everything submitted before the call is in the stream; the highest
         seq assigned by then (every event this node submitted before has a smaller or
         equal one, every event submitted after a larger one). Raises BusUnavailable
         after `timeout_s` (default `fence_timeout_s`) without Redis."""
-        target = self._submitted
-        limit = self._fence_timeout_s if timeout_s is None else timeout_s
-        with trio.move_on_after(limit) as waited:
-            if self._acked >= target:
-                return max(await self._read_seq(), self._acked_seq)
-            while self._acked < target:
-                await self._acked_lot.park()
-            return self._acked_seq
-        assert waited.cancelled_caught
-        raise BusUnavailable("the bus did not take this node's events in time")
+        return await self._writer.fence(timeout_s)
 
     def set_writer_epoch(self, node_id: str, epoch: int,
                          on_fenced: Callable[[], None]) -> None:
@@ -397,351 +145,52 @@ class RedisEventLog:
         `epoch` (a sweeper's `fence_node`): the batch is dropped and counted
         (`fenced_events`), `on_fenced()` is called once (synchronously, from the
         writer), and what is submitted after is dropped until a new epoch is set."""
-        if epoch <= 0:
-            raise ValueError(f"an epoch is positive: {epoch}")
-        self._fence_key = fence_key(node_id, key_prefix=self._key_prefix)
-        self._epoch = epoch
-        self._on_fenced = on_fenced
-        self._fenced = False
+        self._writer.set_writer_epoch(node_id, epoch, on_fenced)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                     ) -> None:
         """The writer and the tailer."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._write_loop)
-            nursery.start_soon(self._tail_loop)
+            nursery.start_soon(self._writer.run)
+            nursery.start_soon(self._tailer.run)
             task_status.started()
 
     async def aclose(self) -> None:
         """Append what is still queued, one try per batch (the caller bounds how long
         this may take; the client must still be open). Nothing is submitted after."""
-        self._closed = True
-        async with self._write_lock:
-            while self._pending:
-                batch, token = self._next_batch()
-                try:
-                    first = await self._append_batch(batch, token)
-                except _Refused:
-                    self._drop(batch)
-                    continue
-                except RETRIED as exc:
-                    log.error("event log: %d events not appended at close: %s",
-                              len(self._pending), exc)
-                    return
-                self._acknowledge(batch, first)
+        await self._writer.drain()
 
-    # -- the writer ---------------------------------------------------------------------
+    # -- what the two halves count ------------------------------------------------------
 
-    async def _write_loop(self) -> None:
-        while True:
-            while not self._pending:
-                await self._wanted.wait()
-                self._wanted = trio.Event()
-            async with self._write_lock:
-                batch, token = self._next_batch()
-                try:
-                    first = await self._retrying(
-                        partial(self._append_batch, batch, token), "append")
-                except _Refused:
-                    self._drop(batch)
-                    continue
-                self._acknowledge(batch, first)
+    @property
+    def dropped_chunks(self) -> int:
+        """Chunks dropped while what waits to be appended was past its bound."""
+        return self._writer.dropped_chunks
 
-    def _next_batch(self) -> tuple[list[Envelope], str]:
-        """The batch at the front and its token. A batch whose append was interrupted
-        (the writer cancelled mid-call) is sent again as it was, with its token: if it
-        was applied, the script answers its seq instead of appending it twice."""
-        if self._in_flight is not None:
-            n, token = self._in_flight
-            return list(itertools.islice(self._pending, n)), token
-        batch = self._take_batch()
-        token = f"{next(self._tokens)}"
-        self._in_flight = (len(batch), token)
-        return batch, token
+    @property
+    def appends(self) -> int:
+        """Script calls that appended a batch."""
+        return self._writer.appends
 
-    def _acknowledge(self, batch: list[Envelope], first: int) -> None:
-        """`batch`, at the front of the queue, is in the stream from seq `first`."""
-        self._in_flight = None
-        for _ in batch:
-            self._pending.popleft()
-        self._pending_bytes -= sum(len(e.data) for e in batch)
-        if self._overflowing and self._pending_bytes <= self._max_pending_bytes // 2:
-            log.warning("event log: the writer caught up; chunks are kept again "
-                        "(%d dropped so far)", self.dropped_chunks)
-            self._overflowing = False
-        self._acked += len(batch)
-        self._acked_seq = max(self._acked_seq, first + len(batch) - 1)
-        self.appends += 1
-        self._acked_lot.unpark_all()
+    @property
+    def fenced_events(self) -> int:
+        """Events dropped because this node was fenced."""
+        return self._writer.fenced_events
 
-    def _drop(self, batch: list[Envelope]) -> None:
-        """`batch`, at the front of the queue, was refused for a fence: gone, counted;
-        a fence() waiting for it no longer waits."""
-        self._in_flight = None
-        for _ in batch:
-            self._pending.popleft()
-        self._pending_bytes -= sum(len(e.data) for e in batch)
-        self._acked += len(batch)
-        self.fenced_events += len(batch)
-        if self._overflowing and self._pending_bytes <= self._max_pending_bytes // 2:
-            self._overflowing = False
-        self._acked_lot.unpark_all()
+    @property
+    def reservations(self) -> int:
+        """Times this node raised the store's seq reservation."""
+        return self._writer.reservations
 
-    def _take_batch(self) -> list[Envelope]:
-        batch: list[Envelope] = []
-        size = 0
-        for env in self._pending:
-            if batch and (len(batch) >= MAX_BATCH_EVENTS or size >= MAX_BATCH_BYTES):
-                break
-            batch.append(env)
-            size += len(env.data)
-        return batch
+    @property
+    def lost_seqs(self) -> int:
+        """Seqs trimmed before the tailer read them."""
+        return self._tailer.lost_seqs
 
+    # The two halves' one call each that tests drive directly (a batch sent twice, a
+    # page of the stream).
     async def _append_batch(self, batch: list[Envelope], token: str) -> int:
-        """Append `batch` with one script call (more only when the store's reservation
-        must move first: the ceiling is crossed, or Redis lost the counter); its first
-        seq. Raises _Refused if this node is fenced."""
-        if self._fenced:
-            raise _Refused
-        n = len(batch)
-        fields: list[str | bytes | int] = []
-        for env in batch:
-            data = env.data
-            if not data.startswith(SEQ_PREFIX):
-                raise ValueError(f"a submitted envelope must be built with seq 0: {env!r}")
-            fields += [_meta(env), data]
-        durable = self._reserve is not None
-        restart = -1 if durable else 0  # without a store: the floor is what this node saw
-        while True:
-            seen = self._seen()
-            args: list[str | bytes | int] = [
-                n, self._retention_events, seen, token,
-                self._reserved if durable else -1, restart, self._epoch, TOKEN_TTL_S,
-                self._lowest(seen), *fields]
-            with trio.fail_after(COMMAND_TIMEOUT_S):
-                reply: object = await self._append(
-                    keys=[self._seq_key, self._stream, self._token_key, self._fence_key],
-                    args=args,
-                )
-            assert isinstance(reply, list) and len(reply) == 2, reply
-            code, value = int(reply[0]), int(reply[1])
-            if code == _OK:
-                if restart > 0 and durable:
-                    log.warning("event log: seqs go on from %d, above the store's seq "
-                                "reservation", value)
-                self._loss_noticed = False
-                return value
-            if code == _FENCED:
-                self._fenced = True
-                log.error("event log: this node was fenced on the bus (epoch %d): "
-                          "its events are dropped", self._epoch)
-                if self._on_fenced is not None:
-                    self._on_fenced()
-                raise _Refused
-            assert self._reserve is not None
-            if code in (_NO_COUNTER, _BEHIND):
-                # The counter is gone, or exists but went back in time (a failover to a
-                # replica that is behind): restarted above the reservation now, above
-                # every seq handed out; the retry raises a counter that is behind.
-                restart = await self._reserve(0)
-                self._reserved = max(self._reserved, restart)
-                # The fences went with the counter (a replica that is behind lacks the
-                # newest): raised again before the counter is recreated (this append's),
-                # so a swept node is refused as it was — also this one, if it is among
-                # them (the retry then answers fenced).
-                await self._raise_fences()
-                if code == _BEHIND:
-                    self._notice_loss(f"the writer found the seq counter at {value}, "
-                                      f"{self._below(value, seen)}")
-                elif restart > 0 or seen > 0:  # else: a new cluster, nothing lost
-                    self._notice_loss("the writer found the seq counter gone")
-            else:  # _OVER_CEILING: move the durable reservation ahead first
-                self._reserved = await self._reserve(value + n + self._reserve_step)
-                self.reservations += 1
-
-    async def _raise_fences(self) -> None:
-        if self._fences is None:
-            return
-        fences = await self._fences()
-        for node_id, epoch in fences:  # each bounded by the command timeout
-            await fence_node(self._client, node_id, epoch, key_prefix=self._key_prefix)
-        if fences:
-            log.warning("event log: %d node fence(s) raised again from the store",
-                        len(fences))
-
-    def _notice_loss(self, how: str) -> None:
-        if not self._loss_noticed:
-            self._loss_noticed = True
-            log.error("event log: the bus lost its data (%s: a restart without "
-                      "persistence, FLUSHALL or a failover?); seqs go on above the "
-                      "store's reservation, what it held is replayed as a stream.gap", how)
-
-    def _seen(self) -> int:
-        """The highest seq this node knows was assigned: the floor of every new one."""
-        return max(self._latest, self._acked_seq)
-
-    def _lowest(self, seen: int) -> int:
-        """The lowest the counter can be unless Redis went back in time (a failover to a
-        replica that is behind): what this node saw, and the reservation it knows minus
-        what one raise adds to a counter the raising node read before. Every stored
-        reservation is c + n + reserve_step (`_append_batch`, GREATEST in the store)
-        for a counter c that Redis held before it was stored, n <= MAX_BATCH_EVENTS
-        (the batch that crossed the ceiling), so the counter is never below it minus
-        both. It holds while every node uses the same reserve_step. Without a store,
-        only what this node saw."""
-        if self._reserve is None:
-            return seen
-        return max(seen, self._reserved - self._reserve_step - MAX_BATCH_EVENTS)
-
-    def _below(self, counter: int, seen: int) -> str:
-        if counter < seen:
-            return f"below seq {seen} this node saw"
-        return (f"below the store's reservation {self._reserved} minus "
-                f"{self._reserve_step + MAX_BATCH_EVENTS}")
-
-    async def _read_seq(self) -> int:
-        """The seq counter, retried until the fence's own deadline (the tailer is what
-        reports the bus unreachable meanwhile)."""
-        delay = BACKOFF_MIN_S
-        while True:
-            try:
-                with trio.fail_after(COMMAND_TIMEOUT_S):
-                    raw = await self._client.get(self._seq_key)
-                return int(raw or 0)
-            except TRANSIENT:
-                await trio.sleep(delay)
-                delay = min(delay * 2, BACKOFF_MAX_S)
-
-    async def _retrying(self, op: Callable[[], Awaitable[int]], what: str) -> int:
-        """Run `op` until it succeeds, with a bounded backoff; degraded meanwhile."""
-        delay = BACKOFF_MIN_S
-        while True:
-            try:
-                result = await op()
-            except RETRIED as exc:
-                if not self._writer_failing:
-                    log.error("event log: could not %s (%s: %s); retrying",
-                              what, type(exc).__name__, exc)
-                self._writer_failing = True
-                await trio.sleep(delay)
-                delay = min(delay * 2, BACKOFF_MAX_S)
-                continue
-            if self._writer_failing:
-                log.warning("event log: the bus is reachable again")
-                self._writer_failing = False
-            return result
-
-    # -- the tailer ---------------------------------------------------------------------
-
-    async def _tail_loop(self) -> None:
-        delay = BACKOFF_MIN_S
-        while True:
-            try:
-                if self._tailer_failing:
-                    await self._check_loss()
-                with trio.fail_after(COMMAND_TIMEOUT_S + BLOCK_MS / 1000):
-                    # Raw, not coredis's StreamEntry shape: building it per entry cost
-                    # as much as the rest of the tailer.
-                    reply: dict[bytes, list[list[Any]]] | None = await self._client.create_request(
-                        CommandName.XREAD, PrefixToken.COUNT, TAIL_COUNT, PrefixToken.BLOCK,
-                        BLOCK_MS, PrefixToken.STREAMS, Key(self._stream), f"{self._latest}-0",
-                        callback=NoopCallback(),
-                    )
-            except TRANSIENT as exc:
-                if not self._tailer_failing:
-                    log.error("event log: tailing the stream failed (%s: %s); retrying",
-                              type(exc).__name__, exc)
-                self._tailer_failing = True
-                await trio.sleep(delay)
-                delay = min(delay * 2, BACKOFF_MAX_S)
-                continue
-            if self._tailer_failing:
-                log.warning("event log: tailing the stream again from seq %d", self._latest)
-                self._tailer_failing = False
-                delay = BACKOFF_MIN_S
-            if reply:
-                for entries in reply.values():
-                    self._deliver_entries(entries)
-            elif self._reserve is not None:
-                try:
-                    await self._check_loss()  # idle for BLOCK_MS: one GET
-                except TRANSIENT:
-                    pass  # the next read reports the connection
-
-    def _deliver_entries(self, entries: list[list[Any]]) -> None:
-        deliver = self._deliver
-        ring = self._ring
-        for ident, fields in entries:
-            env = _envelope(ident, fields)
-            if env.seq <= self._latest:
-                continue
-            if env.seq != self._latest + 1:
-                # Seqs are contiguous (INCRBY N, then N entries): these were trimmed
-                # before this tailer read them.
-                log.error("event log: seqs %d..%d were gone before this node read them",
-                          self._latest + 1, env.seq - 1)
-                self.lost_seqs += env.seq - 1 - self._latest
-                if self._lost is not None:
-                    self._lost(self._latest + 1, env.seq - 1)
-            self._latest = env.seq
-            ring.add(env, evictable_upto=env.seq)
-            if deliver is not None:
-                deliver(env)
-
-    async def _check_loss(self) -> None:
-        """After a lost connection, or idle: a counter gone, or below what this node
-        saw (or, with a store, below the reservation it knows minus the step: `_lowest`),
-        is a Redis that lost its data or went back in time. Logged once; the writer, at
-        its next append, restarts the counter above the store's reservation (without a
-        store, above what it saw). The counter, not the stream's top: the script sets
-        the counter to its last entry's id, so on a Redis that went back (a replica
-        that is behind holds both as they were) one is below what this node delivered
-        exactly when the other is; the entries above it are reported lost (`lost`)
-        when the next seq jumps past them."""
-        with trio.fail_after(COMMAND_TIMEOUT_S):
-            raw = await self._client.get(self._seq_key)
-        if raw is None and self._latest == 0:
-            return  # nothing was ever appended
-        if raw is None:
-            self._notice_loss(f"the tailer found the seq counter gone, after seq "
-                              f"{self._latest} it delivered")
-            return
-        counter, seen = int(raw), self._seen()
-        if counter < self._lowest(seen):
-            self._notice_loss(f"the tailer found the seq counter at {counter}, "
-                              f"{self._below(counter, seen)}")
+        return await self._writer.append_batch(batch, token)
 
     async def _read(self, after: int, upto: int, limit: int) -> list[Envelope]:
-        try:
-            with trio.fail_after(COMMAND_TIMEOUT_S):
-                entries: list[list[Any]] = await self._client.create_request(
-                    CommandName.XRANGE, Key(self._stream), f"{after + 1}-0", f"{upto}-0",
-                    PrefixToken.COUNT, limit, callback=NoopCallback(),
-                )
-        except TRANSIENT as exc:
-            raise BusUnavailable(f"cannot read the event stream: {exc}") from exc
-        return [_envelope(ident, fields) for ident, fields in entries]
-
-
-def _meta(env: Envelope) -> bytes:
-    """The entry's `m` field: what subscriptions filter on, so no node parses the JSON.
-    Unit-separated: ids and type names never hold the separator."""
-    return SEP.join((env.type.encode(), (env.session_id or "").encode(),
-                     (env.turn_id or "").encode(), (env.event_type or "").encode(),
-                     ",".join(env.lineage).encode()))
-
-
-def _envelope(ident: bytes, fields: list[bytes]) -> Envelope:
-    """An entry (its id, its fields as RESP gives them: `m`, value, `d`, value) as the
-    envelope it was submitted as, its seq spliced into the JSON."""
-    seq = int(ident[: ident.index(b"-")])
-    if fields[0] == b"m":
-        meta, data = fields[1], fields[3]
-    else:  # written by something else than this module's script: by name
-        named = dict(zip(fields[::2], fields[1::2], strict=True))
-        meta, data = named[b"m"], named[b"d"]
-    type_, session_id, turn_id, event_type, lineage = meta.decode().split(_SEP)
-    return Envelope(
-        seq, type_, session_id or None, tuple(lineage.split(",")) if lineage else (),
-        turn_id or None, event_type or None, None, b'{"seq":%d,%b' % (seq, data[9:]),
-    )
+        return await self._tailer.read(after, upto, limit)

@@ -385,15 +385,3 @@ async def _httpx_body_ends(pieces: AsyncIterator[bytes]) -> bool:
 
 def dumps(value: Any) -> bytes:
     return orjson.dumps(value)
-
-
-def json_object(raw: str | bytes, what: str) -> dict[str, Any]:
-    """`raw` as a JSON object, else ProviderError: "malformed WHAT: …"."""
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ProviderError(f"malformed {what}: {raw[:200]!r}", reason="malformed") from exc
-    if not isinstance(value, dict):
-        raise ProviderError(f"malformed {what} (not a JSON object): {raw[:200]!r}",
-                            reason="malformed")
-    return value

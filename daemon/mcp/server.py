@@ -387,7 +387,8 @@ class McpServer:
             on_progress(progress_line(progress, total, message))
 
         # The SDK numbers requests synchronously at the start of the call below: this is
-        # the id `notifications/cancelled` must name.
+        # the id `notifications/cancelled` must name. Private: the SDK (1.30) keeps the id
+        # inside send_request and sends no notifications/cancelled itself (its issue 2507).
         request_id = session._request_id
         timeout = self.config.call_timeout_s
         aborted = trio.CancelScope()  # cancelled when the server goes down
@@ -511,6 +512,8 @@ async def _call_tool(session: ClientSession, tool: str, arguments: dict[str, Any
             params=types.CallToolRequestParams(name=tool, arguments=arguments))),
         types.CallToolResult, progress_callback=progress)
     if not result.isError and _cut_from(result) is None:
+        # Private: the SDK (1.30) validates only inside call_tool, which cannot skip a cut
+        # result; this is that same check.
         await session._validate_tool_result(tool, result)
     return result
 

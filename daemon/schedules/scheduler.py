@@ -35,8 +35,8 @@ from daemon.clock import Clock
 from daemon.config import ScheduleConfig
 from daemon.errors import Conflict, NotFound, StoreError, Unavailable
 from daemon.runtime.stopbound import StopBound
-from daemon.schedules.timing import Every
 from daemon.store.models import ScheduleRecord
+from daemon.timing import Every
 
 log = logging.getLogger(__name__)
 

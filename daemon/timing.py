@@ -1,5 +1,8 @@
 """When a schedule ticks: `every` on a fixed grid, or a five-field cron line in a zone.
 
+Below both config.py (which parses `[schedules.NAME]` into these) and schedules/ (which
+ticks them); imports neither.
+
 Pure and synchronous, in milliseconds since the epoch, so the DST rules can be tested
 without any clock. Cron lines are evaluated by `cronsim` (maintained, the semantics of
 Debian's cron, which is what a user of cron expects across DST changes):
