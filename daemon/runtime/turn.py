@@ -199,14 +199,14 @@ class Turn:
     # (runtime/interpreter.py), and its spans (observe/tracing.py).
     publisher: TurnPublisher = field(init=False)
     toolbox: TurnTools = field(init=False)
-    events: EngineEvents = field(init=False)
+    interpreter: EngineEvents = field(init=False)
     trace: TurnTrace = field(init=False)
 
     def __post_init__(self) -> None:
         services, record, ask = self.services, self.session.record, self.ask
         self.publisher = TurnPublisher(services.bus, self.session.ref, self.id,
                                        lambda: self.gate_closed)
-        self.events = EngineEvents(self.id, self.session, services.store, services.stop,
+        self.interpreter = EngineEvents(self.id, self.session, services.store, services.stop,
                                    self.publisher, self.inbox_hold,
                                    budget_tokens=ask.budget_tokens, cancel=self.cancel)
         # Built here, synchronously in the task of the tool call that starts it (if any):
@@ -346,7 +346,7 @@ class Turn:
             if not self.compact_only:  # a compaction turn adds no message (§15)
                 message = MessageRecord("user", ask.message, None, None, now_ms(),
                                         tuple(i.id for i in self.inbox_hold.drained))
-                await self.events.append(message, 0)
+                await self.interpreter.append(message, 0)
                 if ask.fresh:  # as the store would read it back
                     self._history = [replace(message, inbox_ids=(), turn_id=self.id)]
         if persisting.cancelled_caught:
@@ -389,7 +389,7 @@ class Turn:
             workspace=self.toolbox.workspace, session=self.session,
             compact_only=self.compact_only, trace=self.trace, run_tool=self.toolbox.run,
             take_injected=self._take_handed)
-        await self.events.run(engine, view)
+        await self.interpreter.run(engine, view)
 
     def _take_handed(self) -> list[MessageRecord]:
         """The entries handed to this turn, as the messages its engine appends next."""
@@ -401,7 +401,7 @@ class Turn:
     def _report_end(self, started: float) -> None:
         """The terminal's log line and the turn's metrics (an end that crashed before
         its outcome was made counts as INTERNAL_ERROR)."""
-        outcome, tally = self.outcome, self.events.tally
+        outcome, tally = self.outcome, self.interpreter.tally
         code = (outcome.code or "done") if outcome is not None else "INTERNAL_ERROR"
         duration = trio.current_time() - started
         fields: dict[str, Any] = {
@@ -422,7 +422,7 @@ class Turn:
                 cost=tally.usage.cost)
 
     def _trace_end(self) -> None:
-        outcome, tally = self.outcome, self.events.tally
+        outcome, tally = self.outcome, self.interpreter.tally
         self.trace.end(
             outcome.code if outcome is not None else "INTERNAL_ERROR",
             outcome.message if outcome is not None else "", tally.content,
@@ -436,7 +436,7 @@ class Turn:
         reply is recorded but wakes nothing (Stop means stop, CONTRACT §6)."""
         targets = [self.ask.reply_to] + [i.reply_to for i in self.inbox_hold.consumed]
         sid = self.session.record.id
-        body = delivery_text.turn_result(code, message, self.events.tally.content)
+        body = delivery_text.turn_result(code, message, self.interpreter.tally.content)
         kind = delivery_text.kind_of_reply(self.ask.trigger)
         text = delivery_text.from_session(sid, self.agent.name, kind, body)
         return [
@@ -464,7 +464,7 @@ class Turn:
                     await event.wait()
         code, message, details = classify(failure, stopped=self.scope.cancel_called,
                                           reason=self.cancel_reason, turn_id=self.id)
-        tally = self.events.tally
+        tally = self.interpreter.tally
         stats = ev.TurnStats(
             agent_name=self.agent.name,
             model=tally.model or self.agent.model or None,
@@ -534,7 +534,7 @@ class Turn:
     ) -> str | None:
         """Close the turn's row (with its replies and quieted entries); None once
         stored, else why not."""
-        usage = self.events.tally.usage
+        usage = self.interpreter.tally.usage
 
         def delivered(items: list[InboxRecord]) -> None:
             self.delivered = items
