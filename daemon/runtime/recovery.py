@@ -61,9 +61,14 @@ class Recovery:
     async def set_idle(self, session_id: str) -> None:
         """A session marked running whose turn left no row (its process died between)."""
         state = await self._host.load(session_id)
-        record = state.mark("idle")
-        await self._store.save_session(record)
-        self._host.forget_if_idle(state)
+        record = state.marked("idle")
+
+        def idle(_: None) -> None:
+            state.record = record
+            self._host.forget_if_idle(state)
+
+        await store_then_mirror(self._stop, lambda: self._store.save_session(record), idle,
+                                what=f"session {session_id} idle")
 
     async def interrupt(self, turn: TurnRecord, message: str,
                         published: Published | None = None) -> list[InboxRecord]:
@@ -73,7 +78,7 @@ class Recovery:
         terminal it had published already (its end was not stored): the row gets its
         code, its replies say it, and no second terminal is published."""
         state = await self._host.load(turn.session_id)
-        record = state.mark("idle")
+        record = state.marked("idle")  # set with the end, once it is stored
         code = "INTERRUPTED"
         if published is not None:
             code, message = published.code, published.message
@@ -95,6 +100,7 @@ class Recovery:
             "INTERRUPTED", message, {"startedAt": turn.started_at})
 
         def ended(delivered: list[InboxRecord]) -> list[InboxRecord]:
+            state.record = record
             self._deliveries.offer(delivered)
             self.publish_end(state, record, turn.id, end, stats)
             return delivered

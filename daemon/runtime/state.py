@@ -52,12 +52,19 @@ class SessionState:
 
     def mark(self, status: str, *, usage: TokenUsage | None = None,
              model: str | None = None) -> SessionRecord:
+        """Set the record to `marked(...)` and return it."""
+        self.record = self.marked(status, usage=usage, model=model)
+        return self.record
+
+    def marked(self, status: str, *, usage: TokenUsage | None = None,
+               model: str | None = None) -> SessionRecord:
+        """The record with this status (and this turn's usage and model), not set: for
+        a write whose mirror sets it (runtime/mirror.py)."""
         r = self.record
-        self.record = replace(
+        return replace(
             r,
             status=status,
             updated_at=now_ms(),
             token_usage=r.token_usage + usage if usage else r.token_usage,
             model=model or r.model,
         )
-        return self.record
