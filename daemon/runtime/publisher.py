@@ -14,14 +14,13 @@ from typing import Any
 
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Bus
-from daemon.runtime.state import SessionState
 
 
 class TurnPublisher:
-    def __init__(self, bus: Bus, session: SessionState, turn_id: str,
+    def __init__(self, bus: Bus, ref: ev.SessionRef, turn_id: str,
                  gate_closed: Callable[[], bool]) -> None:
         self._bus = bus
-        self._session = session
+        self._ref = ref  # the turn's session's place in the tree (it never changes)
         self._turn_id = turn_id
         self._gate_closed = gate_closed
         # By eventType, and for tool.chunk by (toolCallId, toolName, stream).
@@ -30,7 +29,7 @@ class TurnPublisher:
 
     def stream(self, event_type: str, data: dict[str, Any]) -> int:
         """Publish one session.stream event of this turn; returns its seq."""
-        return self._bus.publish_stream(self._session.ref, self._turn_id, event_type,
+        return self._bus.publish_stream(self._ref, self._turn_id, event_type,
                                         data).seq
 
     def chunk(self, event_type: str, content: str) -> None:
@@ -40,7 +39,7 @@ class TurnPublisher:
         encoder = self._encoders.get(event_type)
         if encoder is None:
             encoder = self._encoders[event_type] = ev.ChunkEncoder(
-                self._session.ref, self._turn_id, event_type)
+                self._ref, self._turn_id, event_type)
         self._bus.publish_chunk(encoder, content)
 
     def tool_chunk(self, call_id: str, tool_name: str, content: str, stream: str,
@@ -52,8 +51,8 @@ class TurnPublisher:
         encoder = self._tool_encoders.get(key)
         if encoder is None:
             encoder = self._tool_encoders[key] = ev.ChunkEncoder(
-                self._session.ref, self._turn_id, ev.TOOL_CHUNK, key)
+                self._ref, self._turn_id, ev.TOOL_CHUNK, key)
         self._bus.publish_chunk(encoder, content, offset)
 
     def plain(self, type: str, fields: dict[str, Any]) -> None:
-        self._bus.publish(type, self._session.ref, fields)
+        self._bus.publish(type, self._ref, fields)

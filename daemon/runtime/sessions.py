@@ -1,4 +1,4 @@
-"""The session manager: sessions, their turns, inboxes and wakes, cancel and shutdown.
+"""The session manager: sessions in memory, the claims of their turns, cancel and shutdown.
 
 It owns the long-lived nursery in which turns that belong to no other turn run (a chat
 turn belongs to the daemon, not to the HTTP request; a no-wait spawn or async inform
@@ -6,12 +6,10 @@ outlives the tool call that started it; wake drains), and the map session -> run
 turn that cancel and delivery use. A waiting spawn's turn runs in its caller turn's
 nursery instead (`inside=`), so Trio itself carries a cancel down to it.
 
-Inbox: each session's `Inbox` (runtime/inbox.py) is the state machine; this module does
-the store calls around its transitions. A delivery gets a place in the inbox (refused
-when it is full), is stored, then arrives: a running turn takes `steer` entries before
-its next LLM call; an idle session with a waking entry starts a wake drain that takes
-everything queued. What a turn held but did not store goes back when it ends; a stopped
-turn's session keeps its entries, but they wake nothing.
+Inbox delivery and wakes are their own service (runtime/delivery.py), which knows this
+manager as its `WakeHost`; recovery of what the last process left open is
+runtime/recovery.py. What a turn held but did not store goes back when it ends; a
+stopped turn's session keeps its entries, but they wake nothing.
 
 A session's turn is claimed by one synchronous call (`claim_turn`, and `claim_chat` for
 the HTTP chat with its SSE subscription): the check that no turn runs and the claim
@@ -37,24 +35,29 @@ from daemon.clock import new_id, now_ms
 from daemon.config import AgentConfig, Config
 from daemon.engines.context import Calibration, Calibrations
 from daemon.errors import Conflict, NotFound, StoreError, Unavailable
-from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Bus, Filter, Subscription
+from daemon.runtime.delivery import Deliveries, inbox_full, inbox_record, inbox_wire
 from daemon.runtime.directory import LocalDirectory, SessionDirectory
 from daemon.runtime.inbox import Inbox, TurnHold
+from daemon.runtime.mirror import store_then_mirror
 from daemon.runtime.ports import Store
-from daemon.runtime.published import Published, published_terminals
+from daemon.runtime.published import Published
+from daemon.runtime.recovery import Recovery
 from daemon.runtime.state import SessionState
 from daemon.runtime.subagents import TurnAgents
-from daemon.runtime.turn import Turn, TurnServices
+from daemon.runtime.turn import Turn, TurnAsk, TurnServices
 from daemon.store.models import (
     EndedTurn,
     InboxRecord,
     MessageRecord,
     SessionRecord,
-    TokenUsage,
     TurnRecord,
 )
+
+# Named here for the API and the cluster, which import them from this module.
+__all__ = ["CancelReceipt", "ChatClaim", "SessionManager", "inbox_full", "inbox_record",
+           "inbox_wire", "running_turn"]
 
 log = logging.getLogger(__name__)
 
@@ -82,26 +85,11 @@ class ChatClaim:
     subscription: Subscription | None
 
 
-def inbox_wire(item: InboxRecord) -> dict[str, Any]:
-    """An inbox entry as one node hands it to another (cluster routing)."""
-    return {"id": item.id, "sessionId": item.session_id, "content": item.content,
-            "fromSessionId": item.from_session_id, "delivery": item.delivery,
-            "wakes": item.wakes, "replyTo": item.reply_to, "createdAt": item.created_at}
-
-
-def inbox_record(wire: dict[str, Any]) -> InboxRecord:
-    return InboxRecord(int(wire["id"]), wire["sessionId"], wire["content"],
-                       wire.get("fromSessionId"), wire["delivery"], bool(wire["wakes"]),
-                       wire.get("replyTo"), int(wire["createdAt"]))
-
-
-def inbox_full(inbox: Inbox) -> Conflict:
-    """409 for a delivery to a full inbox; the message names the bound."""
-    return Conflict(
-        f"the inbox of session {inbox.session_id} is full: {inbox.waiting} deliveries "
-        f"wait for a turn (inbox_max = {inbox.limit})",
-        {"sessionId": inbox.session_id, "inboxMax": inbox.limit},
-    )
+def running_turn(state: SessionState) -> Turn | None:
+    """The session's running turn, as the Turn this manager claimed it with."""
+    turn = state.running
+    assert turn is None or isinstance(turn, Turn)
+    return turn
 
 
 class SessionManager:
@@ -124,6 +112,9 @@ class SessionManager:
         # Which node owns a session and how an operation reaches it (CONTRACT §13):
         # the cluster's directory sets this; alone, every session is this process's.
         self.directory: SessionDirectory = LocalDirectory()
+        # Inbox delivery and wakes; recovery of turns whose exit path never ran.
+        self.deliveries = Deliveries(self, store, services.stop)
+        self.recovery = Recovery(self, store, bus, services.stop, self.deliveries)
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -132,103 +123,41 @@ class SessionManager:
     ) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            await self._recover_interrupted()
+            await self.recovery.recover_interrupted()
             for session_id in await self.store.sessions_to_wake():  # CONTRACT §1
-                await self._dispatch(await self.load(session_id))
+                self.deliveries.wake(await self.load(session_id))
             task_status.started(self)
             await trio.sleep_forever()
 
-    async def _recover_interrupted(self) -> None:
-        """Close, with a terminal INTERRUPTED, every turn the last process left open —
-        but for one that published its terminal before its end failed to be stored:
-        its row is closed with that terminal's code (runtime/published.py)."""
-        turns = await self.store.unfinished_turns()
-        published = await published_terminals(self.bus.log, turns)
-        for turn in turns:
-            await self.hand_over(await self.interrupt(
-                turn, "the daemon stopped while this turn ran", published.get(turn.id)))
-        for session_id in await self.store.running_sessions():  # no turn row: just idle it
-            await self.set_idle(session_id)
+    # What the API and the cluster call, by the names they know (runtime/delivery.py,
+    # runtime/recovery.py).
 
-    async def set_idle(self, session_id: str) -> None:
-        """A session marked running whose turn left no row (its process died between)."""
-        state = await self.load(session_id)
-        await self.store.save_session(state.mark("idle"))
-        self._forget_if_idle(state)
+    async def deliver(
+        self, session_id: str, content: str, *, from_session_id: str | None = None,
+        delivery: str = "steer", reply_to: str | None = None,
+    ) -> InboxRecord:
+        return await self.deliveries.deliver(session_id, content,
+                                             from_session_id=from_session_id,
+                                             delivery=delivery, reply_to=reply_to)
+
+    async def hand_over(self, items: Sequence[InboxRecord]) -> None:
+        await self.deliveries.hand_over(items)
+
+    async def offer_stored(self, session_id: str, items: Sequence[InboxRecord]) -> None:
+        await self.deliveries.offer_stored(session_id, items)
 
     async def wake_released(self, session_ids: Sequence[str]) -> None:
-        """Sessions a dead node owned (cluster/node.py): each one whose inbox has a
-        wake due is claimed by this node and drained here — or, claimed by another node
-        meanwhile, there."""
-        for session_id in session_ids:
-            pending = await self.store.pending_inbox(session_id)
-            if pending:
-                self._offer(pending)
-                await self.hand_over(pending)
+        await self.deliveries.wake_released(session_ids)
 
     async def interrupt(self, turn: TurnRecord, message: str,
                         published: Published | None = None) -> list[InboxRecord]:
-        """End a turn whose process died (this node's last run, or a dead node's turn
-        found by the sweeper) with its terminal INTERRUPTED, in the store first; returns
-        the replies it owed, stored (the caller hands them over). `published`: the
-        terminal it had published already (its end was not stored): the row gets its
-        code, its replies say it, and no second terminal is published."""
-        state = await self.load(turn.session_id)
-        record = state.mark("idle")
-        code = "INTERRUPTED"
-        if published is not None:
-            code, message = published.code, published.message
-            log.warning("turn %s had published its terminal (%s) but its end was not "
-                        "stored: stored now, with no second terminal", turn.id, code)
-        # A turn that owed its caller a result still answers (and wakes it, unless it
-        # had been stopped: Stop means stop, CONTRACT §6).
-        wakes = published is None or not published.cancelled
-        replies = [InboxRecord(
-            0, turn.reply_to, delivery_text.from_session(
-                record.id, record.agent_name, delivery_text.kind_of_reply(turn.trigger),
-                delivery_text.turn_result(None if code == "done" else code, message, ""),
-            ), record.id, "steer", wakes, None, now_ms(),
-        )] if turn.reply_to else []
-        # Owed replies are accepted past the bound (docs/subagents.md).
-        delivered = await self.store.end_turn(turn.id, code, now_ms(), record, replies)
-        self._offer(delivered)
-        # Unless it was published already: the turn's own exit path died with its
-        # process, so this is its terminal.
-        stats = ev.TurnStats(record.agent_name, record.model, 0, 0, TokenUsage(), ())
-        self._publish_end(state, record, turn.id, None if published is not None else (
-            "INTERRUPTED", message, {"startedAt": turn.started_at}), stats)
-        return delivered
+        return await self.recovery.interrupt(turn, message, published)
 
     async def publish_stored_end(self, ended: EndedTurn, node: str) -> None:
-        """Publish the terminal of a turn whose end `node` stored but never appended
-        (it stopped between the two, and the bus's fence refused the rest): the stored
-        code, usage and model, so the turn has its one terminal (cluster/node.py)."""
-        turn = ended.turn
-        state = await self.load(turn.session_id)
-        record = state.record
-        stats = ev.TurnStats(record.agent_name, ended.model, 0, 0, ended.token_usage, ())
-        log.warning("turn %s ended (%s) on node %s, which stopped before publishing its "
-                    "terminal: published now from its stored end", turn.id, ended.code, node)
-        self._publish_end(state, record, turn.id, (
-            ended.code, f"the turn ended ({ended.code}) on node {node}, which stopped "
-            "before publishing this terminal",
-            {"reason": ended.cancel_reason} if ended.cancel_reason else None), stats)
+        await self.recovery.publish_stored_end(ended, node)
 
-    def _publish_end(self, state: SessionState, record: SessionRecord, turn_id: str,
-                     end: tuple[str, str, dict[str, Any] | None] | None,
-                     stats: ev.TurnStats) -> None:
-        """The terminal of a turn its own exit path did not publish (it died with its
-        process, or its node stopped first) — `done`, or `error` with end's (code,
-        message, details); none when `end` is None (it was published) — then the
-        session as it is now. The one place a terminal comes from outside a turn."""
-        if end is not None and end[0] == "done":
-            self.bus.publish_stream(state.ref, turn_id, ev.DONE, ev.done_data(record, stats))
-        elif end is not None:
-            code, message, details = end
-            self.bus.publish_stream(state.ref, turn_id, ev.ERROR, ev.error_data(
-                code, message, details, record, stats))
-        self.bus.publish("session.updated", state.ref, {"session": ev.session_wire(record)})
-        self._forget_if_idle(state)
+    async def set_idle(self, session_id: str) -> None:
+        await self.recovery.set_idle(session_id)
 
     async def shutdown(self, until: float | None = None) -> None:
         """Refuse new turns, cancel running ones with `shutdown`, wait for terminals —
@@ -241,7 +170,7 @@ class SessionManager:
         # From here, the store writes turns shield get the grace and no more; a turn's
         # end (and the store's batch it is in) until just before `until`.
         self.services.stop.begin(self.services.grace_s, last=until - END_MARGIN_S)
-        turns = [s.running for s in self._sessions.values() if s.running is not None]
+        turns = [t for s in self._sessions.values() if (t := running_turn(s)) is not None]
         for turn in turns:
             turn.cancel("shutdown")
         with trio.move_on_at(until):
@@ -274,12 +203,20 @@ class SessionManager:
             spawn_tool_call_id=spawn_tool_call_id,
             status="idle", created_at=now, updated_at=now, model=agent.model or None,
         )
-        await self.store.create_session(record)
-        state = SessionState(record, ev.SessionRef.of(record, parent.ref if parent else None),
-                             self._new_inbox(sid), calibration=self._calibrations.of(sid))
-        self._sessions[sid] = state
-        self.bus.publish("session.created", state.ref, {"session": ev.session_wire(record)})
-        return state
+
+        def created(_: None) -> SessionState:
+            state = SessionState(record, ev.SessionRef.of(record, parent.ref if parent else None),
+                                 self._new_inbox(sid), calibration=self._calibrations.of(sid))
+            self._sessions[sid] = state
+            self.bus.publish("session.created", state.ref, {"session": ev.session_wire(record)})
+            return state
+
+        # Stored, then known here and announced, as one step: a caller cancelled while
+        # the store writes (a spawn whose tree is being stopped) sees its cancel only
+        # after, so a tree cancel never misses a child that it then lets start.
+        return await store_then_mirror(self.services.stop,
+                                       lambda: self.store.create_session(record), created,
+                                       what=f"session {sid}")
 
     async def load(self, session_id: str) -> SessionState:
         """The session's live state, read from the store if it is not in memory (with
@@ -325,7 +262,8 @@ class SessionManager:
             raise NotFound(f"no session {session_id!r}", {"sessionId": session_id})
         return record
 
-    def _forget_if_idle(self, state: SessionState) -> None:
+    def forget_if_idle(self, state: SessionState) -> None:
+        """Let an idle session go from memory (the store keeps it)."""
         if state.running is None and state.inbox.at_rest:
             if self._sessions.get(state.id) is state:
                 del self._sessions[state.id]
@@ -420,12 +358,12 @@ class SessionManager:
                   from_session_id: str | None = None, parent: Turn | None = None,
                   reply_to: str | None = None, schedule: str | None = None,
                   fresh: bool = False) -> Turn:
-        turn = Turn(
-            id=turn_id, session=state, agent=agent, message=message, trigger=trigger,
-            services=self.services, inbox_hold=hold, from_session_id=from_session_id,
-            budget_tokens=agent.budget_tokens if budget_tokens is None else budget_tokens,
-            parent=parent, reply_to=reply_to, schedule=schedule, fresh=fresh,
-        )
+        ask = TurnAsk(
+            message, trigger, from_session_id=from_session_id, reply_to=reply_to,
+            schedule=schedule, fresh=fresh,
+            budget_tokens=agent.budget_tokens if budget_tokens is None else budget_tokens)
+        turn = Turn(id=turn_id, session=state, agent=agent, ask=ask, services=self.services,
+                    inbox_hold=hold, parent=parent)
         state.running = turn
         return turn
 
@@ -491,8 +429,8 @@ class SessionManager:
         # Not reached when an enclosing scope (a stopped caller, shutdown) was cancelled:
         # then nothing starts by itself.
         try:
-            await self.hand_over(turn.delivered)
-            await self._dispatch(turn.session)
+            await self.deliveries.hand_over(turn.delivered)
+            self.deliveries.wake(turn.session)
         except (StoreError, NotFound):
             # Not this task's to crash the daemon over: every entry is stored, and the
             # next start drains what no turn took (NotFound: a session deleted since).
@@ -503,90 +441,24 @@ class SessionManager:
         its replies to their sessions."""
         state = turn.session
         state.turn_ended(turn)
-        self._offer(turn.delivered)
-        self._forget_if_idle(state)
+        self.deliveries.offer(turn.delivered)
+        self.forget_if_idle(state)
 
-    def _offer(self, items: list[InboxRecord]) -> None:
-        """Stored deliveries join the inbox of their session if it is in memory (one
-        read from the store later would find them anyway). Never refused: these are
-        replies a turn owed, accepted past the bound."""
-        for item in items:
-            target = self._sessions.get(item.session_id)
-            if target is not None:
-                target.inbox.offer(item)
+    # -- what delivery and recovery need (runtime/delivery.py WakeHost) ----------------
 
-    # -- inbox ----------------------------------------------------------------------------
+    def in_memory(self, session_id: str) -> SessionState | None:
+        return self._sessions.get(session_id)
 
-    async def deliver(
-        self, session_id: str, content: str, *, from_session_id: str | None = None,
-        delivery: str = "steer", reply_to: str | None = None,
-    ) -> InboxRecord:
-        """Store a message in the session's inbox, then hand it over or wake the session.
-        NotFound or Conflict (the inbox is full) before anything is stored. A session
-        another node owns gets it there (its inbox bound is counted there)."""
-        node = await self.directory.owner(session_id)
-        if node is not None:
-            _, body = await self.directory.call(node, "deliver", {
-                "sessionId": session_id, "content": content,
-                "fromSessionId": from_session_id, "delivery": delivery,
-                "replyTo": reply_to,
-            })
-            return InboxRecord(int(body["inboxId"]), session_id, content,
-                               from_session_id, delivery, True, reply_to, now_ms())
-        state = await self.load(session_id)
-        if state.deleted or session_id in self._deleting:
-            raise NotFound(f"no session {session_id!r} (deleted)", {"sessionId": session_id})
-        # The reserved place also keeps the session in memory until the entry arrives.
-        if not state.inbox.reserve():
-            self._forget_if_idle(state)  # loaded only to be refused
-            raise inbox_full(state.inbox)
-        try:
-            item = await self.store.deliver(InboxRecord(
-                0, session_id, content, from_session_id, delivery, True, reply_to, now_ms()
-            ))
-        except BaseException:
-            state.inbox.unreserve()
-            self._forget_if_idle(state)
-            raise
-        state.inbox.arrive(item)  # a steer entry goes to the running turn right here
-        await self._dispatch(state)
-        return item
+    def deleting(self, session_id: str) -> bool:
+        return session_id in self._deleting
 
-    async def hand_over(self, items: Sequence[InboxRecord]) -> None:
-        """Stored deliveries (replies a turn owed), already offered to the inboxes in
-        this node's memory (`_offer`): each waking session is woken here, or, when
-        another node owns it, the entries go to that node, which offers them to its
-        in-memory inbox and wakes the session there."""
-        by_session: dict[str, list[InboxRecord]] = {}
-        for item in items:
-            by_session.setdefault(item.session_id, []).append(item)
-        for session_id, entries in by_session.items():
-            node = await self.directory.owner(session_id)
-            if node is None:  # offered already (by whoever stored them): wake it
-                if any(i.wakes for i in entries):
-                    await self._wake(session_id)
-                continue
-            await self.directory.call(node, "offer", {
-                "sessionId": session_id, "items": [inbox_wire(i) for i in entries],
-            })
-
-    async def offer_stored(self, session_id: str, items: Sequence[InboxRecord]) -> None:
-        """Entries another node stored in the inbox of a session this node owns."""
-        state = await self.load(session_id)  # a fresh load reads them from the store
-        state.inbox.offer_all(items)
-        await self._dispatch(state)
-
-    async def _wake(self, session_id: str) -> None:
-        """Start a wake drain on the session if one is due (it is read from the store if
-        it is not in memory, with what its inbox holds)."""
-        await self._dispatch(await self.load(session_id))
-
-    async def _dispatch(self, state: SessionState) -> None:
-        """Start a wake drain if one is due; else let the session go if it is at rest."""
-        if self.closing or self._nursery is None or not state.inbox.wake_due:
-            self._forget_if_idle(state)
-            return
-        await self._launch(self._claim_drain(state), self._nursery)
+    def start_drain(self, state: SessionState) -> bool:
+        """Claim the session for a wake drain and start it in the manager's nursery, in
+        one synchronous step; False when no turn can start here now (shutting down)."""
+        if self.closing or self._nursery is None:
+            return False
+        self._nursery.start_soon(self._run, self._claim_drain(state))
+        return True
 
     # -- cancel ---------------------------------------------------------------------------
 
@@ -602,11 +474,11 @@ class SessionManager:
             await self.record(session_id)  # 404 for an unknown session
         # From here on nothing awaits until every gate is shut.
         state = self._sessions.get(session_id)
-        named = state.running if state is not None else None
+        named = running_turn(state) if state is not None else None
         stopped: list[Turn] = []
         if named is not None and named.cancel(reason):
             stopped.append(named)
-        running = [s.running for s in self._sessions.values() if s.running is not None]
+        running = [t for s in self._sessions.values() if (t := running_turn(s)) is not None]
 
         def in_scope(turn: Turn) -> bool:
             if scope == "tree" and session_id in turn.session.ref.lineage[1:]:

@@ -4,16 +4,20 @@ its inbox (runtime/inbox.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from daemon.clock import now_ms
 from daemon.engines.context import Calibration
 from daemon.runtime.events import SessionRef
-from daemon.runtime.inbox import Inbox
+from daemon.runtime.inbox import Inbox, TurnHold
 from daemon.store.models import SessionRecord, TokenUsage
 
-if TYPE_CHECKING:
-    from daemon.runtime.turn import Turn
+
+class RunningTurn(Protocol):
+    """What a session's state needs of its running turn (runtime/turn.py's Turn)."""
+
+    @property
+    def inbox_hold(self) -> TurnHold: ...
 
 
 @dataclass(eq=False)
@@ -25,7 +29,7 @@ class SessionState:
     inbox: Inbox
     # Set together with the inbox's hold (SessionManager.claim_turn) and cleared with
     # its release (`turn_ended`): the session's one running turn.
-    running: Turn | None = None
+    running: RunningTurn | None = None
     # Set when DELETE /sessions/{id} (or a prune) removed it: a task still holding this
     # state can claim nothing on it.
     deleted: bool = False
@@ -38,7 +42,7 @@ class SessionState:
     def id(self) -> str:
         return self.record.id
 
-    def turn_ended(self, turn: Turn) -> None:
+    def turn_ended(self, turn: RunningTurn) -> None:
         """`turn` no longer runs: the session is free, and what the turn held but never
         stored goes back to the inbox. Idempotent (the turn's exit path calls it, and
         the session manager again in case that path did not get so far)."""
@@ -48,12 +52,19 @@ class SessionState:
 
     def mark(self, status: str, *, usage: TokenUsage | None = None,
              model: str | None = None) -> SessionRecord:
+        """Set the record to `marked(...)` and return it."""
+        self.record = self.marked(status, usage=usage, model=model)
+        return self.record
+
+    def marked(self, status: str, *, usage: TokenUsage | None = None,
+               model: str | None = None) -> SessionRecord:
+        """The record with this status (and this turn's usage and model), not set: for
+        a write whose mirror sets it (runtime/mirror.py)."""
         r = self.record
-        self.record = replace(
+        return replace(
             r,
             status=status,
             updated_at=now_ms(),
             token_usage=r.token_usage + usage if usage else r.token_usage,
             model=model or r.model,
         )
-        return self.record

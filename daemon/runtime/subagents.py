@@ -10,19 +10,45 @@ accepted past the bound, so a full inbox must stop new ones from being owed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from daemon.config import AgentConfig, Config
 from daemon.errors import ApiError
 from daemon.runtime import delivery_text
+from daemon.runtime.directory import SessionDirectory
+from daemon.runtime.state import SessionState
 from daemon.runtime.turn import Turn
+from daemon.store.models import InboxRecord
 from daemon.tools.base import ToolError
 
-if TYPE_CHECKING:
-    from daemon.runtime.sessions import SessionManager
+
+class SubAgentHost(Protocol):
+    """What sub-agents need of the session manager (runtime/sessions.py)."""
+
+    config: Config
+    directory: SessionDirectory
+
+    def agent(self, name: str) -> AgentConfig: ...
+
+    async def create_session(self, agent: AgentConfig, parent: SessionState | None = None,
+                             spawn_tool_call_id: str | None = None) -> SessionState: ...
+
+    async def load(self, session_id: str) -> SessionState: ...
+
+    async def start_turn(
+        self, state: SessionState, message: str, trigger: str, *,
+        from_session_id: str | None = None, inside: Turn | None = None,
+        reply_to: str | None = None, schedule: str | None = None, fresh: bool = False,
+    ) -> Turn: ...
+
+    async def deliver(
+        self, session_id: str, content: str, *, from_session_id: str | None = None,
+        delivery: str = "steer", reply_to: str | None = None,
+    ) -> InboxRecord: ...
 
 
 class TurnAgents:
-    def __init__(self, manager: SessionManager, turn: Turn, tool_call_id: str) -> None:
+    def __init__(self, manager: SubAgentHost, turn: Turn, tool_call_id: str) -> None:
         self._manager = manager
         self._turn = turn
         self._call_id = tool_call_id

@@ -6,6 +6,7 @@ publisher for live output, and sub-agents as seen from that call."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,13 +14,15 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from daemon.runtime import approvals
+from daemon.runtime.events import SessionRef
 from daemon.toolenv import tool_environment
-from daemon.tools.base import Tool, ToolContext, ToolError, ToolOutcome
+from daemon.tools.base import ChunkEmitter, SubAgents, Tool, ToolContext, ToolError, ToolOutcome
 
 if TYPE_CHECKING:
     from daemon.config import AgentConfig
     from daemon.mcp.manager import McpManager
-    from daemon.runtime.turn import Turn
+    from daemon.observe.tracing import TurnTrace
+    from daemon.sandbox import Sandbox
 
 
 def named_tools(agent: AgentConfig, known: Mapping[str, Tool],
@@ -41,28 +44,49 @@ def offered_tools(agent: AgentConfig, known: Mapping[str, Tool],
             if approvals.policy(agent, tool) != "deny"}
 
 
+@dataclass(frozen=True)
+class ToolSite:
+    """Where one turn's tool calls run: exactly what the tool runner reads of the turn
+    and of the daemon's services (the turn builds it; nothing here reaches back)."""
+
+    turn_id: str
+    session_id: str
+    ref: SessionRef
+    agent: AgentConfig
+    known: Mapping[str, Tool]  # the daemon's built-in tools, by name
+    mcp: McpManager | None
+    approvals: approvals.Approvals
+    sandbox: Sandbox
+    workspace: Path  # the session's working directory
+    trace: TurnTrace
+    gate_closed: Callable[[], bool]  # the turn's gate (or an enclosing turn's) is shut
+    emit_chunk: ChunkEmitter  # the turn's gated publisher of tool.chunk
+    publish: Callable[[str, dict[str, Any]], int]  # one session.stream event of the turn
+    # agent_spawn / agent_message as seen from one call (None: not available)
+    agents: Callable[[str], SubAgents] | None = None
+
+
 class TurnTools:
-    def __init__(self, turn: Turn) -> None:
-        self._turn = turn
-        self._agent = turn.agent
-        self._services = turn.services
+    def __init__(self, site: ToolSite) -> None:
+        self._site = site
+        self._agent = site.agent
 
     @property
     def workspace(self) -> Path:
-        return self._services.workspaces / self._turn.session.record.id
+        return self._site.workspace
 
     def offered(self) -> dict[str, Tool]:
         """The tools offered to the model, by name: a denied one is not."""
-        return offered_tools(self._agent, self._services.tools, self._services.mcp)
+        return offered_tools(self._agent, self._site.known, self._site.mcp)
 
     def _named(self) -> dict[str, Tool]:
         """Every tool the agent names, by name (denied ones too)."""
-        return named_tools(self._agent, self._services.tools, self._services.mcp)
+        return named_tools(self._agent, self._site.known, self._site.mcp)
 
     async def run(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         """One call: its outcome and how long it ran (ms; an approval's wait aside), in
         its `execute_tool` span (CONTRACT §12.1: a turn it starts descends from it)."""
-        with self._turn.trace.tool(call_id, name, args) as span:
+        with self._site.trace.tool(call_id, name, args) as span:
             outcome, duration_ms = await self._run(call_id, name, args)
             span.result(outcome.content, outcome.is_error)
         return outcome, duration_ms
@@ -93,11 +117,10 @@ class TurnTools:
         return outcome, int((trio.current_time() - started) * 1000)
 
     def _context(self, call_id: str) -> ToolContext:
-        turn, agent = self._turn, self._agent
-        sub_agents = self._services.sub_agents
-        session_id = turn.session.record.id
+        site, agent = self._site, self._agent
+        session_id = site.session_id
         workspace = self.workspace.resolve()  # HOME, and the path bubblewrap binds
-        sandbox = self._services.sandbox
+        sandbox = site.sandbox
         confine: Callable[[Sequence[str]], list[str]] = list
         if agent.sandbox and sandbox.bwrap is not None:
             confine = partial(sandbox.wrap, workspace=workspace, network=agent.network)
@@ -105,10 +128,10 @@ class TurnTools:
             session_id=session_id,
             tool_call_id=call_id,
             workspace=self.workspace,
-            emit_chunk=turn.publisher.tool_chunk,
+            emit_chunk=site.emit_chunk,
             default_timeout_s=agent.bash_timeout_s,
             max_output_bytes=agent.bash_max_output_bytes,
-            agents=sub_agents(turn, call_id) if sub_agents is not None else None,
+            agents=site.agents(call_id) if site.agents is not None else None,
             env=tool_environment(agent, session_id, workspace),
             confine=confine,
         )
@@ -117,11 +140,11 @@ class TurnTools:
         """Wait for a person's decision on this call (CONTRACT §9): None to run it, else
         the error result. No engine or tool timeout runs meanwhile: the LLM call is
         over and the tool has not started."""
-        turn = self._turn
+        site = self._site
         timeout_s = self._agent.approval_timeout_s
-        approval = await self._services.approvals.wait_for(
-            ref=turn.session.ref, turn_id=turn.id, gate_closed=lambda: turn.gate_closed,
-            publish=turn.publisher.stream, tool_call_id=call_id, tool_name=name,
+        approval = await site.approvals.wait_for(
+            ref=site.ref, turn_id=site.turn_id, gate_closed=site.gate_closed,
+            publish=site.publish, tool_call_id=call_id, tool_name=name,
             arguments=args, timeout_s=timeout_s,
         )
         if approval.decision == "allow":

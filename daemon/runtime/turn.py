@@ -3,15 +3,17 @@
     with CancelScope() as gate:          # cancel(reason) closes the gate
         publish chat.user_message, turn.start
         async with open_nursery():       # where waiting child turns run (sub-agents)
-            drive the engine: each event -> persist if needed -> publish
+            drive the engine: each event -> runtime/interpreter.py (store, then publish)
     finally (shielded, bounded):         # the exit path, whatever happened
         wait for the terminals of stopped descendants (cancel order, CONTRACT §5.6)
         classify -> persist the end and its replies -> publish one `done` or `error`
 
-Chunks go through `_chunk`, which drops them once the gate is shut: Trio is
-single-threaded and publishing is synchronous, so after `cancel()` returns no chunk of
-this turn can reach the bus. The terminal lives in the exit path, so no caller has to
-remember to emit it and no path can skip it.
+This module is the turn's scope, lifecycle and terminal. What the engine yields is
+interpreted in runtime/interpreter.py, which also keeps the turn's tally; its events go
+out through its one publisher (runtime/publisher.py), which drops chunks once the gate
+is shut: Trio is single-threaded and publishing is synchronous, so after `cancel()`
+returns no chunk of this turn can reach the bus. The terminal lives in the exit path,
+so no caller has to remember to emit it and no path can skip it.
 
 Inbox entries reach a turn in two ways: as its own message (a wake drain) or handed to
 it while it runs (injected before its next LLM call). Either way the entry is consumed
@@ -23,18 +25,17 @@ store goes back to the session's inbox when it ends. The turn's part of the inbo
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import aclosing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
-from typing import Any, assert_never
+from typing import Any
 
 import trio
 
 from daemon.clock import now_ms
 from daemon.config import AgentConfig
 from daemon.engines import base as eng
-from daemon.engines.context import Calibration, Window
 from daemon.errors import (
     ContextOverflowError,
     Fenced,
@@ -52,24 +53,23 @@ from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
 from daemon.runtime.approvals import Approvals
 from daemon.runtime.bus import Bus
-from daemon.runtime.context_view import base_bytes
 from daemon.runtime.inbox import TurnHold
+from daemon.runtime.interpreter import EngineEvents, EngineView
+from daemon.runtime.mirror import store_then_mirror
 from daemon.runtime.ports import Store
 from daemon.runtime.publisher import TurnPublisher
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
-from daemon.runtime.toolrunner import TurnTools
+from daemon.runtime.toolrunner import ToolSite, TurnTools
 from daemon.sandbox import Sandbox
 from daemon.store.models import (
-    CompactionRecord,
     InboxRecord,
     MessageRecord,
     SessionRecord,
     StoredContext,
-    TokenUsage,
     TurnRecord,
 )
-from daemon.tools.base import SubAgents, Tool, ToolOutcome
+from daemon.tools.base import SubAgents, Tool
 
 log = logging.getLogger(__name__)
 
@@ -150,36 +150,37 @@ def _not_absorbed(exc: BaseException) -> BaseException | None:
     return None if isinstance(exc, Exception) else exc
 
 
+@dataclass(frozen=True)
+class TurnAsk:
+    """What a turn is asked, by whom, and for whom."""
+
+    message: str
+    trigger: str
+    from_session_id: str | None = None
+    reply_to: str | None = None  # the session that gets this turn's result (no-wait spawn)
+    schedule: str | None = None  # the schedule that started it (trigger `schedule`, §11)
+    budget_tokens: int = 0
+    # The session has no stored messages before this turn's (a spawn's new child): its
+    # history is then the one message this turn stores, so it is not read back.
+    fresh: bool = False
+
+
 @dataclass(eq=False)
 class Turn:
     id: str
     session: SessionState
     agent: AgentConfig
-    message: str
-    trigger: str
+    ask: TurnAsk
     services: TurnServices
     inbox_hold: TurnHold  # what this turn holds of its session's inbox
-    from_session_id: str | None = None
-    budget_tokens: int = 0
     parent: Turn | None = None  # the turn this one runs inside (a waiting spawn)
-    reply_to: str | None = None  # the session that gets this turn's result (no-wait spawn)
-    schedule: str | None = None  # the schedule that started it (trigger `schedule`, §11)
-    # The session has no stored messages before this turn's (a spawn's new child): its
-    # history is then the one message this turn stores, so it is not read back.
-    fresh: bool = False
 
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     cancel_reason: str | None = None
     ending: bool = False
     finished: trio.Event = field(default_factory=trio.Event)
     outcome: TurnOutcome | None = None
-
-    usage: TokenUsage = field(default_factory=TokenUsage)
-    model: str | None = None
-    iterations: int = 0
-    content: str = ""
-    tool_calls: list[ev.ToolCallStat] = field(default_factory=list)
-    nursery: trio.Nursery | None = None
+    nursery: trio.Nursery | None = None  # where its waiting children run
 
     # Stopped descendants whose terminals must precede ours (CONTRACT §5.6).
     before_end: list[Turn] = field(default_factory=list)
@@ -188,31 +189,45 @@ class Turn:
     after_remote: list[trio.Event] = field(default_factory=list)
     # What this turn delivered to other inboxes when it ended (with their ids).
     delivered: list[InboxRecord] = field(default_factory=list)
-    # Bytes of output so far per tool call an engine ran itself (tool.chunk offsets).
-    _tool_offsets: dict[str, int] = field(default_factory=dict)
     # Whether the store holds this turn's row (its start was stored).
     start_stored: bool = False
     # The session's history as this turn stored it, when it is known without reading
     # it back (`fresh`): 1,000 spawns would otherwise queue 1,000 reads.
     _history: list[MessageRecord] | None = None
-    # Its pieces: the one publisher of its events (runtime/publisher.py) and its tools
-    # (runtime/toolrunner.py).
+    # Its pieces: the one publisher of its events (runtime/publisher.py), its tools
+    # (runtime/toolrunner.py), the interpreter of its engine's events with their tally
+    # (runtime/interpreter.py), and its spans (observe/tracing.py).
     publisher: TurnPublisher = field(init=False)
     toolbox: TurnTools = field(init=False)
-    trace: TurnTrace = field(init=False)  # its spans (observe/tracing.py)
+    interpreter: EngineEvents = field(init=False)
+    trace: TurnTrace = field(init=False)
 
     def __post_init__(self) -> None:
-        self.publisher = TurnPublisher(self.services.bus, self.session, self.id,
+        services, record, ask = self.services, self.session.record, self.ask
+        self.publisher = TurnPublisher(services.bus, self.session.ref, self.id,
                                        lambda: self.gate_closed)
-        self.toolbox = TurnTools(self)
+        self.interpreter = EngineEvents(self.id, self.session, services.store, services.stop,
+                                   self.publisher, self.inbox_hold,
+                                   budget_tokens=ask.budget_tokens, cancel=self.cancel)
         # Built here, synchronously in the task of the tool call that starts it (if any):
         # that is how its span finds the spawning call's.
-        record = self.session.record
-        self.trace = self.services.tracing.turn(
+        self.trace = services.tracing.turn(
             agent=self.agent.name, session_id=record.id, root_session_id=record.root_session_id,
-            turn_id=self.id, trigger=self.trigger, message=self.message,
-            waited=self.parent is not None, from_session_id=self.from_session_id,
+            turn_id=self.id, trigger=ask.trigger, message=ask.message,
+            waited=self.parent is not None, from_session_id=ask.from_session_id,
             drained=[i.id for i in self.inbox_hold.drained])
+        sub_agents = services.sub_agents
+        self.toolbox = TurnTools(ToolSite(
+            turn_id=self.id, session_id=record.id, ref=self.session.ref, agent=self.agent,
+            known=services.tools, mcp=services.mcp, approvals=services.approvals,
+            sandbox=services.sandbox, workspace=services.workspaces / record.id,
+            trace=self.trace, gate_closed=lambda: self.gate_closed,
+            emit_chunk=self.publisher.tool_chunk, publish=self.publisher.stream,
+            agents=partial(sub_agents, self) if sub_agents is not None else None))
+
+    @property
+    def trigger(self) -> str:
+        return self.ask.trigger
 
     # -- the gate -------------------------------------------------------------------------
 
@@ -230,7 +245,7 @@ class Turn:
     @property
     def compact_only(self) -> bool:
         """POST /sessions/{id}/compact's turn: it compacts and calls no agent (§15)."""
-        return self.trigger == COMPACT_TRIGGER
+        return self.ask.trigger == COMPACT_TRIGGER
 
     @property
     def gate_closed(self) -> bool:
@@ -248,20 +263,6 @@ class Turn:
             found.append(turn)
             turn = turn.parent
         return found
-
-    # -- inbox ----------------------------------------------------------------------------
-
-    def take_handed(self) -> list[MessageRecord]:
-        """The entries handed to this turn, as the messages its engine appends next."""
-        return [MessageRecord("user", i.content, None, None, now_ms(), (i.id,))
-                for i in self.inbox_hold.take_handed()]
-
-    def _quiet(self, code: str | None, details: dict[str, Any] | None) -> list[int]:
-        """After a stop, what this turn held and what waits in its session's inbox stops
-        waking anything (it goes into the session's next turn); returns the ids."""
-        if code != "CANCELLED" or (details or {}).get("reason") not in STOP_REASONS:
-            return []
-        return self.inbox_hold.quiet()
 
     # -- running --------------------------------------------------------------------------
 
@@ -315,38 +316,45 @@ class Turn:
                     failure = None
 
     async def _begin(self) -> None:
+        ask = self.ask
         record = self.session.mark("running")
         self.publisher.plain("session.updated", {"session": ev.session_wire(record)})
         self.publisher.plain("chat.user_message", {"event": {
-            "content": self.message, "trigger": self.trigger, "timestamp": now_ms(),
+            "content": ask.message, "trigger": ask.trigger, "timestamp": now_ms(),
         }})
         start: dict[str, Any] = {
-            "turnId": self.id, "trigger": self.trigger, "model": self.agent.model or None,
-            "fromSessionId": self.from_session_id,
+            "turnId": self.id, "trigger": ask.trigger, "model": self.agent.model or None,
+            "fromSessionId": ask.from_session_id,
         }
-        if self.schedule is not None:
-            start["schedule"] = self.schedule
+        if ask.schedule is not None:
+            start["schedule"] = ask.schedule
         # Over the cluster's log the seq is assigned later: a lower bound is stored then.
         start_seq = self.services.bus.latest_seq + 1
         self.publisher.stream(ev.TURN_START, start)
-        # Shielded: a turn stopped at once still keeps what it was asked in the history
-        # (and a drain consumes what it took), so a stop never loses a message. However
-        # long the store's queue (a burst): only the daemon's stop bounds the wait.
+        # One step, shielded whole: a turn stopped at once still keeps what it was asked
+        # in the history (and a drain consumes what it took), so a stop never loses a
+        # message. However long the store's queue (a burst): only the daemon's stop
+        # bounds the wait. Each write is mirrored before the next (runtime/mirror.py).
         with self.services.stop.shielded() as persisting:
-            await self.services.store.start_turn(TurnRecord(
-                self.id, self.session.record.id, self.trigger, now_ms(), self.reply_to,
-                self.from_session_id, start_seq, self.schedule,
-            ), record)
-            self.start_stored = True
+            await store_then_mirror(
+                self.services.stop,
+                lambda: self.services.store.start_turn(TurnRecord(
+                    self.id, self.session.record.id, ask.trigger, now_ms(), ask.reply_to,
+                    ask.from_session_id, start_seq, ask.schedule,
+                ), record),
+                self._start_stored, what=f"the start of turn {self.id}")
             if not self.compact_only:  # a compaction turn adds no message (§15)
-                message = MessageRecord("user", self.message, None, None, now_ms(),
+                message = MessageRecord("user", ask.message, None, None, now_ms(),
                                         tuple(i.id for i in self.inbox_hold.drained))
-                await self._append(message, 0)
-                if self.fresh:  # as the store would read it back
+                await self.interpreter.append(message, 0)
+                if ask.fresh:  # as the store would read it back
                     self._history = [replace(message, inbox_ids=(), turn_id=self.id)]
         if persisting.cancelled_caught:
             raise StoreUnavailable(f"could not store the start of turn {self.id} before "
                                    "the daemon stopped")
+
+    def _start_stored(self, _: None) -> None:
+        self.start_stored = True
 
     async def _take_slot(self, slots: trio.CapacityLimiter) -> None:
         """One of max_running_turns' slots: a turn that must wait for it says so on the
@@ -366,52 +374,6 @@ class Turn:
             "reason": "max_running_turns", "limit": limit,
             "waitedMs": round((trio.current_time() - queued_at) * 1000)})
 
-    async def _append(self, message: MessageRecord, iteration: int) -> None:
-        await self._store((message,))
-        self._publish_message(message, iteration)
-
-    async def _store(self, messages: Sequence[MessageRecord]) -> None:
-        """Store messages of this turn (several: in one write), consuming the inbox
-        entries they carry.
-
-        Not to be cut short by a cancel: a write the store has taken commits anyway
-        (and one it has not may or may not be taken), so a cancel landing here left
-        a message stored that was never published, and an inbox entry consumed in the
-        store that this turn then handed back as unconsumed (the next turn's write of
-        it failed). Shielded, the write is done or failed when it returns, and what
-        follows it runs before the cancel is seen. It waits for a store that is getting
-        through its queue; a stuck one raises StoreUnavailable, and the daemon's stop
-        ends the wait."""
-        store, sid = self.services.store, self.session.record.id
-        with self.services.stop.shielded() as persisting:
-            if len(messages) == 1:
-                await store.append_message(sid, messages[0], self.id)
-            else:
-                await store.append_messages(sid, messages, self.id)
-        if persisting.cancelled_caught:
-            raise StoreUnavailable(f"could not store a message of turn {self.id} before "
-                                   "the daemon stopped")
-        for message in messages:
-            if message.inbox_ids:
-                self.inbox_hold.consume(message.inbox_ids)
-
-    def _publish_message(self, message: MessageRecord, iteration: int) -> None:
-        data: dict[str, Any] = {"role": message.role, "content": message.content}
-        if message.tool_calls:
-            data["toolCalls"] = message.tool_calls
-        if message.tool_call_id:
-            data["toolCallId"] = message.tool_call_id
-        data["iteration"] = iteration
-        if message.inbox_ids:
-            # A delivery (CONTRACT §6): said by the inbox entry it consumed, so a client
-            # never has to trust a first line that merely looks like the header.
-            first = message.inbox_ids[0]
-            entry = next((i for i in reversed(self.inbox_hold.consumed) if i.id == first), None)
-            data["delivered"] = True
-            data["fromSessionId"] = entry.from_session_id if entry else None
-        self.publisher.stream(ev.MESSAGE, data)
-        self.publisher.plain("chat.message", {"event": {**data, "timestamp": message.created_at}})
-
     async def _drive(self) -> None:
         engine = self.services.engine_for(self.agent)
         # CONTRACT §15: the summary in force and the messages after it, not every one.
@@ -422,180 +384,30 @@ class Turn:
             # daemon just started it) is waited for, within its startup_timeout_s:
             # the model sees the agent's tools, not a list missing them.
             await self.services.mcp.first_listing(self.agent)
-        ctx = _EngineContext(self, stored)
-        async with aclosing(engine.run(ctx)) as stream:
-            async for event in stream:
-                await self._handle(event)
+        view = EngineView(
+            agent=self.agent, stored=stored, tools=list(self.toolbox.offered().values()),
+            workspace=self.toolbox.workspace, session=self.session,
+            compact_only=self.compact_only, trace=self.trace, run_tool=self.toolbox.run,
+            take_injected=self._take_handed)
+        await self.interpreter.run(engine, view)
 
-    async def _handle(self, event: eng.EngineEvent) -> None:
-        match event:
-            case eng.ContentDelta():
-                self.publisher.chunk(ev.INFERENCE_CHUNK, event.text)
-            case eng.ThinkingDelta():
-                self.publisher.chunk(ev.THINKING_CHUNK, event.text)
-            case eng.ModelNamed():
-                self.model = event.model
-            case eng.UsageReport():
-                self.usage = self.usage + event.usage
-                self.iterations = max(self.iterations, event.iteration)
-                self.publisher.stream(ev.USAGE, {
-                    "tokenUsage": ev.usage_wire(self.usage),
-                    "budgetTokens": self.budget_tokens or None,
-                    "iteration": event.iteration,
-                })
-                if self.budget_tokens and self.usage.total > self.budget_tokens:
-                    self.cancel("budget_exceeded")
-                    await trio.lowlevel.checkpoint()  # raises Cancelled: no further call or tool
-            case eng.ToolStarted():
-                self.publisher.stream(ev.INFERENCE_TOOL, {
-                    "toolCallId": event.call_id, "name": event.name, "arguments": event.arguments,
-                })
-                self.publisher.plain("chat.inference_tool", {"event": {
-                    "name": event.name, "timestamp": now_ms(),
-                }})
-            case eng.ToolFinished():
-                self._tool_finished(event)
-            case eng.ToolResults():
-                # One write for the group's result messages (1,000 spawns of one answer
-                # would be 1,000 writes one after another), then each call's events.
-                self.iterations = max(self.iterations, event.iteration)
-                await self._store(event.messages)
-                for finished, message in zip(event.finished, event.messages, strict=True):
-                    self._tool_finished(finished)
-                    self._publish_message(message, event.iteration)
-            case eng.ToolOutput():
-                offset = self._tool_offsets.get(event.call_id, 0)
-                self._tool_offsets[event.call_id] = offset + len(event.text.encode())
-                self.publisher.tool_chunk(event.call_id, event.name, event.text, "stdout", offset)
-            case eng.EngineSessionNamed():
-                record = self.session.record
-                if record.engine_session_id != event.session_id:
-                    await self.services.store.set_engine_session(record.id, event.session_id)
-                    self.session.record = replace(
-                        self.session.record, engine_session_id=event.session_id)
-            case eng.MessageAppended():
-                self.iterations = max(self.iterations, event.iteration)
-                await self._append(event.message, event.iteration)
-            case eng.ProviderRetried():
-                # CONTRACT §14: before the wait (or the fallback's first request); not a
-                # chunk. The model of a fallback is named by the ModelNamed after it.
-                data: dict[str, Any] = {
-                    "provider": event.provider, "model": event.model,
-                    "attempt": event.attempt, "maxRetries": event.max_retries,
-                    "waitMs": event.wait_ms, "error": event.error}
-                if event.status is not None:
-                    data["status"] = event.status
-                if event.fallback:
-                    data["fallback"] = True
-                self.publisher.stream(ev.PROVIDER_RETRY, data)
-            case eng.ProviderQueued():
-                queue: dict[str, Any] = {
-                    "reason": "max_concurrent", "limit": event.limit,
-                    "provider": event.provider, "model": event.model}
-                if event.waited_ms is None:
-                    self.publisher.stream(ev.TURN_QUEUED, {**queue, "waiting": event.waiting})
-                else:
-                    self.publisher.stream(ev.TURN_ADMITTED, {**queue,
-                                                             "waitedMs": event.waited_ms})
-            case eng.Compacted():
-                await self._compacted(event)
-            case eng.Finished():
-                self.content = event.content
-                self.iterations = max(self.iterations, event.iterations)
-                if event.cost:
-                    self.usage = self.usage + TokenUsage(cost=event.cost)
-            case _:
-                assert_never(event)  # a new engine event must be handled here
-
-    async def _compacted(self, event: eng.Compacted) -> None:
-        """Store a compaction that changed what is sent (once; every message stays),
-        then publish it (CONTRACT §15)."""
-        record = CompactionRecord(
-            event.place, event.covers_until, event.pruned_until, event.summary, event.reason,
-            event.before_tokens, event.after_tokens, event.pruned, now_ms())
-        if event.changed:
-            with self.services.stop.shielded() as persisting:
-                await self.services.store.append_compaction(
-                    self.session.record.id, record, self.id)
-            if persisting.cancelled_caught:
-                raise StoreUnavailable(f"could not store a compaction of turn {self.id} "
-                                       "before the daemon stopped")
-        log.info("context compacted", extra={
-            "reason": event.reason, "beforeTokens": event.before_tokens,
-            "afterTokens": event.after_tokens, "pruned": event.pruned,
-            "summarised": event.summary is not None})
-        self.publisher.stream(ev.COMPACTION, ev.compaction_data(record))
-
-    def _tool_finished(self, event: eng.ToolFinished) -> None:
-        log.info("tool call %s", event.name, extra={
-            "tool": event.name, "toolCallId": event.call_id,
-            "isError": event.outcome.is_error, "durationMs": event.duration_ms})
-        self.tool_calls.append(ev.ToolCallStat(
-            event.call_id, event.name, event.arguments, event.outcome.is_error,
-            event.duration_ms,
-        ))
-        self.publisher.stream(ev.TOOL_RESULT, {
-            "toolCallId": event.call_id, "toolName": event.name,
-            "isError": event.outcome.is_error, "content": event.outcome.content,
-            "durationMs": event.duration_ms,
-        })
-
-    @property
-    def workspace(self) -> Path:
-        return self.toolbox.workspace
-
-    @property
-    def tools(self) -> dict[str, Tool]:
-        """The tools offered to this turn's model, by name (runtime/toolrunner.py)."""
-        return self.toolbox.offered()
-
-    async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
-        return await self.toolbox.run(call_id, name, args)
+    def _take_handed(self) -> list[MessageRecord]:
+        """The entries handed to this turn, as the messages its engine appends next."""
+        return [MessageRecord("user", i.content, None, None, now_ms(), (i.id,))
+                for i in self.inbox_hold.take_handed()]
 
     # -- the exit path --------------------------------------------------------------------
-
-    def _classify(
-        self, failure: BaseException | None
-    ) -> tuple[str | None, str, dict[str, Any] | None]:
-        if failure is None:
-            if self.scope.cancel_called:  # stopped right at its end: the receipt counts it
-                return "CANCELLED", "turn cancelled", {"reason": self.cancel_reason}
-            return None, "", None
-        leaves = _leaves(failure)
-        errors = [e for e in leaves if not isinstance(e, trio.Cancelled)]
-        if not errors:
-            reason = self.cancel_reason if self.scope.cancel_called else "parent_cancelled"
-            return "CANCELLED", "turn cancelled", {"reason": reason}
-        first = errors[0]
-        if isinstance(first, ProviderError):
-            details: dict[str, Any] = {"status": first.status} if first.status else {}
-            if isinstance(first, ModelCallFailed):  # CONTRACT §14
-                details.update(provider=first.provider, attempts=first.attempts)
-            details.update(first.details or {})
-            return "PROVIDER_ERROR", first.message, details or None
-        if isinstance(first, ContextOverflowError):
-            return "CONTEXT_OVERFLOW", str(first), {
-                "estimatedTokens": first.estimate, "contextTokens": first.window,
-                "providerMessage": first.provider_message[:500]}
-        if isinstance(first, MaxIterationsError):
-            return "MAX_ITERATIONS", str(first), {"maxIterations": first.limit}
-        if isinstance(first, StoreUnavailable):
-            log.warning("turn %s failed: %s", self.id, first)
-            return "INTERNAL_ERROR", f"the store is unavailable: {first}", {
-                "reason": STORE_UNAVAILABLE}
-        log.error("turn %s failed", self.id, exc_info=first)
-        return "INTERNAL_ERROR", f"internal error: {type(first).__name__}", None
 
     def _report_end(self, started: float) -> None:
         """The terminal's log line and the turn's metrics (an end that crashed before
         its outcome was made counts as INTERNAL_ERROR)."""
-        outcome = self.outcome
+        outcome, tally = self.outcome, self.interpreter.tally
         code = (outcome.code or "done") if outcome is not None else "INTERNAL_ERROR"
         duration = trio.current_time() - started
         fields: dict[str, Any] = {
             "agent": self.agent.name, "outcome": code, "durationMs": int(duration * 1000),
-            "iterations": self.iterations, "inputTokens": self.usage.input,
-            "outputTokens": self.usage.output,
+            "iterations": tally.iterations, "inputTokens": tally.usage.input,
+            "outputTokens": tally.usage.output,
         }
         if outcome is not None and outcome.code is not None:
             fields["error"] = outcome.message[:300]
@@ -605,31 +417,39 @@ class Turn:
         metrics = self.services.metrics
         if metrics is not None:
             metrics.turn_ended(
-                self.agent.name, code, duration, input_tokens=self.usage.input,
-                output_tokens=self.usage.output, cache_tokens=self.usage.cache,
-                cost=self.usage.cost)
+                self.agent.name, code, duration, input_tokens=tally.usage.input,
+                output_tokens=tally.usage.output, cache_tokens=tally.usage.cache,
+                cost=tally.usage.cost)
 
     def _trace_end(self) -> None:
-        outcome = self.outcome
+        outcome, tally = self.outcome, self.interpreter.tally
         self.trace.end(
             outcome.code if outcome is not None else "INTERNAL_ERROR",
-            outcome.message if outcome is not None else "", self.content,
-            model=self.model, input_tokens=self.usage.input, output_tokens=self.usage.output,
+            outcome.message if outcome is not None else "", tally.content,
+            model=tally.model, input_tokens=tally.usage.input,
+            output_tokens=tally.usage.output,
             cancel_reason=outcome.cancel_reason if outcome is not None else None,
             delivered=[i.id for i in self.delivered])
 
     def _replies(self, code: str | None, message: str) -> list[InboxRecord]:
         """What this turn delivers: its result to whoever is owed one. A stopped turn's
         reply is recorded but wakes nothing (Stop means stop, CONTRACT §6)."""
-        targets = [self.reply_to] + [i.reply_to for i in self.inbox_hold.consumed]
+        targets = [self.ask.reply_to] + [i.reply_to for i in self.inbox_hold.consumed]
         sid = self.session.record.id
-        body = delivery_text.turn_result(code, message, self.content)
-        kind = delivery_text.kind_of_reply(self.trigger)
+        body = delivery_text.turn_result(code, message, self.interpreter.tally.content)
+        kind = delivery_text.kind_of_reply(self.ask.trigger)
         text = delivery_text.from_session(sid, self.agent.name, kind, body)
         return [
             InboxRecord(0, target, text, sid, "steer", code != "CANCELLED", None, now_ms())
             for target in dict.fromkeys(t for t in targets if t and t != sid)
         ]
+
+    def _quiet(self, code: str | None, details: dict[str, Any] | None) -> list[int]:
+        """After a stop, what this turn held and what waits in its session's inbox stops
+        waking anything (it goes into the session's next turn); returns the ids."""
+        if code != "CANCELLED" or (details or {}).get("reason") not in STOP_REASONS:
+            return []
+        return self.inbox_hold.quiet()
 
     async def _end(self, failure: BaseException | None, started: float) -> None:
         if self.before_end:
@@ -642,18 +462,20 @@ class Turn:
             with self.services.stop.shielded(), trio.move_on_after(REMOTE_ENDS_S):
                 for event in self.after_remote:
                     await event.wait()
-        code, message, details = self._classify(failure)
+        code, message, details = classify(failure, stopped=self.scope.cancel_called,
+                                          reason=self.cancel_reason, turn_id=self.id)
+        tally = self.interpreter.tally
         stats = ev.TurnStats(
             agent_name=self.agent.name,
-            model=self.model or self.agent.model or None,
-            iterations=self.iterations,
+            model=tally.model or self.agent.model or None,
+            iterations=tally.iterations,
             duration_ms=int((trio.current_time() - started) * 1000),
-            token_usage=self.usage,
-            tool_calls=tuple(self.tool_calls),
+            token_usage=tally.usage,
+            tool_calls=tuple(tally.tool_calls),
         )
         # A compaction's model is the summariser's: the session's stays its agent's.
-        record = self.session.mark("idle", usage=self.usage,
-                                   model=None if self.compact_only else self.model)
+        record = self.session.mark("idle", usage=tally.usage,
+                                   model=None if self.compact_only else tally.model)
         replies, quiet = self._replies(code, message), self._quiet(code, details)
         # Swept while it ran (CONTRACT §13.8): another node published its INTERRUPTED
         # terminal, so it ends here and publishes nothing more — no end stored, no reply.
@@ -688,13 +510,13 @@ class Turn:
                         "swept and another published it", self.id)
             self.session.turn_ended(self)
             self.outcome = TurnOutcome(self.id, "INTERRUPTED", "this node was swept",
-                                       None, self.content, stats, record)
+                                       None, tally.content, stats, record)
             self.finished.set()
             return
         if code is None:
             self.publisher.plain("chat.response", {"event": {
-                "content": self.content, "toolCount": len(self.tool_calls),
-                "iterations": stats.iterations, "tokenUsage": ev.usage_wire(self.usage),
+                "content": tally.content, "toolCount": len(tally.tool_calls),
+                "iterations": stats.iterations, "tokenUsage": ev.usage_wire(tally.usage),
                 "timestamp": now_ms(),
             }})
             self.publisher.stream(ev.DONE, ev.done_data(record, stats))
@@ -702,9 +524,9 @@ class Turn:
             self.publisher.stream(ev.ERROR, ev.error_data(code, message, details, record, stats))
         self.session.turn_ended(self)
         self.publisher.plain("session.updated", {"session": ev.session_wire(record)})
-        self.outcome = TurnOutcome(self.id, code, message, details, self.content, stats, record)
+        self.outcome = TurnOutcome(self.id, code, message, details, tally.content, stats,
+                                   record)
         self.finished.set()
-
 
     async def _store_end(
         self, code: str | None, details: dict[str, Any] | None, record: SessionRecord,
@@ -712,57 +534,71 @@ class Turn:
     ) -> str | None:
         """Close the turn's row (with its replies and quieted entries); None once
         stored, else why not."""
-        reason: str | None = None
-        # To the stop's last moment, not its grace: a slow disk's batch of ends that
-        # is still being written at the grace is stored, and then this says so.
-        with self.services.stop.shielded(to_last=True) as persisting:
-            try:
-                self.delivered = await self.services.store.end_turn(
-                    self.id, code or "done", now_ms(), record, replies, quiet,
-                    cancel_reason=(details or {}).get("reason")
-                    if code == "CANCELLED" else None,
-                    usage=self.usage, model=model,
-                )
-                return None
-            except TurnClosed:
+        usage = self.interpreter.tally.usage
+
+        def delivered(items: list[InboxRecord]) -> None:
+            self.delivered = items
+
+        try:
+            # To the stop's last moment, not its grace: a slow disk's batch of ends
+            # that is still being written at the grace is stored, and then this says
+            # so. Shielded whole: the exit path goes on after the write whatever
+            # cancelled the turn (the helper's own cancel check is for callers that
+            # stop there).
+            with trio.CancelScope(shield=True):
+                await store_then_mirror(
+                    self.services.stop,
+                    lambda: self.services.store.end_turn(
+                        self.id, code or "done", now_ms(), record, replies, quiet,
+                        cancel_reason=(details or {}).get("reason")
+                        if code == "CANCELLED" else None,
+                        usage=usage, model=model,
+                    ),
+                    delivered, what=f"the end of turn {self.id}", to_last=True)
+            return None
+        except TurnClosed:
+            return _SWEPT
+        except Fenced as exc:
+            if self.start_stored:
                 return _SWEPT
-            except Fenced as exc:
-                if self.start_stored:
-                    return _SWEPT
-                reason = str(exc)
-            except StoreUnavailable as exc:
-                log.error("could not persist the end of turn %s: %s", self.id, exc)
-                reason = str(exc)
-            except Exception as exc:
-                log.exception("could not persist the end of turn %s", self.id)
-                reason = f"{type(exc).__name__}: {exc}"
-        if persisting.cancelled_caught:
-            log.error("could not persist the end of turn %s before the daemon stopped",
-                      self.id)
-            reason = "the daemon's stop ended first (not stored within its budget)"
-        return reason
+            return str(exc)
+        except StoreUnavailable as exc:
+            log.error("could not persist the end of turn %s: %s", self.id, exc)
+            return str(exc)
+        except Exception as exc:
+            log.exception("could not persist the end of turn %s", self.id)
+            return f"{type(exc).__name__}: {exc}"
 
 
-class _EngineContext:
-    """The turn as an engine sees it (engines.base.EngineContext)."""
-
-    def __init__(self, turn: Turn, stored: StoredContext) -> None:
-        self._turn = turn
-        self.agent = turn.agent
-        self.history: Sequence[MessageRecord] = stored.messages
-        self.tools: Sequence[Tool] = list(turn.tools.values())
-        self.workspace = turn.workspace
-        self.session_id = turn.session.record.id
-        self.engine_session_id = turn.session.record.engine_session_id
-        self.compact_only = turn.compact_only
-        self.trace = turn.trace
-        self.calibration: Calibration = turn.session.calibration
-        # What every call sends besides the messages counts in the estimate (§15).
-        self.window = Window.stored(stored, base_bytes=base_bytes(turn.agent, self.tools),
-                                    pinned_last=not turn.compact_only)
-
-    async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
-        return await self._turn.run_tool(call_id, name, args)
-
-    def take_injected(self) -> list[MessageRecord]:
-        return self._turn.take_handed()
+def classify(failure: BaseException | None, *, stopped: bool, reason: str | None,
+             turn_id: str) -> tuple[str | None, str, dict[str, Any] | None]:
+    """A turn's ending as its terminal says it: (error code or None for `done`, message,
+    details). `stopped`: its own gate was shut, with `reason`."""
+    if failure is None:
+        if stopped:  # stopped right at its end: the receipt counts it
+            return "CANCELLED", "turn cancelled", {"reason": reason}
+        return None, "", None
+    leaves = _leaves(failure)
+    errors = [e for e in leaves if not isinstance(e, trio.Cancelled)]
+    if not errors:
+        return "CANCELLED", "turn cancelled", {
+            "reason": reason if stopped else "parent_cancelled"}
+    first = errors[0]
+    if isinstance(first, ProviderError):
+        details: dict[str, Any] = {"status": first.status} if first.status else {}
+        if isinstance(first, ModelCallFailed):  # CONTRACT §14
+            details.update(provider=first.provider, attempts=first.attempts)
+        details.update(first.details or {})
+        return "PROVIDER_ERROR", first.message, details or None
+    if isinstance(first, ContextOverflowError):
+        return "CONTEXT_OVERFLOW", str(first), {
+            "estimatedTokens": first.estimate, "contextTokens": first.window,
+            "providerMessage": first.provider_message[:500]}
+    if isinstance(first, MaxIterationsError):
+        return "MAX_ITERATIONS", str(first), {"maxIterations": first.limit}
+    if isinstance(first, StoreUnavailable):
+        log.warning("turn %s failed: %s", turn_id, first)
+        return "INTERNAL_ERROR", f"the store is unavailable: {first}", {
+            "reason": STORE_UNAVAILABLE}
+    log.error("turn %s failed", turn_id, exc_info=first)
+    return "INTERNAL_ERROR", f"internal error: {type(first).__name__}", None
