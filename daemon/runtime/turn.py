@@ -45,6 +45,9 @@ from daemon.errors import (
     StoreUnavailable,
     TurnClosed,
 )
+from daemon.errors import (
+    leaves as leaves_of,
+)
 from daemon.mcp.manager import McpManager
 from daemon.observe.logs import turn_context
 from daemon.observe.metrics import Metrics
@@ -134,12 +137,6 @@ class TurnOutcome:
 
 # _store_end's answer for an end the store refused because the turn was swept.
 _SWEPT = "swept"
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
 
 
 def _not_absorbed(exc: BaseException) -> BaseException | None:
@@ -481,7 +478,7 @@ class Turn:
         # terminal, so it ends here and publishes nothing more — no end stored, no reply.
         # (Its row is open, so the sweep ends it. One whose start was refused has no
         # row: it publishes its terminal, which the bus drops if the node was swept.)
-        leaves = _leaves(failure) if failure is not None else []
+        leaves = leaves_of(failure) if failure is not None else []
         fenced = any(isinstance(e, Fenced) for e in leaves)
         silent = any(isinstance(e, TurnClosed) for e in leaves) or (
             fenced and self.start_stored)
@@ -578,7 +575,7 @@ def classify(failure: BaseException | None, *, stopped: bool, reason: str | None
         if stopped:  # stopped right at its end: the receipt counts it
             return "CANCELLED", "turn cancelled", {"reason": reason}
         return None, "", None
-    leaves = _leaves(failure)
+    leaves = leaves_of(failure)
     errors = [e for e in leaves if not isinstance(e, trio.Cancelled)]
     if not errors:
         return "CANCELLED", "turn cancelled", {
