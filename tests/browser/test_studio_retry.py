@@ -137,6 +137,7 @@ async def start_chat(tab: Tab, agent: str, message: str) -> str:
     return await tab.nth_turn(0)
 
 
+@pytest.mark.deadline(150)  # its own fail_after, plus setup
 async def test_retries_are_shown_live_then_stay_above_the_answer(
         chromium: BrowserThread, provider: Provider, rawp: RawProvider, tmp_path: Path) -> None:
     gate = Gate()
