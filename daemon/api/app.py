@@ -12,6 +12,7 @@ from werkzeug.routing import WebsocketMismatch
 from daemon.api.auth import request_authorized
 from daemon.api.guard import HostOriginGuard, HostPolicy
 from daemon.api.http import http_routes
+from daemon.api.httpserver import Connections
 from daemon.api.metrics import metrics_routes
 from daemon.api.openai_compat import openai_routes
 from daemon.api.openai_wire import error_body, is_openai_path
@@ -27,7 +28,6 @@ from daemon.errors import (
     StoreUnavailable,
     Unauthorized,
 )
-from daemon.httpserver import Connections
 from daemon.observe.metrics import Metrics
 from daemon.runtime.core import Runtime
 

@@ -10,6 +10,7 @@ from quart import Blueprint, Response, jsonify, request
 from daemon import __version__
 from daemon.api import parse
 from daemon.api.actions import ACTIONS, perform
+from daemon.api.httpserver import Connections
 from daemon.api.spec import (
     ANY,
     BOOL,
@@ -31,7 +32,6 @@ from daemon.api.spec import (
 from daemon.api.sse import sse_response
 from daemon.clock import new_id
 from daemon.errors import ApiError
-from daemon.httpserver import Connections
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Filter, Subscription
 from daemon.runtime.context_view import context_wire

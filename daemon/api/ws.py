@@ -23,9 +23,9 @@ from quart import Blueprint, Response, jsonify, websocket
 from daemon import __version__
 from daemon.api import parse
 from daemon.api.auth import websocket_authorized
+from daemon.api.httpserver import Connections
 from daemon.api.spec import STR, Op, Param, Resp, documented, error, int_query
 from daemon.errors import BadRequest
-from daemon.httpserver import Connections
 from daemon.runtime.bus import Filter, Item, Subscription
 from daemon.runtime.core import Runtime
 from daemon.runtime.events import Envelope, encode

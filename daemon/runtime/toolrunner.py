@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from daemon.runtime import approvals
-from daemon.toolenv import tool_environment
+from daemon.toolproc.env import tool_environment
 from daemon.tools.base import Tool, ToolContext, ToolError, ToolOutcome
 
 if TYPE_CHECKING:

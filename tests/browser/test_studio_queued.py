@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import trio
 
-from daemon.cli_render import wait_text
+from daemon.cli.render import wait_text
 from tests.browser.chromium import BrowserThread, Tab, open_tab
 from tests.browser.test_studio_retry import start_chat
 from tests.harness import Provider, Recorder, Running, mock, open_daemon, open_recorder
@@ -57,7 +57,7 @@ BADGE = """(sid) => {
 
 def fmt_wait(ms: int) -> str:
     """Studio's words for a wait that was made (retry.js fmtWait): the CLI's, which
-    round as JavaScript does (daemon/cli_render.wait_text)."""
+    round as JavaScript does (daemon/cli/render.py: wait_text)."""
     return wait_text(ms)
 
 
