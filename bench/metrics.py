@@ -42,7 +42,7 @@ from daemon.observe.metrics import Metrics
 from daemon.observe.provider import ObservedOpenAIClient, ProviderCalls
 from daemon.runtime.bus import Bus, Filter
 from daemon.runtime.events import Envelope, SessionRef
-from daemon.server import _metrics, serve_daemon
+from daemon.serve.server import _metrics, serve_daemon
 
 EVENTS = 100_000
 RUNS = 9

@@ -20,8 +20,8 @@ over: the sandbox's /tmp is private anyway).
       sandboxed and unsandboxed batches alternate (A B B A …), 6 of each after one of
       each that is not counted; wall: median of the 6, per call: median and p90 of 300.
   S4  whole processes, no daemon: the four ways of running `bash -c true` that differ
-      in the supervisor (daemon/tools/supervise.py) and bubblewrap, with bubblewrap's
-      arguments from daemon.sandbox.Sandbox.wrap for a workspace of this daemon's
+      in the supervisor (daemon/toolproc/supervise.py) and bubblewrap, with bubblewrap's
+      arguments from daemon.toolproc.sandbox.Sandbox.wrap for a workspace of this daemon's
       config (hidden_paths of it), i.e. exactly what the daemon runs:
         supervise.py bwrap ARGS -- bash -c true   (what the daemon ships)
         bwrap ARGS -- bash -c true                (the PID namespace alone)
@@ -66,7 +66,7 @@ from bench.mcp_call import (
 )
 from bench.table import Ledger, Row, bench_header, print_report
 from daemon.config import load_config
-from daemon.sandbox import Sandbox, hidden_paths
+from daemon.toolproc.sandbox import Sandbox, hidden_paths
 from daemon.tools.bash import SUPERVISOR
 
 S1_RUNS = 200
@@ -189,7 +189,7 @@ def _spawn(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 def _processes(argvs: dict[str, list[str]], workspace: Path
                ) -> dict[str, tuple[list[float], list[float]]]:
     """Runs in a worker thread: S4_ROUNDS of each way, the order rotating per round."""
-    # The tool environment's shape (daemon/toolenv.py): no daemon secrets to carry.
+    # The tool environment's shape (daemon/toolproc/env.py): no daemon secrets to carry.
     env = {"PATH": "/usr/bin:/bin", "HOME": str(workspace), "TERM": "dumb"}
     out: dict[str, tuple[list[float], list[float]]] = {w: ([], []) for w in WAYS}
     for way in WAYS:  # warm the page cache

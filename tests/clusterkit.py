@@ -24,7 +24,7 @@ import trio
 from daemon.clock import SYSTEM_CLOCK, Clock
 from daemon.config import load_config
 from daemon.mock.provider import serve_mock_provider
-from daemon.server import Daemon, serve_daemon
+from daemon.serve.server import Daemon, serve_daemon
 from tests.harness import Provider, Running, write_config
 from tests.pgserver import PgServer, create_database
 

@@ -11,6 +11,9 @@ from tests.harness import Provider, Running, open_daemon, open_provider
 from tests.pgserver import pg_server, pg_url  # noqa: F401 (fixtures)
 from tests.redisserver import prefix, redis_server  # noqa: F401 (fixtures)
 
+# Every trio test runs under a deadline (tests/deadline.py).
+pytest_plugins = ["tests.deadline"]
+
 settings.register_profile(
     "veild",
     deadline=None,

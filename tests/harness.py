@@ -30,7 +30,7 @@ from trio_websocket import (
 from daemon.clock import SYSTEM_CLOCK, Clock
 from daemon.config import load_config
 from daemon.mock.provider import Served, serve_mock_provider
-from daemon.server import Daemon, serve_daemon
+from daemon.serve.server import Daemon, serve_daemon
 
 CHUNKS = {"thinking.chunk", "inference.chunk", "tool.chunk"}
 TERMINALS = {"done", "error"}

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from daemon.store.sqlite import Store as SqliteStore
@@ -114,6 +115,7 @@ def _by_turn(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return turns
 
 
+@pytest.mark.deadline(300)  # its own fail_after, plus setup
 async def test_300_children_on_a_slow_store_all_run(tmp_path: Path, provider: Provider) -> None:
     seen = Seen()
     with trio.fail_after(240):
@@ -153,6 +155,7 @@ async def test_300_children_on_a_slow_store_all_run(tmp_path: Path, provider: Pr
         assert delivered.count(f"from session {start['sessionId']} ") == 1
 
 
+@pytest.mark.deadline(180)  # its own fail_after, plus setup
 async def test_shutdown_during_a_burst_on_a_slow_store(tmp_path: Path,
                                                        provider: Provider) -> None:
     seen = Seen()

@@ -53,4 +53,4 @@ async def test_typed_subscribers_get_what_they_name_once() -> None:
     _publish_turn(bus, REF)
     assert await _taken(updates) == [("session.updated", None, "ses_a")]
     assert bus.subscriber_count == 3
-    assert bus._by_type.keys() == {"session.updated"}  # closed ones left the index
+    assert bus.indexed_types == {"session.updated"}  # closed ones left the index

@@ -1,5 +1,5 @@
 """What a model or a tool writes cannot drive the user's terminal (docs/cli.md): `veild
-chat` and `veild show` print every terminal control visibly (cli_safe), end to end — a
+chat` and `veild show` print every terminal control visibly (daemon/cli/safe.py), end to end — a
 scripted answer from the mock provider through a real daemon to the CLI, a child
 process, on a pipe (where rich adds no escapes of its own, so any ESC byte is the
 model's)."""
@@ -12,7 +12,7 @@ import sys
 
 import trio
 
-from daemon.cli_safe import safe
+from daemon.cli.safe import safe
 from tests.harness import Running, mock
 
 WAIT_S = 60

@@ -19,7 +19,7 @@ from tests.test_cli_retry import lines_of
 
 
 def wait_words(ms: float) -> str:
-    """How the CLI says a wait that was made (cli_render._wait)."""
+    """How the CLI says a wait that was made (daemon/cli/render.py: _wait)."""
     if ms < 1000:
         return f"{max(0, round(ms))} ms"
     seconds = ms / 1000

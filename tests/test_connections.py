@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 import trio
 import trio.testing
 
-from daemon.httpserver import Connections
+from daemon.api.httpserver import Connections
 
 
 @asynccontextmanager

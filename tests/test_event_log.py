@@ -261,7 +261,7 @@ async def test_a_failed_flush_leaves_the_accounting_as_it_was(tmp_path: Path) ->
         append(log, f"w{i}")
     blocker = sqlite3.connect(path, timeout=0)
     blocker.execute("BEGIN EXCLUSIVE")  # another writer holds the file
-    log._disk.conn.execute("PRAGMA busy_timeout=0")
+    await log.on_connection(lambda conn: conn.execute("PRAGMA busy_timeout=0"))
     await log.flush()
     await log.flush()
     blocker.execute("ROLLBACK")
@@ -269,7 +269,7 @@ async def test_a_failed_flush_leaves_the_accounting_as_it_was(tmp_path: Path) ->
     assert log.flushes == 0  # both attempts failed and kept their batch
     await log.flush()
     assert log.flushes == 1
-    assert log._disk.bytes == stored_bytes(path)  # counted once, not once per attempt
+    assert log.stored_bytes == stored_bytes(path)  # counted once, not once per attempt
     assert [e.seq for e in await drain(log.replay(0)) if isinstance(e, Envelope)] == list(
         range(1, 11))
     await log.aclose()

@@ -11,7 +11,6 @@ full file system makes it fail; raising the bound again is the disk freed.
 from __future__ import annotations
 
 import logging
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -27,9 +26,7 @@ ATTEMPTS = 20  # failed flushes in the episode: about 1 s at the default 50 ms
 
 async def _on_log_connection(log: SqliteEventLog, sql: str) -> None:
     """Run `sql` on the log's connection, in its turn (the flusher's thread lane)."""
-    conn = log._disk.conn
-    await trio.to_thread.run_sync(lambda: conn.execute(sql).fetchall(),
-                                  limiter=log._limiter)
+    await log.on_connection(lambda conn: conn.execute(sql).fetchall())
 
 
 async def test_a_full_disk_is_logged_once_per_episode(
@@ -51,8 +48,7 @@ async def test_a_full_disk_is_logged_once_per_episode(
             elif statement.startswith("COMMIT"):  # a flush that went through
                 token.run_sync_soon(committed.set)
 
-        conn: sqlite3.Connection = log._disk.conn
-        await trio.to_thread.run_sync(conn.set_trace_callback, count, limiter=log._limiter)
+        await log.on_connection(lambda conn: conn.set_trace_callback(count))
         await _on_log_connection(log, "PRAGMA max_page_count=1")  # = its size now
         caplog.clear()
         flushed = log.flushes
@@ -68,7 +64,7 @@ async def test_a_full_disk_is_logged_once_per_episode(
             await committed.wait()
             while log.flushes == flushed:  # the flush's Trio side, right after its commit
                 await trio.testing.wait_all_tasks_blocked()
-        await trio.to_thread.run_sync(conn.set_trace_callback, None, limiter=log._limiter)
+        await log.on_connection(lambda conn: conn.set_trace_callback(None))
 
     lines = [r for r in caplog.records if r.name == LOGGER]
     errors = [r for r in lines if r.levelno >= logging.ERROR]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import schemathesis
 import trio
 from hypothesis import HealthCheck, Phase, given, settings
@@ -132,6 +133,7 @@ def fuzz_operation(op: Any, mode: GenerationMode, url: str, tmp: Path, seed: See
         statuses[f"{key[0]} {key[1]} negative none"] = 0
 
 
+@pytest.mark.deadline(240)  # 72 s measured on a shared 2-core machine
 async def test_the_daemon_answers_as_its_document_says(provider: Provider, tmp_path: Path
                                                        ) -> None:
     async with open_daemon(tmp_path, provider) as d:

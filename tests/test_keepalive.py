@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests.harness import mock, open_daemon, open_provider
@@ -57,6 +58,7 @@ def _request(method: str, path: str, host: str, body: bytes | None = None) -> by
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
 
 
+@pytest.mark.deadline(180)  # its own fail_after, plus setup
 async def test_waves_of_streamed_chats_on_the_same_connections(tmp_path: Path) -> None:
     async with open_provider() as provider, open_daemon(tmp_path, provider) as d:
         host = d.url.split("//", 1)[1]

@@ -337,8 +337,8 @@ def test_doctor_starts_each_server_and_lists_its_tools(tmp_path: Path) -> None:
 LAZY = textwrap.dedent("""
     import sys, trio
     from pathlib import Path
-    import daemon.server
-    assert "mcp" not in sys.modules, "import daemon.server imported the MCP SDK"
+    import daemon.serve.server
+    assert "mcp" not in sys.modules, "import daemon.serve.server imported the MCP SDK"
     from tests.harness import open_daemon, open_provider, mock
 
     async def main():

@@ -383,7 +383,7 @@ async def test_the_log_says_what_each_request_was(api: str) -> None:
 
 async def test_a_mock_providers_max_context_chars_reaches_it(tmp_path: Path,
                                                              provider: Provider) -> None:
-    # `[providers.X] max_context_chars` of a mock the daemon starts itself (daemon/server.py).
+    # `[providers.X] max_context_chars` of a mock the daemon starts itself (daemon/serve/server.py).
     extra = ('[providers.small]\ntype = "mock"\nmax_context_chars = 3000\n'
              '[agents.tiny]\nprovider = "small"\nmodel = "m"\n')
     async with open_daemon(tmp_path, provider, extra=extra) as daemon:

@@ -9,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests.harness import Running
@@ -22,6 +23,7 @@ def example() -> str:
     return blocks[0]
 
 
+@pytest.mark.deadline(180)  # its own fail_after, plus setup
 async def test_the_documented_example_runs(daemon: Running) -> None:
     env = {**os.environ, "VEILD_URL": daemon.url, "VEILD_AGENT": "assistant"}
     env.pop("VEILD_TOKEN", None)

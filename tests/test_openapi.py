@@ -21,10 +21,10 @@ from quart import Blueprint
 
 from daemon.api import openai_wire, parse
 from daemon.api.app import build_app
+from daemon.api.httpserver import Connections
 from daemon.api.openapi import MissingEntry, build_document, openapi_path
 from daemon.api.spec import Undocumented, entry_of
 from daemon.errors import BadRequest
-from daemon.httpserver import Connections
 from daemon.observe.metrics import Metrics
 from tests.harness import Running
 

@@ -215,6 +215,7 @@ async def test_fence_bounds_what_came_before(redis_server: RedisServer,
         assert all(seqs[x] > fenced for _, x in labels[upto:])
 
 
+@pytest.mark.deadline(150)  # its own fail_after, plus setup
 async def test_restart_degraded_then_recovered(tmp_path: Path, prefix: str) -> None:
     """Redis killed mid-stream and restarted on the same port (without its data): both
     nodes are degraded, then recover; nothing queued meanwhile is lost and seqs go on
@@ -248,6 +249,7 @@ async def test_restart_degraded_then_recovered(tmp_path: Path, prefix: str) -> N
     assert fenced >= max(e.seq for e in after[0] if label(e).startswith("y"))
 
 
+@pytest.mark.deadline(150)  # its own fail_after, plus setup
 async def test_over_the_bound_chunks_drop_other_events_stay(tmp_path: Path,
                                                            prefix: str) -> None:
     with RedisServer(tmp_path / "redis") as server, trio.fail_after(90):

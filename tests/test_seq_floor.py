@@ -215,6 +215,7 @@ async def loss_mid_traffic(url: str, key_prefix: str, pg: str,
     assert ra.calls + rb.calls + rc.calls >= 3  # the ceiling was crossed (step 100)
 
 
+@pytest.mark.deadline(180)  # its own fail_after, plus setup
 async def test_flushall_mid_traffic(redis_server: RedisServer, prefix: str,
                                     pg_url: str) -> None:
     with trio.fail_after(120):
@@ -224,6 +225,7 @@ async def test_flushall_mid_traffic(redis_server: RedisServer, prefix: str,
             await loss_mid_traffic(redis_server.url, prefix, pg_url, flush)
 
 
+@pytest.mark.deadline(180)  # its own fail_after, plus setup
 async def test_restart_without_persistence_mid_traffic(tmp_path: Path, prefix: str,
                                                        pg_url: str) -> None:
     with RedisServer(tmp_path / "redis") as server, trio.fail_after(120):
@@ -233,6 +235,7 @@ async def test_restart_without_persistence_mid_traffic(tmp_path: Path, prefix: s
         await loss_mid_traffic(server.url, prefix, pg_url, restart)
 
 
+@pytest.mark.deadline(180)  # its own fail_after, plus setup
 async def test_every_node_restarted_on_an_empty_redis(tmp_path: Path, prefix: str,
                                                       pg_url: str) -> None:
     """Every log closed, Redis restarted empty, new logs on the same store: they start
@@ -515,6 +518,7 @@ async def settle(c: Client, wanted: set[str], limit_s: float = 15) -> None:
     assert not missing, (f"never delivered: {missing[:10]}", consistent(c) and None)
 
 
+@pytest.mark.deadline(150)  # its own fail_after, plus setup
 @pytest.mark.parametrize("first", ["saw-all", "saw-some", "lagged"])
 async def test_a_failover_to_a_replica_that_is_behind(
         redis_server: RedisServer, prefix: str, pg_url: str, first: str,

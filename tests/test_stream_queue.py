@@ -42,7 +42,7 @@ def other(bus: Bus, turn: str = "t1") -> Envelope:
 async def take_all(sub: Subscription) -> list[Any]:
     """Everything waiting, as parsed JSON (control frames as they are)."""
     out: list[Any] = []
-    while sub._queue or sub._control:
+    while sub.waiting:
         for item in await sub.receive_batch():
             out.append(json.loads(item.json) if isinstance(item, Envelope) else item)
     return out

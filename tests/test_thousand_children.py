@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from tests.harness import (
@@ -59,6 +60,7 @@ class Progress:
         self.seen = len(events)
 
 
+@pytest.mark.deadline(180)  # its own fail_after, plus setup
 async def test_thousand_no_wait_children(provider: Provider, tmp_path: Path) -> None:
     child = mock(say="hello child")
     parent_script = mock(calls=[

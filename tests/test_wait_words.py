@@ -1,5 +1,5 @@
 """`veild chat` and Studio say a wait in the same words (provider.retry, turn.admitted):
-daemon/cli_render.wait_text against Studio's own fmtWait (daemon/studio/js/retry.js),
+daemon/cli/render.py: wait_text against Studio's own fmtWait (daemon/studio/js/retry.js),
 run by node on the same values — ties included, where Python's rounding and
 JavaScript's differ (1250 ms: "1.3 s" in both)."""
 
@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import daemon
-from daemon.cli_render import wait_text
+from daemon.cli.render import wait_text
 
 RETRY_JS = Path(daemon.__file__).parent / "studio" / "js" / "retry.js"
 VALUES = [0, 0.4, 0.5, 1.5, 2.5, 849.5, 850, 999.4, 999.5, 999.6, 1000, 1049, 1050, 1149,

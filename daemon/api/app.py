@@ -13,6 +13,7 @@ from daemon.api.auth import request_authorized
 from daemon.api.connections import Connections
 from daemon.api.guard import HostOriginGuard, HostPolicy
 from daemon.api.http import http_routes
+from daemon.api.httpserver import Connections
 from daemon.api.metrics import metrics_routes
 from daemon.api.openai_compat import openai_routes
 from daemon.api.openai_wire import error_body, is_openai_path

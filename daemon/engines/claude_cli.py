@@ -4,7 +4,7 @@
             [--model M] [--max-turns N] [--resume SESSION] ARGS...   (message on stdin)
 
 runs in the session's workspace, in its own process group, with the tool environment
-of CONTRACT §16 (daemon/toolenv.py): the minimal base with HOME the workspace (where the
+of CONTRACT §16 (daemon/toolproc/env.py): the minimal base with HOME the workspace (where the
 CLI keeps the conversations it resumes) unless `home` or `env_pass = ["HOME"]` say
 otherwise, then `env`, then `env_pass` (how `ANTHROPIC_API_KEY` reaches it); nothing
 else of the daemon's environment, its token and keys above all. Its stdout is one JSON
@@ -65,9 +65,10 @@ from daemon.engines.base import (
 )
 from daemon.errors import MaxIterationsError, ProviderError
 from daemon.llm.jsonload import load_object
-from daemon.procgroup import stop_group
+from daemon.toolproc.procgroup import stop_group
 from daemon.store.models import MessageRecord, TokenUsage
-from daemon.toolenv import tool_environment
+from daemon.toolproc.env import tool_environment
+from daemon.toolproc.procgroup import stop_group
 from daemon.tools.base import ToolOutcome
 
 MAX_LINE = 16 * 1024 * 1024  # the init line lists every tool and command: tens of KB

@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import trio
 
@@ -35,6 +36,8 @@ from daemon.eventlog.ring import PagedReplay, Ring
 from daemon.runtime.events import Envelope
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Seqs are 64-bit: reserve far ahead, so no publish rate can outrun the flusher's
 # reservation (a crash then skips up to this many seqs; skipped ones cost nothing).
@@ -370,6 +373,19 @@ class SqliteEventLog:
         floor = retention_floor(self.latest_seq, self._retention_events, self._disk.holes)
         return PagedReplay(since, self.latest_seq, self._ring.since(max(since, floor)),
                            self._read, floor=floor)
+
+    # -- what the disk holds (a read-only seam: diagnostics and tests) ------------------
+
+    @property
+    def stored_bytes(self) -> int:
+        """The JSON bytes of the events on disk, as byte retention counts them."""
+        return self._disk.bytes
+
+    async def on_connection(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` with the log's connection, on its worker thread and in turn with its
+        flushes (never beside one): how a test sets a PRAGMA or traces statements."""
+        conn = self._disk.conn
+        return await trio.to_thread.run_sync(fn, conn, limiter=self._limiter)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                     ) -> None:

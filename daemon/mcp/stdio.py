@@ -37,7 +37,7 @@ from mcp.shared.message import SessionMessage
 
 from daemon.config import McpServerConfig
 from daemon.mcp import bound, proctree
-from daemon.toolenv import mcp_environment
+from daemon.toolproc.env import mcp_environment
 
 log = logging.getLogger(__name__)
 

@@ -132,6 +132,12 @@ class Subscription:
     def queued_bytes(self) -> int:
         return self._bytes
 
+    @property
+    def waiting(self) -> int:
+        """How many items wait in the live queue and the control frames (a merged run of
+        chunks is one): what `receive_batch` would take without reading the replay."""
+        return len(self._control) + len(self._queue)
+
     def _offer(self, env: Envelope) -> None:
         self._offered = env.seq
         queue = self._queue
@@ -302,6 +308,11 @@ class Bus:
     @property
     def subscriber_count(self) -> int:
         return len(self._all)
+
+    @property
+    def indexed_types(self) -> frozenset[str]:
+        """The types live subscribers that name types but no session are indexed by."""
+        return frozenset(self._by_type)
 
     # -- publishing -----------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from daemon.runtime.approvals import Approvals
 from daemon.runtime.bus import Bus
 from daemon.runtime.ports import Store
 from daemon.runtime.sessions import SessionManager
-from daemon.sandbox import Sandbox
+from daemon.toolproc.sandbox import Sandbox
 
 if TYPE_CHECKING:
     from daemon.runtime.directory import SessionDirectory

@@ -15,14 +15,14 @@ import trio
 
 from daemon.runtime import approvals
 from daemon.runtime.events import SessionRef
-from daemon.toolenv import tool_environment
+from daemon.toolproc.env import tool_environment
 from daemon.tools.base import ChunkEmitter, SubAgents, Tool, ToolContext, ToolError, ToolOutcome
 
 if TYPE_CHECKING:
     from daemon.config import AgentConfig
     from daemon.mcp.manager import McpManager
     from daemon.observe.tracing import TurnTrace
-    from daemon.sandbox import Sandbox
+    from daemon.toolproc.sandbox import Sandbox
 
 
 def named_tools(agent: AgentConfig, known: Mapping[str, Tool],

@@ -64,7 +64,7 @@ from daemon.runtime.publisher import TurnPublisher
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
 from daemon.runtime.toolrunner import ToolSite, TurnTools
-from daemon.sandbox import Sandbox
+from daemon.toolproc.sandbox import Sandbox
 from daemon.store.models import (
     InboxRecord,
     MessageRecord,

@@ -51,8 +51,8 @@ class ToolContext:
     default_timeout_s: float
     max_output_bytes: int
     agents: SubAgents | None = None  # None where sub-agents are not available
-    # CONTRACT §16: the whole environment a tool process starts with (daemon/toolenv.py)
-    # and its argv as it runs confined (daemon/sandbox.py; as it is when unsandboxed).
+    # CONTRACT §16: the whole environment a tool process starts with (daemon/toolproc/env.py)
+    # and its argv as it runs confined (daemon/toolproc/sandbox.py; as it is when unsandboxed).
     env: Mapping[str, str] = field(default_factory=dict)
     confine: Callable[[Sequence[str]], list[str]] = list
 

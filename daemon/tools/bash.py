@@ -1,7 +1,7 @@
 """`bash {command, timeoutS?}`: runs in the session's workspace and streams its output.
 
-The command runs with the tool environment (daemon/toolenv.py), in its sandbox when
-there is one (daemon/sandbox.py), under a per-call supervisor (`supervise.py`, a child
+The command runs with the tool environment (daemon/toolproc/env.py), in its sandbox when
+there is one (daemon/toolproc/sandbox.py), under a per-call supervisor (`supervise.py`, a child
 subreaper in a session of its own, see docs/tools.md): the tool ends when bash exits —
 not when its pipes close, which a background job may hold for ever — and then, or on
 cancel (SIGTERM to the supervisor) or timeout, every process the command started is
@@ -17,12 +17,11 @@ import codecs
 import math
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import trio
 
-from daemon.procgroup import stop_gently
+from daemon.toolproc.procgroup import SUPERVISOR, stop_gently
 from daemon.tools.base import ToolContext, ToolError, ToolOutcome
 
 READ_SIZE = 16 * 1024
@@ -30,7 +29,6 @@ KILL_GRACE_S = 2.0
 # Once the supervisor has exited every writer of the pipes is dead: what is left in
 # them is read at once. This bounds it should something have passed an end on anyway.
 DRAIN_GRACE_S = 2.0
-SUPERVISOR = Path(__file__).with_name("supervise.py")
 
 
 class _Capture:

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from tests.browser.chromium import BrowserThread, Tab, open_tab
@@ -58,6 +59,7 @@ async def wait_result(rec: Recorder, approval_id: str) -> dict[str, Any]:
     return results_of(rec, approval_id)[0]
 
 
+@pytest.mark.deadline(150)  # its own fail_after, plus setup
 async def test_a_childs_requests_are_answered_from_the_parents_view(
         chromium: BrowserThread, provider: Provider, tmp_path: Path) -> None:
     child = script(bash("echo first >> ran.txt"), bash("echo second >> ran.txt"),

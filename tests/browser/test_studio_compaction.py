@@ -26,6 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from tests.browser.chromium import BrowserThread, Tab, open_tab
@@ -144,6 +145,7 @@ async def send(tab: Tab, message: str, n: int) -> str:
     return await tab.nth_turn(n)
 
 
+@pytest.mark.deadline(210)  # its own fail_after, plus setup
 async def test_compactions_are_dividers_live_after_a_reload_and_in_a_replay(
         chromium: BrowserThread, provider: Provider, tmp_path: Path) -> None:
     go = tmp_path / "go"

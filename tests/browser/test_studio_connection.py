@@ -24,6 +24,7 @@ async def open_session_row(tab: Tab, session_id: str) -> None:
     await tab.wait("(id) => window.__t.transcriptId() === id", session_id)
 
 
+@pytest.mark.deadline(150)  # its own fail_after, plus setup
 async def test_reconnect_through_cut_connections(chromium: BrowserThread, daemon: Running) -> None:
     """Twice mid-turn, every TCP connection between page and daemon is reset; Studio
     reconnects with since= and the turn's text ends exactly as the daemon answered."""
@@ -107,6 +108,7 @@ async def test_token_from_url_and_from_the_prompt(
                 assert not await tab.visible("[data-testid=token-prompt]")
 
 
+@pytest.mark.deadline(150)  # its own fail_after, plus setup
 async def test_twenty_thousand_tokens_at_full_speed(
     chromium: BrowserThread, daemon: Running
 ) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import pytest
 import trio
 
 from tests.browser.chromium import BrowserThread, Tab, open_tab
@@ -475,6 +476,7 @@ ANSWER = ("Here is the C# version:\n```c#\nvar x = 1;\nConsole.WriteLine(x);\n``
           "and in Python:\n```python title=\"a.py\"\nprint(1)\n````\nthat is all")
 
 
+@pytest.mark.deadline(150)  # its own fail_after, plus setup
 async def test_a_turn_answering_with_a_csharp_fence_is_shown_and_the_page_answers(
     chromium: BrowserThread, daemon: Running
 ) -> None:
@@ -510,6 +512,7 @@ USERS = """(id) => [...window.__t.turn(id).querySelectorAll('.user-msg')]
     text: el.querySelector('.user-text').textContent, from: el.dataset.from ?? null }))"""
 
 
+@pytest.mark.deadline(150)  # its own fail_after, plus setup
 async def test_a_delivery_is_shown_as_one_only_when_its_event_says_so(
     chromium: BrowserThread, daemon: Running
 ) -> None:

@@ -19,9 +19,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
-from daemon.cli_render import wait_text
+from daemon.cli.render import wait_text
 from tests.browser.chromium import BrowserThread, Tab, open_tab
 from tests.browser.test_studio_retry import start_chat
 from tests.harness import Provider, Recorder, Running, mock, open_daemon, open_recorder
@@ -56,7 +57,7 @@ BADGE = """(sid) => {
 
 def fmt_wait(ms: int) -> str:
     """Studio's words for a wait that was made (retry.js fmtWait): the CLI's, which
-    round as JavaScript does (daemon/cli_render.wait_text)."""
+    round as JavaScript does (daemon/cli/render.py: wait_text)."""
     return wait_text(ms)
 
 
@@ -124,6 +125,7 @@ async def queued_in_studio(tab: Tab, rec: Recorder, first: str,
     return turn, sid
 
 
+@pytest.mark.deadline(150)  # its own fail_after, plus setup
 async def test_a_turn_waiting_for_a_turn_slot_is_shown_then_admitted(
         chromium: BrowserThread, provider: Provider, tmp_path: Path) -> None:
     go, go2 = tmp_path / "go", tmp_path / "go2"
@@ -187,6 +189,7 @@ async def test_a_turn_waiting_for_a_turn_slot_is_shown_then_admitted(
                 await tab.screenshot("queued-admitted")
 
 
+@pytest.mark.deadline(150)  # its own fail_after, plus setup
 async def test_a_call_waiting_for_the_providers_slot_names_the_provider(
         chromium: BrowserThread, provider: Provider, tmp_path: Path) -> None:
     go = tmp_path / "go"
@@ -221,6 +224,7 @@ async def test_a_call_waiting_for_the_providers_slot_names_the_provider(
                 assert row["badge"] == "" and row["title"] == "", row
 
 
+@pytest.mark.deadline(150)  # its own fail_after, plus setup
 async def test_a_turn_stopped_while_queued_ends_the_notice(
         chromium: BrowserThread, provider: Provider, tmp_path: Path) -> None:
     go = tmp_path / "go"

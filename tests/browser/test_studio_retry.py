@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import trio
 
-from daemon.cli_render import wait_text
+from daemon.cli.render import wait_text
 from tests.browser.chromium import BrowserThread, Tab, open_tab
 from tests.harness import Provider, Recorder, mock, open_daemon, open_recorder, spawn
 from tests.rawprovider import Behaviour, RawProvider, open_raw_provider
@@ -110,7 +110,7 @@ def config(rawp: RawProvider, wait_ms: int, more: str = "", agent: str = "") -> 
 
 def fmt_wait(ms: int) -> str:
     """Studio's words for a wait that was made (retry.js fmtWait): the CLI's, which
-    round as JavaScript does (daemon/cli_render.wait_text)."""
+    round as JavaScript does (daemon/cli/render.py: wait_text)."""
     return wait_text(ms)
 
 
@@ -137,6 +137,7 @@ async def start_chat(tab: Tab, agent: str, message: str) -> str:
     return await tab.nth_turn(0)
 
 
+@pytest.mark.deadline(150)  # its own fail_after, plus setup
 async def test_retries_are_shown_live_then_stay_above_the_answer(
         chromium: BrowserThread, provider: Provider, rawp: RawProvider, tmp_path: Path) -> None:
     gate = Gate()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from tests.browser.chromium import BrowserThread, Tab, open_tab
@@ -75,6 +76,7 @@ def marked(badge: Any, *why: str) -> bool:
             and "docs/security.md" in badge["title"] and all(w in badge["title"] for w in why))
 
 
+@pytest.mark.deadline(150)  # its own fail_after, plus setup
 async def test_unsandboxed_sessions_carry_the_badge_and_others_none(
         chromium: BrowserThread, provider: Provider, tmp_path: Path) -> None:
     async with open_daemon(tmp_path, provider, extra=RISKY) as d:

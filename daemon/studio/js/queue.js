@@ -1,5 +1,5 @@
 // A turn (or its LLM call) waiting for a slot — `turn.queued`, then `turn.admitted`
-// (docs/bursts.md) — in words; the same words `veild chat` prints (cli_render.queue_text).
+// (docs/bursts.md) — in words; the same words `veild chat` prints (daemon/cli/render.py: queue_text).
 //
 //   queued: waiting for a turn slot (max_running_turns = 4, 3 waiting)
 //   queued: waiting for openai (max_concurrent = 2, 5 waiting)

@@ -1,5 +1,5 @@
 // A provider's retry or fallback (CONTRACT §14 `provider.retry`) in words — the same
-// words `veild chat` prints (daemon/cli_render.py: retry_text).
+// words `veild chat` prints (daemon/cli/render.py: retry_text).
 //
 //   rate limited by openai, retrying in 4 s — attempt 2 of 4
 //   openai overloaded, retrying in 850 ms — attempt 1 of 4

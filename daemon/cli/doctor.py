@@ -18,11 +18,11 @@ from urllib.parse import urlsplit
 import httpx
 import trio
 
-from daemon.cli_http import error_line, headers
-from daemon.cli_safe import safe_line
+from daemon.cli.http import error_line, headers
+from daemon.cli.safe import safe_line
 from daemon.config import Config, McpServerConfig, load_config, resolve_config_path
 from daemon.errors import ConfigError
-from daemon.sandbox import INSTALL_HINT, find_bwrap, opted_out
+from daemon.toolproc.sandbox import INSTALL_HINT, find_bwrap, opted_out
 
 CONNECT_TIMEOUT_S = 3.0
 TOOLS_SHOWN = 20

@@ -1,5 +1,5 @@
 """The supervisor of one bash tool call: `python -I -S supervise.py ARGV...` (Linux),
-where ARGV is `bash -c COMMAND`, or bubblewrap running it (daemon/sandbox.py).
+where ARGV is `bash -c COMMAND`, or bubblewrap running it (daemon/toolproc/sandbox.py).
 
 It is a separate, tiny process (standard library only, run without site) so that the
 daemon never adopts anybody's orphans:

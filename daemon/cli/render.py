@@ -22,9 +22,9 @@ import trio
 from rich.console import Console
 from rich.text import Text
 
-from daemon.cli_agents import MARK, unsandboxed
-from daemon.cli_http import CliError, Remote, StreamLost, error_line
-from daemon.cli_safe import safe
+from daemon.cli.agents import MARK, unsandboxed
+from daemon.cli.http import CliError, Remote, StreamLost, error_line
+from daemon.cli.safe import safe
 
 TERMINALS = ("done", "error")
 ARGS_SHOWN = 120  # characters of a tool call's arguments on its line
@@ -33,7 +33,7 @@ ARGS_SHOWN = 120  # characters of a tool call's arguments on its line
 class TreeView:
     """Writes streamed text line by line; a line belongs to one (session, kind), and a
     chunk of another one first ends the open line, so interleaved sub-agents stay legible.
-    What it prints has its terminal controls made visible (cli_safe)."""
+    What it prints has its terminal controls made visible (safe.py)."""
 
     def __init__(self, console: Console, base_depth: int) -> None:
         self.console = console
@@ -321,7 +321,7 @@ async def chat(remote: Remote, agent: str, message: str, session: str | None,
     interrupted = False
 
     # Every wait is bounded by the idle bound: the SSE stream has keepalives, the /ws
-    # view pongs (cli_http.EventStream), so only a daemon that stopped answering meets it.
+    # view pongs (http.EventStream), so only a daemon that stopped answering meets it.
     async with remote.async_client() as http, trio.open_nursery() as nursery:
 
         async def read_sse() -> None:

@@ -38,7 +38,8 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import wrap_app
 
-log = logging.getLogger(__name__)
+# The logger keeps its name from before the move (operators filter logs by it).
+log = logging.getLogger("daemon.httpserver")
 
 # How long closing a finished connection may take (it never waits on the peer).
 CLOSE_GRACE_S = 1.0

@@ -1,6 +1,6 @@
 """`veild sessions [--tree] | show ID | send ID MSG [--queue] | cancel ID [--scope] |
 compact ID`;
-the listings mark the sessions of unsandboxed agents (cli_agents)."""
+the listings mark the sessions of unsandboxed agents (agents.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from daemon.cli_agents import mark, unsandboxed_agents
-from daemon.cli_safe import print_table, safe
+from daemon.cli.agents import mark, unsandboxed_agents
+from daemon.cli.safe import print_table, safe
 
 
 def _when(ms: int | None) -> str:

@@ -22,7 +22,7 @@ A sandboxed call runs as
   unless the agent says `network = true`; no capabilities, a new session (no TIOCSTI
   into a terminal).
 
-The supervisor (tools/supervise.py) still runs outside, as for an unsandboxed call:
+The supervisor (supervise.py) still runs outside, as for an unsandboxed call:
 cancel and timeout signal it, it kills bubblewrap, and as a subreaper it then adopts
 and reaps the namespace's init — which the kernel lets go only once every process of
 the namespace is dead. So when the tool returns nothing it started is left, as seen
@@ -44,7 +44,8 @@ import trio
 from daemon.config import AgentConfig, Config
 from daemon.errors import ConfigError
 
-log = logging.getLogger(__name__)
+# The logger keeps its name from before the move (operators filter logs by it).
+log = logging.getLogger("daemon.sandbox")
 
 PROBE_TIMEOUT_S = 10.0
 BASE_ARGS = ("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import trio
+
+# The supervisor of one tool call, run by path (`python -I -S supervise.py ARGV`): a
+# script of the standard library alone, never imported by the daemon.
+SUPERVISOR = Path(__file__).with_name("supervise.py")
 
 
 def kill_group(process: trio.Process) -> None:

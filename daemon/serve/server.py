@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import trio
 
 from daemon.api.app import build_app
+from daemon.api.httpserver import Connections, HttpServer, bind_socket
 from daemon.clock import SYSTEM_CLOCK, Clock, SystemClock
 from daemon.cluster.node import SCHEDULER_LOCK, ClusterNode
 from daemon.config import AgentConfig, Config, check_exposure, exposure_warning
@@ -32,7 +33,6 @@ from daemon.engines.modelcall import ModelCall, ProviderSlots, Route
 from daemon.engines.openai import OpenAIEngine
 from daemon.errors import ConfigError, Fenced, ServiceUnavailable
 from daemon.eventlog.sqlite import SqliteEventLog
-from daemon.httpserver import Connections, HttpServer, bind_socket
 from daemon.llm.anthropic_client import AnthropicClient
 from daemon.llm.openai_client import OpenAIClient
 from daemon.llm.provider_http import ProviderHTTP, choose_transport, open_provider_http
@@ -47,11 +47,11 @@ from daemon.runtime.ports import EventLog, Store
 from daemon.runtime.pruner import serve_pruner
 from daemon.runtime.sessions import SessionManager
 from daemon.runtime.turn import TurnServices
-from daemon.sandbox import Sandbox, open_sandbox
 from daemon.schedules.launch import SessionLauncher
 from daemon.schedules.scheduler import Scheduler
-from daemon.sdnotify import notify, serve_status, serve_watchdog
+from daemon.serve.sdnotify import notify, serve_status, serve_watchdog
 from daemon.store import open_store
+from daemon.toolproc.sandbox import Sandbox, open_sandbox
 from daemon.tools.agents import AgentMessageTool, AgentSpawnTool
 from daemon.tools.base import Tool
 from daemon.tools.bash import BashTool
@@ -68,7 +68,8 @@ if TYPE_CHECKING:
 # (the CLI, the tests' harness), so the server does not import the mock.
 ServeMock = Callable[..., Awaitable[None]]
 
-log = logging.getLogger(__name__)
+# The logger keeps its name from before the move (operators filter logs by it).
+log = logging.getLogger("daemon.server")
 
 
 @dataclass

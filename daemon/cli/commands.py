@@ -1,6 +1,6 @@
 """`veild serve | mock-provider | chat | tail | agents | sessions | show | send | cancel |
-compact | schedules | approve | prune | doctor`: argument parsing and dispatch; the verbs live in
-cli_*.py."""
+compact | schedules | approve | prune | doctor`: argument parsing and dispatch; the verbs live
+beside it in daemon/cli/."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from typing import Any
 import httpx
 import trio
 
-from daemon import __version__, cli_agents, cli_sessions
-from daemon.cli_http import (
+from daemon import __version__
+from daemon.cli import agents as cli_agents
+from daemon.cli import sessions as cli_sessions
+from daemon.cli.http import (
     DEFAULT_IDLE_S,
     EXIT_USAGE,
     CliError,
@@ -28,7 +30,7 @@ from daemon.cli_http import (
     resolve_idle,
     resolve_url,
 )
-from daemon.cli_safe import print_table, safe, safe_line
+from daemon.cli.safe import print_table, safe, safe_line
 from daemon.config import Config, bind_host, check_exposure, load_config, resolve_config_path
 from daemon.errors import BusUnavailable, ConfigError, Fenced, StoreError, leaves
 from daemon.observe.logs import configure_logging, one_line
@@ -43,7 +45,7 @@ def _log_level() -> str:
 
 def _serve(args: argparse.Namespace) -> int:
     from daemon.mock.provider import serve_mock_provider
-    from daemon.server import serve_daemon
+    from daemon.serve.server import serve_daemon
 
     try:
         config = load_config(resolve_config_path(args.config)).with_overrides(
@@ -129,7 +131,7 @@ def _mock_provider(args: argparse.Namespace) -> int:
 def _chat(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from daemon.cli_render import chat
+    from daemon.cli.render import chat
 
     console = Console(soft_wrap=True, highlight=False)
     try:
@@ -227,7 +229,7 @@ def _schedules(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from daemon import doctor
+    from daemon.cli import doctor
 
     # Only a --url given (before or after the verb) asks for the daemon check.
     return doctor.run(args.config, resolve_url(args.url) if args.url else None)

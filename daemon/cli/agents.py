@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from daemon.cli_http import Remote
-from daemon.cli_safe import print_table
+from daemon.cli.http import Remote
+from daemon.cli.safe import print_table
 
 MARK = "[unsandboxed]"
 
