@@ -20,7 +20,7 @@ from daemon.runtime import delivery_text
 from daemon.runtime.directory import CALL_TIMEOUT_S, KEY, Result
 
 if TYPE_CHECKING:
-    from daemon.runtime.core import Runtime
+    from daemon.api.runtime import Runtime
     from daemon.runtime.sessions import CancelReceipt
     from daemon.runtime.turn import Turn
 

@@ -13,11 +13,11 @@ from daemon.api.auth import request_authorized
 from daemon.api.connections import Connections
 from daemon.api.guard import HostOriginGuard, HostPolicy
 from daemon.api.http import http_routes
-from daemon.api.httpserver import Connections
 from daemon.api.metrics import metrics_routes
 from daemon.api.openai_compat import openai_routes
 from daemon.api.openai_wire import error_body, is_openai_path
 from daemon.api.openapi import openapi_routes
+from daemon.api.runtime import Runtime
 from daemon.api.schedules import schedule_routes
 from daemon.api.studio import studio_routes
 from daemon.api.ws import url_params, ws_routes
@@ -30,7 +30,6 @@ from daemon.errors import (
     Unauthorized,
 )
 from daemon.observe.metrics import Metrics
-from daemon.runtime.core import Runtime
 
 log = logging.getLogger(__name__)
 

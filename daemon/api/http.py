@@ -12,6 +12,7 @@ from daemon.api import parse
 from daemon.api.actions import ACTIONS, perform
 from daemon.api.connections import Connections
 from daemon.api.results import TurnFailed, chat_result
+from daemon.api.runtime import Runtime
 from daemon.api.spec import (
     ANY,
     BOOL,
@@ -35,7 +36,6 @@ from daemon.clock import new_id
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Filter, Subscription
 from daemon.runtime.context_view import context_wire
-from daemon.runtime.core import Runtime
 from daemon.runtime.directory import TURN_TIMEOUT_S
 from daemon.runtime.toolrunner import offered_tools
 

@@ -34,12 +34,12 @@ from quart import Blueprint, Response, request
 
 from daemon.api import openai_wire as wire
 from daemon.api.connections import Connections
+from daemon.api.runtime import Runtime
 from daemon.api.spec import SSE, Op, Param, Resp, documented, ref
 from daemon.clock import new_id, now_ms
 from daemon.config import AgentConfig
 from daemon.errors import ApiError, NotFound
 from daemon.runtime.bus import Filter, Subscription
-from daemon.runtime.core import Runtime
 from daemon.runtime.events import Envelope
 from daemon.runtime.state import SessionState
 from daemon.runtime.turn import Turn

@@ -8,8 +8,8 @@ from __future__ import annotations
 from quart import Blueprint, Response, jsonify
 
 from daemon.api.actions import perform_on_scheduler
+from daemon.api.runtime import Runtime
 from daemon.api.spec import BOOL, INT, STR, Op, Resp, array, documented, error, nullable, obj
-from daemon.runtime.core import Runtime
 
 
 def _answer(result: tuple[int, dict[str, object]]) -> Response:

@@ -24,10 +24,10 @@ from daemon import __version__
 from daemon.api import parse
 from daemon.api.auth import websocket_authorized
 from daemon.api.connections import Connections
+from daemon.api.runtime import Runtime
 from daemon.api.spec import STR, Op, Param, Resp, documented, error, int_query
 from daemon.errors import BadRequest
 from daemon.runtime.bus import Filter, Item, Subscription
-from daemon.runtime.core import Runtime
 from daemon.runtime.events import Envelope, encode
 
 CLOSE_GOING_AWAY = 1001

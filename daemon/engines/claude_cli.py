@@ -65,7 +65,6 @@ from daemon.engines.base import (
 )
 from daemon.errors import MaxIterationsError, ProviderError
 from daemon.llm.jsonload import load_object
-from daemon.toolproc.procgroup import stop_group
 from daemon.store.models import MessageRecord, TokenUsage
 from daemon.toolproc.env import tool_environment
 from daemon.toolproc.procgroup import stop_group

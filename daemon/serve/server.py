@@ -23,6 +23,7 @@ import trio
 
 from daemon.api.app import build_app
 from daemon.api.httpserver import Connections, HttpServer, bind_socket
+from daemon.api.runtime import Runtime
 from daemon.clock import SYSTEM_CLOCK, Clock, SystemClock
 from daemon.cluster.node import SCHEDULER_LOCK, ClusterNode
 from daemon.config import AgentConfig, Config, check_exposure, exposure_warning
@@ -42,7 +43,6 @@ from daemon.observe.metrics import Metrics
 from daemon.observe.provider import ObservedAnthropicClient, ObservedOpenAIClient, ProviderCalls
 from daemon.observe.tracing import NO_TRACING, Tracing, open_tracing
 from daemon.runtime.bus import Bus
-from daemon.runtime.core import Runtime
 from daemon.runtime.ports import EventLog, Store
 from daemon.runtime.pruner import serve_pruner
 from daemon.runtime.sessions import SessionManager
