@@ -116,6 +116,7 @@ class _MessagesConversation:
         agent = self.agent
         body: dict[str, Any] = {
             "model": model,
+            # The API requires a cap: max_output_tokens (output_cap), else max_tokens.
             "max_tokens": request.max_tokens or agent.max_tokens,
             "messages": to_anthropic_messages(request.messages, self._blocks, self._errors),
         }
@@ -132,7 +133,11 @@ class _MessagesConversation:
         blocks: dict[int, dict[str, Any]] = {}
         inputs: dict[int, list[str]] = {}
         usage = TokenUsage()
-        async with aclosing(route.client.stream_messages(self._body(route.model, request))) as s:
+        reported = False
+        stop: str | None = None
+        body = self._body(route.model, request)
+        answer.cap = body["max_tokens"]
+        async with aclosing(route.client.stream_messages(body)) as s:
             async for event in s:
                 if isinstance(event, api.BlockDelta):
                     block = blocks.get(event.index)
@@ -152,12 +157,13 @@ class _MessagesConversation:
                     blocks[event.index] = dict(event.block)
                 elif isinstance(event, api.MessageStart):
                     usage = TokenUsage(event.input_tokens, 0, event.cache_tokens)
+                    reported = reported or event.reported
                     if event.model:
                         yield ModelNamed(event.model)
                 elif isinstance(event, api.MessageEnd):
                     usage = TokenUsage(usage.input, event.output_tokens, usage.cache)
-        # input_tokens leaves out what was read from or written to the cache.
-        yield UsageReport(usage, iteration, usage.input + usage.cache)
+                    reported = reported or event.reported
+                    stop = stop or event.stop_reason
 
         content: list[dict[str, Any]] = []
         for index in sorted(blocks):
@@ -172,6 +178,16 @@ class _MessagesConversation:
             content.append(block)
         answer.text = "".join(b.get("text", "") for b in content if b.get("type") == "text")
         answer.raw = content
+        answer.ended(stop)
+        if reported:
+            answer.usage = usage
+            # input_tokens leaves out what was read from or written to the cache.
+            yield UsageReport(usage, iteration, usage.input + usage.cache)
+        else:  # a server that reported none (CONTRACT §14.1)
+            out = sum(len(str(b.get("text") or b.get("thinking") or "").encode())
+                      + len(json.dumps(b.get("input") or {})) * (b.get("type") == "tool_use")
+                      for b in content)
+            yield answer.estimate_usage(request, out, iteration)
 
     def add_answer(self, assistant: MessageRecord, answer: Answer) -> None:
         self._blocks[id(assistant)] = (assistant, answer.raw or [])

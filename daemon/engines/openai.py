@@ -2,9 +2,16 @@
 
 Per LLM call: reasoning and content deltas are yielded as they arrive; tool calls are
 assembled from their deltas (arguments may be split across many chunks); the provider's
-usage and model are yielded; the assistant message is yielded whole; then each tool
-runs and its result is yielded as a `tool` message. A call without tool calls ends the
-turn. More calls than `max_iterations` raise MaxIterationsError.
+usage and model are yielded — or, when it reported no usage, an estimate marked so
+(CONTRACT §14.1); the call's finish reason is kept on its Answer; the assistant message
+is yielded whole; then each tool runs and its result is yielded as a `tool` message. A
+call without tool calls ends the turn. More calls than `max_iterations` raise
+MaxIterationsError.
+
+Every request is valid for the API whatever the history holds (`to_openai_messages`):
+an empty answer goes back as `content: ""` (null only beside tool calls), a tool call
+whose result is missing gets one saying so, and a tool result whose call is not in the
+request is sent as a user message naming it.
 """
 
 from __future__ import annotations
@@ -40,26 +47,54 @@ class _PendingCall:
     arguments: str = ""
 
 
+# What a request says for a tool call whose result the history does not hold (a turn
+# that ended while it ran): the API wants every call answered before the next message.
+MISSING_RESULT = "[no result: the turn ended before this tool call finished]"
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+def _call(c: dict[str, Any]) -> dict[str, Any]:
+    arguments = c.get("arguments")
+    return {"id": str(c.get("id") or ""), "type": "function",
+            "function": {"name": str(c.get("name") or ""),
+                         "arguments": arguments if isinstance(arguments, str)
+                         else json.dumps(arguments if arguments is not None else {})}}
+
+
 def to_openai_messages(system: str, history: list[MessageRecord]) -> list[dict[str, Any]]:
+    """The request's messages for `history`, valid for the API whatever it holds."""
     out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    waiting: list[str] = []  # the last answer's calls not yet answered, in order
+
+    def answer_missing() -> None:
+        out.extend({"role": "tool", "tool_call_id": call_id, "content": MISSING_RESULT}
+                   for call_id in waiting)
+        waiting.clear()
+
     for m in history:
+        if m.role == "tool":
+            if m.tool_call_id is not None and m.tool_call_id in waiting:
+                waiting.remove(m.tool_call_id)
+                out.append({"role": "tool", "tool_call_id": m.tool_call_id,
+                            "content": m.content or ""})
+            else:  # its call is not in the request: the result, said as text
+                answer_missing()
+                out.append({"role": "user", "content": f"[result of tool call "
+                            f"{m.tool_call_id or '?'}]\n{m.content or ''}"})
+            continue
+        answer_missing()
         if m.role == "assistant":
-            msg: dict[str, Any] = {"role": "assistant", "content": m.content or None}
-            if m.tool_calls:
-                msg["tool_calls"] = [
-                    {
-                        "id": c["id"],
-                        "type": "function",
-                        "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])
-                                     if not isinstance(c["arguments"], str) else c["arguments"]},
-                    }
-                    for c in m.tool_calls
-                ]
+            calls = [_call(c) for c in m.tool_calls or ()]
+            msg: dict[str, Any] = {"role": "assistant",
+                                   "content": m.content or (None if calls else "")}
+            if calls:
+                msg["tool_calls"] = calls
+                waiting.extend(c["id"] for c in calls)
             out.append(msg)
-        elif m.role == "tool":
-            out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content})
         else:
-            out.append({"role": m.role, "content": m.content})
+            out.append({"role": m.role if m.role in ROLES else "user",
+                        "content": m.content or ""})
+    answer_missing()
     return out
 
 
@@ -90,15 +125,19 @@ class _ChatConversation:
         if self.tools and request.tools:
             body["tools"] = self.tools
         if request.max_tokens is not None:
-            body["max_tokens"] = request.max_tokens
+            body[route.provider.max_tokens_key] = request.max_tokens
+        answer.cap = request.max_tokens
         content: list[str] = []
         calls: dict[int, _PendingCall] = {}
+        thought = 0  # characters of reasoning (for an estimate of the output)
+        finish: str | None = None
         async with aclosing(route.client.stream_chat(body)) as deltas:
             async for delta in deltas:
                 if isinstance(delta, llm.ContentDelta):
                     content.append(delta.text)
                     yield ContentDelta(delta.text)
                 elif isinstance(delta, llm.ReasoningDelta):
+                    thought += len(delta.text)
                     yield ThinkingDelta(delta.text)
                 elif isinstance(delta, llm.ToolCallDelta):
                     pending = calls.setdefault(delta.index, _PendingCall())
@@ -110,10 +149,13 @@ class _ChatConversation:
                         delta.prompt_tokens, delta.completion_tokens,
                         delta.cached_tokens, delta.cost,
                     )
+                    answer.usage = usage
                     # prompt_tokens counts the cached part too: the whole request.
                     yield UsageReport(usage, iteration, delta.prompt_tokens)
                 elif isinstance(delta, llm.ModelDelta):
                     yield ModelNamed(delta.model)
+                elif isinstance(delta, llm.FinishDelta):
+                    finish = delta.reason
         answer.text = "".join(content)
         answer.calls = [
             {
@@ -123,6 +165,11 @@ class _ChatConversation:
             }
             for i, c in sorted(calls.items())
         ]
+        answer.ended(finish)
+        if answer.usage is None:
+            out = (len(answer.text.encode()) + thought
+                   + sum(len(c.name) + len(c.arguments) for c in calls.values()))
+            yield answer.estimate_usage(request, out, iteration)
 
     def add_answer(self, assistant: MessageRecord, answer: Answer) -> None:
         pass  # rendered from the window's copy
