@@ -20,9 +20,14 @@ from daemon.engines.openai import MISSING_RESULT, to_openai_messages
 from daemon.engines.request import Answer, CallRequest, finish_of, output_cap
 from daemon.llm.anthropic_client import _State as MessagesState
 from daemon.llm.anthropic_client import message_payloads
-from daemon.llm.openai_client import ContentDelta, FinishDelta, ToolCallDelta, UsageDelta
+from daemon.llm.openai_client import (
+    ContentDelta,
+    FinishDelta,
+    ToolCallDelta,
+    UsageDelta,
+    completion_payloads,
+)
 from daemon.llm.openai_client import _State as ChatState
-from daemon.llm.openai_client import completion_payloads
 from daemon.store.models import MessageRecord, TokenUsage
 from tests.chat_schema import check_request
 
