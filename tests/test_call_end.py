@@ -169,7 +169,7 @@ def test_the_odd_histories_by_name() -> None:
     messages = to_openai_messages("sys", history)
     check_request({"model": "m", "messages": messages})
     assert messages[2] == {"role": "assistant", "content": ""}
-    assert messages[4] == {"role": "assistant", "content": None, "tool_calls": [
+    assert messages[4] == {"role": "assistant", "content": "", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}
     assert messages[7] == {"role": "tool", "tool_call_id": "c2", "content": MISSING_RESULT}
     assert messages[-1]["role"] == "user" and "c9" in messages[-1]["content"]

@@ -9,7 +9,8 @@ call without tool calls ends the turn. More calls than `max_iterations` raise
 MaxIterationsError.
 
 Every request is valid for the API whatever the history holds (`to_openai_messages`):
-an empty answer goes back as `content: ""` (null only beside tool calls), a tool call
+an empty answer goes back as `content: ""` (never null: llama-cpp-python's server refuses
+null even beside tool calls, with a 500), a tool call
 whose result is missing gets one saying so, and a tool result whose call is not in the
 request is sent as a user message naming it.
 """
@@ -85,8 +86,9 @@ def to_openai_messages(system: str, history: list[MessageRecord]) -> list[dict[s
         answer_missing()
         if m.role == "assistant":
             calls = [_call(c) for c in m.tool_calls or ()]
-            msg: dict[str, Any] = {"role": "assistant",
-                                   "content": m.content or (None if calls else "")}
+            # Never null, even beside tool calls: the API allows null there, but
+            # llama-cpp-python's server refuses it (500) and "" means the same.
+            msg: dict[str, Any] = {"role": "assistant", "content": m.content or ""}
             if calls:
                 msg["tool_calls"] = calls
                 waiting.extend(c["id"] for c in calls)

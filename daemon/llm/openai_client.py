@@ -11,7 +11,9 @@ ProviderError. There is no partial success. How the answer ended is the FinishDe
 its finish_reason (CONTRACT §14.1); a stream that ends — at `[DONE]`, or the body's
 end — without one was cut short: ProviderError, reason "unfinished" (§14 retries it
 only when nothing of it was published). A 200 that answers with one JSON
-`chat.completion` instead of a stream is read as that answer (sse.data_batches). An
+`chat.completion` instead of a stream is read as that answer (sse.data_batches); one
+whose event stream is empty is asked again unstreamed, which says why (`_asked_again`:
+llama-cpp-python's way of refusing a streamed prompt over its window). An
 error chunk that says overloaded or rate-limited before the first delta (content,
 reasoning, tool call) is transient (reason "overloaded" / "rate_limit"); any other, or
 one after a delta, is not ("error_event").
@@ -116,18 +118,45 @@ class OpenAIClient:
     async def stream_chat(self, body: dict[str, Any]) -> AsyncGenerator[Delta, None]:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         state = _State()
-        async with aclosing(data_batches(self._http, self._url, body, self._headers,
-                                         state.ended, whole=completion_payloads)) as batches:
-            async for batch in batches:
-                for delta in state.read(batch):
-                    yield delta
-                if state.failure is not None:
-                    raise state.failure
+        try:
+            async with aclosing(data_batches(self._http, self._url, body, self._headers,
+                                             state.ended, whole=completion_payloads)) as batches:
+                async for batch in batches:
+                    for delta in state.read(batch):
+                        yield delta
+                    if state.failure is not None:
+                        raise state.failure
+        except ProviderError as exc:
+            if exc.reason != "empty":
+                raise
+            raise await self._asked_again(body, exc) from exc
         if state.finish is None:
             how = "with [DONE]" if state.done else "by closing the stream"
             raise ProviderError(
                 f"provider ended the answer without a finish reason ({how}): it was cut "
                 f"short", reason="unfinished")
+
+
+    async def _asked_again(self, body: dict[str, Any], empty: ProviderError) -> ProviderError:
+        """Why a 200 came with an empty event stream. llama-cpp-python's server answers
+        so a streamed request it refuses (a prompt over its window: the error comes
+        after the headers); unstreamed, the same request says why in its own words (an
+        HTTP 400 `context_length_exceeded`, which CONTRACT §15 compacts). Asked once,
+        for one token (cheap when it is not refused); its failure, else `empty`."""
+        probe = {k: v for k, v in body.items()
+                 if k not in ("stream", "stream_options", "max_completion_tokens")}
+        probe["max_tokens"] = 1
+        headers = {**self._headers, "Accept": "application/json"}
+        try:
+            async with aclosing(data_batches(self._http, self._url, probe, headers,
+                                             whole=completion_payloads)) as batches:
+                async for _ in batches:
+                    pass
+        except ProviderError as said:
+            return ProviderError(f"{empty.message}; asked again without streaming, it "
+                                 f"said: {said.message}", status=said.status,
+                                 reason=said.reason, retry_after_s=said.retry_after_s)
+        return empty
 
 
 class _State:

@@ -449,7 +449,7 @@ def _chat_too_long(chars: int, limit: int, refusal: str = "openai") -> dict[str,
     if refusal == "llama-cpp-python":  # llama_cpp/server/errors.py, as captured
         return {"error": {
             "message": f"This model's maximum context length is {window} tokens. However, "
-                       f"you requested {n} tokens ({n} in the messages, 0 in the "
+                       f"you requested {n} tokens ({n} in the messages, None in the "
                        "completion). Please reduce the length of the messages or "
                        "completion.",
             "type": "invalid_request_error", "param": "messages",
@@ -515,7 +515,7 @@ async def _answer_messages(conn: _Conn, target: str, raw: bytes, mock: _Mock) ->
                        spec.status or 200, body.get("thinking"), **seen))
     if spec.status:
         await conn.json_response(spec.status, anthropic.error_body(spec.status))
-    elif spec.empty_200:
+    elif spec.empty_200 and body.get("stream"):
         await _empty_stream(conn)
     elif body.get("stream") and not spec.json_200:
         await _stream(conn, spec, anthropic.events(spec, model, messages, cap))
@@ -570,6 +570,11 @@ async def _answer_chat(conn: _Conn, raw: bytes, mock: _Mock) -> None:
     if limit is not None:
         mock.record(Served(model, None, 400, tools=body.get("tools"), fault="context_length",
                            **seen))
+        if spec.refusal == "llama-cpp-python" and body.get("stream"):
+            # As captured: its generator fails after the headers, so a streamed request
+            # gets a 200 event stream with an empty body; unstreamed, the 400 below.
+            await _empty_stream(conn)
+            return
         await conn.json_response(400, _chat_too_long(seen["request_chars"], limit,
                                                      spec.refusal))
         return
@@ -582,7 +587,7 @@ async def _answer_chat(conn: _Conn, raw: bytes, mock: _Mock) -> None:
         await conn.json_response(spec.status, {"error": {
             "message": f"scripted failure {spec.status}", "type": "server_error"}})
         return
-    if spec.empty_200:
+    if spec.empty_200 and body.get("stream"):
         await _empty_stream(conn)
     elif body.get("stream") and not spec.json_200:
         await _stream(conn, spec, _events(spec, model, messages, include_usage, cap))

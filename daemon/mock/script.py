@@ -33,12 +33,15 @@ A call spec:
                      (what llama-cpp-python sends a running stream when another
                      request arrives); Messages API: stop_reason null, message_stop
     noDone           true: the body ends cleanly without `[DONE]` / message_stop
-    empty200         true: HTTP 200, content type text/event-stream, an empty body
+    empty200         true: a streamed request gets HTTP 200, content type
+                     text/event-stream, an empty body (an unstreamed one its answer)
     json200          true: a streamed request is answered with one whole JSON answer
                      (a server that does not stream)
     refusal          whose words a refusal for length (`maxContextChars`) uses:
                      "openai" (default), "llama.cpp", "llama-cpp-python", "ollama",
-                     "vllm" (Chat Completions; the Messages API's are its own)
+                     "vllm" (Chat Completions; the Messages API's are its own).
+                     llama-cpp-python refuses a streamed request as it really does:
+                     HTTP 200, an empty event stream; unstreamed, its 400
     An output cap in the request (`max_tokens`, `max_completion_tokens`; the Messages
     API's `max_tokens`) is honoured as a real server does: past that many streamed
     pieces (words of think and say, pieces of tool arguments) the answer stops, with
