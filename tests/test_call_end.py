@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from daemon.config import AgentConfig
+from daemon.config import AgentConfig, Config, load_config
 from daemon.engines.openai import MISSING_RESULT, to_openai_messages
 from daemon.engines.request import Answer, CallRequest, finish_of, output_cap
+from daemon.errors import ConfigError
 from daemon.llm.anthropic_client import _State as MessagesState
 from daemon.llm.anthropic_client import message_payloads
 from daemon.llm.openai_client import (
@@ -173,3 +176,38 @@ def test_the_odd_histories_by_name() -> None:
         {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}
     assert messages[7] == {"role": "tool", "tool_call_id": "c2", "content": MISSING_RESULT}
     assert messages[-1]["role"] == "user" and "c9" in messages[-1]["content"]
+
+
+# --- the config keys ----------------------------------------------------------------
+
+_AGENT = ("[providers.p]\ntype = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n{provider}"
+          "[agents.a]\nprovider = \"p\"\nmodel = \"m\"\n{agent}")
+
+
+def _load(tmp_path: Path, provider: str = "", agent: str = "") -> Config:
+    path = tmp_path / "daemon.toml"
+    path.write_text(_AGENT.format(provider=provider, agent=agent))
+    return load_config(path)
+
+
+def test_max_output_tokens_and_max_tokens_key(tmp_path: Path) -> None:
+    config = _load(tmp_path)
+    assert config.agents["a"].max_output_tokens == 0
+    assert config.providers["p"].max_tokens_key == "max_tokens"
+    config = _load(tmp_path, 'max_tokens_key = "max_completion_tokens"\n',
+                   "max_output_tokens = 512\n")
+    assert config.agents["a"].max_output_tokens == 512
+    assert config.providers["p"].max_tokens_key == "max_completion_tokens"
+
+
+@pytest.mark.parametrize(("provider", "agent", "key"), [
+    ("", "max_output_tokens = -1\n", "agents.a.max_output_tokens"),
+    ("", "max_output_tokens = \"many\"\n", "agents.a.max_output_tokens"),
+    ('max_tokens_key = "maxTokens"\n', "", "providers.p.max_tokens_key"),
+    ("", "max_output_tokens = 100\nthinking_budget = 100\n", "agents.a.thinking_budget"),
+])
+def test_bad_values_name_the_key(tmp_path: Path, provider: str, agent: str,
+                                 key: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _load(tmp_path, provider, agent)
+    assert caught.value.key == key, str(caught.value)
