@@ -20,11 +20,13 @@ a real daemon on port 0, the mock as a real HTTP server, real clients.
 - A refusal for length in each Chat Completions server's own words is compacted and
   sent once more — llama-cpp-python's too, which refuses a streamed request with an
   empty 200 (veild asks once more unstreamed, for one token, to learn why).
+- A provider request that failed is logged at WARNING.
 Still to come with the refactor (phase 2): `done.data.finishReason`, `estimated: true`.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -351,3 +353,17 @@ async def test_a_refusal_for_length_in_each_servers_words_is_compacted(
     else:
         assert len(refused) == 1
     assert r.json()["content"] == "two"
+
+
+async def test_a_failed_provider_request_is_logged_at_warning(
+        running: Running, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="daemon.provider")
+    r, _ = await _turn(running, mock(say="half", noFinish=True), "chat1")
+    assert r.status_code == 502
+    [failed] = [rec for rec in caplog.records if rec.getMessage().startswith(
+        "provider request") and rec.levelno == logging.WARNING]
+    assert "without a finish reason" in failed.__dict__["error"]
+    r, _ = await _turn(running, mock(say="fine"), "chat1")
+    assert r.status_code == 200, r.text
+    assert [(rec.levelno, rec.__dict__.get("error")) for rec in caplog.records
+            if rec.getMessage().startswith("provider request")][-1] == (logging.INFO, None)
