@@ -3,7 +3,8 @@ without a server: each API's finish reasons in veild's words; the output cap a c
 sends; the estimate of an answer without usage; a whole JSON answer read as the stream
 it stands for (both APIs); and `to_openai_messages` over random histories — empty
 answers, tool-only answers, results without their call, calls without their result,
-other roles — always a valid Chat Completions request (tests/chat_schema.py)."""
+other roles — always a valid Chat Completions request (tests/chat_schema.py), and
+`to_anthropic_messages` a valid Messages API one."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from daemon.config import AgentConfig, Config, load_config
-from daemon.engines.openai import MISSING_RESULT, to_openai_messages
-from daemon.engines.request import Answer, CallRequest, finish_of, output_cap
+from daemon.engines.anthropic import to_anthropic_messages
+from daemon.engines.openai import to_openai_messages
+from daemon.engines.request import MISSING_RESULT, Answer, CallRequest, finish_of, output_cap
 from daemon.errors import ConfigError
 from daemon.llm.anthropic_client import _State as MessagesState
 from daemon.llm.anthropic_client import message_payloads
@@ -211,3 +213,28 @@ def test_bad_values_name_the_key(tmp_path: Path, provider: str, agent: str,
     with pytest.raises(ConfigError) as caught:
         _load(tmp_path, provider, agent)
     assert caught.value.key == key, str(caught.value)
+
+
+def check_messages_request(messages: list[dict[str, Any]]) -> None:
+    """The Messages API's rules over a request's messages: roles alternate, no message
+    is empty, every tool_use is answered by a tool_result in the very next message, and
+    every tool_result answers a tool_use of the message just before it."""
+    for place, message in enumerate(messages):
+        assert message["role"] in ("user", "assistant")
+        assert message["content"], f"messages/{place} is empty"
+        if place:
+            assert message["role"] != messages[place - 1]["role"], f"messages/{place}"
+        results = {b["tool_use_id"] for b in message["content"]
+                   if b.get("type") == "tool_result"}
+        before = messages[place - 1]["content"] if place else []
+        asked = {b["id"] for b in before if b.get("type") == "tool_use"}
+        assert results <= asked, f"messages/{place}: results {results - asked} unasked"
+        assert asked <= results, f"messages/{place}: tool_use {asked - results} unanswered"
+    last = messages[-1]["content"] if messages else []
+    assert not [b for b in last if b.get("type") == "tool_use"], "a last tool_use unanswered"
+
+
+@given(st.lists(_message(), min_size=1, max_size=12))
+def test_any_history_renders_a_valid_messages_request(history: list[MessageRecord]) -> None:
+    messages = to_anthropic_messages(history)
+    check_messages_request(messages)

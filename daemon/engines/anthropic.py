@@ -30,7 +30,7 @@ from daemon.engines.base import (
     UsageReport,
 )
 from daemon.engines.modelcall import ModelCall, Route
-from daemon.engines.request import Answer, CallRequest
+from daemon.engines.request import MISSING_RESULT, Answer, CallRequest
 from daemon.engines.toolround import tool_loop
 from daemon.llm import anthropic_client as api
 from daemon.store.models import MessageRecord, TokenUsage
@@ -68,26 +68,46 @@ def to_anthropic_messages(
     the blocks its answer came as (thinking with its signature), sent back exactly;
     `errors`: the tool call ids whose results are errors."""
     out: list[dict[str, Any]] = []
+    waiting: list[str] = []  # the last answer's tool_use ids not yet answered
+
+    def answer_missing() -> None:
+        # The API wants every tool_use answered in the very next user message.
+        if waiting:
+            _append(out, "user", [{"type": "tool_result", "tool_use_id": call_id,
+                                   "content": MISSING_RESULT, "is_error": True}
+                                  for call_id in waiting])
+            waiting.clear()
+
     for m in history:
+        if m.role == "tool":
+            if m.tool_call_id is not None and m.tool_call_id in waiting:
+                waiting.remove(m.tool_call_id)
+                block: dict[str, Any] = {"type": "tool_result",
+                                         "tool_use_id": m.tool_call_id,
+                                         "content": m.content}
+                if m.tool_call_id in errors:
+                    block["is_error"] = True
+                _append(out, "user", [block])
+            else:  # its call is not in the request: the result, said as text
+                answer_missing()
+                _append(out, "user", [{"type": "text", "text": f"[result of tool call "
+                                       f"{m.tool_call_id or '?'}]\n{m.content or ''}"}])
+            continue
+        answer_missing()
         if m.role == "assistant":
             kept = blocks_of.get(id(m)) if blocks_of else None
             if kept is not None and kept[0] is m:
-                _append(out, "assistant", list(kept[1]) or [{"type": "text", "text": ""}])
-                continue
-            blocks: list[dict[str, Any]] = (
-                [{"type": "text", "text": m.content}] if m.content else [])
-            blocks += [{"type": "tool_use", "id": c["id"], "name": c["name"],
-                        "input": _input(c["arguments"])} for c in m.tool_calls or ()]
+                blocks = list(kept[1]) or [{"type": "text", "text": ""}]
+            else:
+                blocks = [{"type": "text", "text": m.content}] if m.content else []
+                blocks += [{"type": "tool_use", "id": c["id"], "name": c["name"],
+                            "input": _input(c["arguments"])} for c in m.tool_calls or ()]
+            waiting.extend(str(b["id"]) for b in blocks if b.get("type") == "tool_use")
             if blocks:
                 _append(out, "assistant", blocks)
-        elif m.role == "tool":
-            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_call_id,
-                                     "content": m.content}
-            if m.tool_call_id in errors:
-                block["is_error"] = True
-            _append(out, "user", [block])
         elif m.content:
             _append(out, "user", [{"type": "text", "text": m.content}])
+    answer_missing()
     return out
 
 

@@ -34,7 +34,7 @@ from daemon.engines.base import (
     UsageReport,
 )
 from daemon.engines.modelcall import ModelCall, Route
-from daemon.engines.request import Answer, CallRequest
+from daemon.engines.request import MISSING_RESULT, Answer, CallRequest
 from daemon.engines.toolround import tool_loop
 from daemon.llm import openai_client as llm
 from daemon.store.models import MessageRecord, TokenUsage
@@ -48,9 +48,6 @@ class _PendingCall:
     arguments: str = ""
 
 
-# What a request says for a tool call whose result the history does not hold (a turn
-# that ended while it ran): the API wants every call answered before the next message.
-MISSING_RESULT = "[no result: the turn ended before this tool call finished]"
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 

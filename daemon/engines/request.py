@@ -20,6 +20,9 @@ from daemon.engines.context import message_bytes, tokens
 from daemon.engines.modelcall import Route
 from daemon.store.models import MessageRecord, TokenUsage
 
+# What a request says for a tool call whose result the history does not hold (a turn
+# that ended while it ran): both APIs want every call answered before the next message.
+MISSING_RESULT = "[no result: the turn ended before this tool call finished]"
 STOP, LENGTH, CONTENT_FILTER, TOOL_CALLS = "stop", "length", "content_filter", "tool_calls"
 # What each API says, in the one vocabulary. Anything else (a server's own word) is
 # `stop`: the answer ended, and nothing says it was cut.
