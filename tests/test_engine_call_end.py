@@ -57,10 +57,12 @@ class _Context:
 
 
 @asynccontextmanager
-async def _engine(kind: str, url: str) -> AsyncIterator[Any]:
+async def open_engine(kind: str, url: str, **agent_keys: Any) -> AsyncIterator[Any]:
+    """An engine of `kind` ("openai", "anthropic") calling the server at `url`."""
     provider = ProviderConfig("p", "openai" if kind == "openai" else "anthropic",
                               base_url=url, max_retries=0)
-    agent = AgentConfig("a", engine=kind, provider="p", model="m", tools=("bash",))
+    agent = AgentConfig("a", engine=kind, provider="p", model="m", tools=("bash",),
+                        **agent_keys)
     async with open_provider_http(base_url=url) as http:
         slots = ProviderSlots("p", 0)
         if kind == "openai":
@@ -72,13 +74,19 @@ async def _engine(kind: str, url: str) -> AsyncIterator[Any]:
             yield AnthropicEngine(agent, ModelCall([routed]))
 
 
-async def _events(kind: str, provider: Provider, tmp_path: Path,
-                  message: str) -> list[EngineEvent]:
-    async with _engine(kind, provider.url) as engine:
+async def engine_events(kind: str, url: str, tmp_path: Path, message: str,
+                        **agent_keys: Any) -> list[EngineEvent]:
+    """Everything one turn's engine yields for `message` (no tool may run)."""
+    async with open_engine(kind, url, **agent_keys) as engine:
         tools: list[Tool] = [BashTool()]
         ctx = _Context(engine.agent, message, tmp_path, tools)
         async with aclosing(engine.run(ctx)) as stream:
             return [event async for event in stream]
+
+
+async def _events(kind: str, provider: Provider, tmp_path: Path,
+                  message: str) -> list[EngineEvent]:
+    return await engine_events(kind, provider.url, tmp_path, message)
 
 
 KINDS = pytest.mark.parametrize("kind", ["openai", "anthropic"])

@@ -4,7 +4,8 @@ port 0, real clients. What real servers do, not what a script says they do:
 
 - a streamed answer is stored exactly as it was streamed (chunks = JSON content = the
   stored message), counted by the estimate (this server sends no usage when streaming);
-- `max_output_tokens` is sent and the server stops there: the turn is `done`, short;
+- `max_output_tokens` is sent and the server stops there: the turn is `done`, short,
+  and the engine hands the turn `finish_reason: "length"` and an estimated usage;
 - a budget stops a turn although the server reports no usage;
 - a cancel mid-generation stops the server's generation: its CPU time stops growing
   within a second;
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 import trio
 
+from daemon.engines.base import Finished, UsageReport
 from tests.harness import (
     Provider,
     Recorder,
@@ -35,6 +37,7 @@ from tests.harness import (
     open_recorder,
 )
 from tests.llamaserver import LlamaServer, llama_server  # noqa: F401 (fixture)
+from tests.test_engine_call_end import engine_events
 
 AGENTS = """
 [providers.llama]
@@ -153,6 +156,21 @@ async def test_max_output_tokens_cuts_the_answer(running: Running) -> None:
     assert r.json()["tokenUsage"]["output"] <= 20
 
 
+async def test_the_engine_says_the_answer_was_cut_and_its_usage_estimated(
+        tmp_path: Path, llama_server: LlamaServer) -> None:  # noqa: F811
+    # What phase 2 puts on the wire (done.data.finishReason, estimated: true), read
+    # where the engine hands it to the turn: this server said `length`, and no usage.
+    events = await engine_events("openai", llama_server.url, tmp_path, STORY,
+                                 max_output_tokens=6)
+    [done] = [e for e in events if isinstance(e, Finished)]
+    assert done.finish_reason == "length" and done.content
+    [usage] = [e for e in events if isinstance(e, UsageReport)]
+    assert usage.estimated and usage.usage.output > 0
+    events = await engine_events("openai", llama_server.url, tmp_path, "Say hi.",
+                                 max_output_tokens=200)
+    assert [e.finish_reason for e in events if isinstance(e, Finished)] == ["stop"]
+
+
 async def test_a_budget_stops_a_turn_the_server_reports_no_usage_for(
         running: Running) -> None:
     async with open_recorder(running.ws_url) as rec:
@@ -216,7 +234,7 @@ async def test_its_refusal_of_a_prompt_over_its_window_is_an_overflow(
     # context_tokens left at 128,000 on a 1,024-token server: the server refuses.
     async with open_recorder(running.ws_url) as rec:
         r, stream = await _turn(running, rec, "apple " * 1500, "wide")
-    assert r.status_code == 500, r.text
+    assert r.status_code == 502, r.text  # CONTEXT_OVERFLOW: the provider's refusal
     error = stream[-1]["data"]
     assert error["code"] == "CONTEXT_OVERFLOW", error
     assert "maximum context length is 1024 tokens" in error["message"], error["message"]
