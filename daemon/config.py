@@ -125,6 +125,8 @@ class ProviderConfig:
     retry_max_ms: float = 30_000.0
     retry_after_max_s: float = 120.0
     max_concurrent: int = 0
+    # CONTRACT §14.1: the Chat Completions key the output cap is sent as.
+    max_tokens_key: str = "max_tokens"
     # A mock provider only: it refuses, as a real API does for its length (CONTRACT
     # §15), a request whose messages hold more than this many characters (0: never).
     max_context_chars: int = 0
@@ -152,6 +154,9 @@ class AgentConfig:
     # anthropic engine: the answer's token limit, and extended thinking (0 = off).
     max_tokens: int = 8192
     thinking_budget: int = 0
+    # CONTRACT §14.1: the output cap sent with every call (0: none; the anthropic
+    # engine then sends max_tokens, which its API requires).
+    max_output_tokens: int = 0
     # claude-cli engine: the executable, extra arguments, its HOME (default: the
     # session's workspace), and how long it may print nothing before the turn ends in
     # PROVIDER_ERROR. `env`: what every tool process of the agent gets (CONTRACT §16).
@@ -554,11 +559,22 @@ def _provider(file: str, name: str, table: Any) -> ProviderConfig:
         connect_timeout_s=r.positive_seconds("connect_timeout_s", 10.0),
         **_transport(r),
         **_retries(r),
+        max_tokens_key=_one_of(r, "max_tokens_key", MAX_TOKENS_KEYS),
     )
     if kind == "mock":
         cfg = replace(cfg, max_context_chars=r.positive_int("max_context_chars", 0, minimum=0))
     r.check_unknown()
     return cfg
+
+
+MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens")
+
+
+def _one_of(r: _Reader, key: str, choices: tuple[str, ...]) -> str:
+    value: str = r.get(key, str, choices[0])
+    if value not in choices:
+        raise r.fail(key, f"must be one of {', '.join(choices)}, got {value!r}")
+    return value
 
 
 def _retries(r: _Reader) -> dict[str, Any]:
@@ -800,6 +816,7 @@ def _agent(
         bash_max_output_bytes=r.positive_int("bash_max_output_bytes", 256 * 1024),
         max_tokens=r.positive_int("max_tokens", 8192),
         thinking_budget=r.positive_int("thinking_budget", 0, minimum=0),
+        max_output_tokens=r.positive_int("max_output_tokens", 0, minimum=0),
         command=r.get("command", str, "claude"),
         args=tuple(args),
         env=dict(env),
@@ -820,8 +837,10 @@ def _agent(
         raise r.fail("approve" if cfg.approve else "deny",
                      "the claude-cli engine runs its own tools; veild cannot hold them "
                      "for approval (use the CLI's own permission settings)")
-    if cfg.thinking_budget and cfg.thinking_budget >= cfg.max_tokens:
-        raise r.fail("thinking_budget", f"must be below max_tokens ({cfg.max_tokens})")
+    if cfg.thinking_budget and cfg.thinking_budget >= (cfg.max_output_tokens or cfg.max_tokens):
+        key = "max_output_tokens" if cfg.max_output_tokens else "max_tokens"
+        raise r.fail("thinking_budget",
+                     f"must be below {key} ({cfg.max_output_tokens or cfg.max_tokens})")
     r.check_unknown()
     return cfg
 

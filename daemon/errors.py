@@ -112,7 +112,8 @@ class ServiceUnavailable(ApiError):
 
 # What CONTRACT §14 retries: these statuses, and these reasons.
 TRANSIENT_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
-TRANSIENT_REASONS = frozenset({"connect", "reset", "timeout", "overloaded", "rate_limit"})
+TRANSIENT_REASONS = frozenset({"connect", "reset", "timeout", "overloaded", "rate_limit",
+                               "unfinished"})
 
 
 class ProviderError(VeildError):
@@ -123,10 +124,12 @@ class ProviderError(VeildError):
     such host), "reset" (the connection reset or closed before any byte of an answer, or
     inside its head), "timeout" (connecting, sending, or waiting for the response
     headers took too long), "overloaded" / "rate_limit" (an error event saying so before
-    the first delta); never transient: "stall" (silence mid-stream), "dropped" (the
-    connection broke or closed inside the body), "malformed" (not HTTP, a chunk or event
-    that is not JSON or of the wrong shape, an oversized line), "redirect",
-    "content_type" (a 2xx that is not an event stream), "tls" (the handshake or the
+    the first delta), "unfinished" (the stream ended — `[DONE]` or the body's clean end —
+    without a finish reason: cut short, CONTRACT §14.1); never transient: "stall"
+    (silence mid-stream), "dropped" (the connection broke inside the body), "malformed"
+    (not HTTP, a chunk or event that is not JSON or of the wrong shape, an oversized
+    line), "redirect", "content_type" (a 2xx that is neither an event stream nor a JSON
+    answer), "empty" (a 2xx event stream with no event in it), "tls" (the handshake or the
     certificate failed), "error_event" (any other error event, or one after a delta);
     None for a failed status (the status says it). `retry_after_s`: the wait the
     response asked for (`retry-after-ms`, else `Retry-After`), never negative; None if it

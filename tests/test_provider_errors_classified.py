@@ -10,6 +10,8 @@ transports (lean and httpx), against a provider speaking raw bytes (tests/rawpro
   ("reset"), a refused connection ("connect"), a connect that hangs and silence before
   the headers ("timeout") are transient — a reset on a pooled connection too, and the
   lean pool does not send that request again itself;
+- a stream that ends cleanly without a finish reason ("unfinished", CONTRACT §14.1)
+  is transient;
 - silence mid-stream ("stall"), a drop inside the body ("dropped"), a redirect, a page
   that is not an event stream, bytes that are not HTTP or a chunk that is not JSON
   ("malformed") and an unverifiable certificate ("tls") are not;
@@ -213,12 +215,21 @@ async def test_silence_before_the_headers_is_transient(rawp: RawProvider, transp
     (raw.events_then_end(b"data: {this is not json\n\n"), "malformed"),
     (raw.events_then_end(b'data: {"choices": 7, "type": "content_block_delta"}\n\n'),
      "malformed"),
-    (raw.events_then_end(b'event: ping\ndata: {"type": "ping"}\n\n'), "dropped"),
 ])
 async def test_what_is_never_transient(rawp: RawProvider, transport: str, api: str,
                                        behaviour: raw.Behaviour, reason: str) -> None:
     err = await _planned_failure(rawp, transport, api, behaviour)
     assert not err.transient and err.reason == reason, err.message
+
+
+async def test_a_stream_that_ends_without_a_finish_reason_is_transient(
+    rawp: RawProvider, transport: str, api: str) -> None:
+    # CONTRACT §14.1: the body's clean end (or `[DONE]`) without a finish reason is an
+    # answer cut short; §14 retries it when nothing of it was published.
+    err = await _planned_failure(rawp, transport, api, raw.events_then_end(
+        b'event: ping\ndata: {"type": "ping"}\n\n'))
+    assert err.transient and err.reason == "unfinished", err.message
+    assert "without a" in err.message and "cut short" in err.message
 
 
 async def test_an_unverifiable_certificate_is_not_transient(transport: str, api: str) -> None:
@@ -316,10 +327,10 @@ def test_transient_is_exactly_what_section_14_retries() -> None:
         assert ProviderError("x", status=status).transient
     for status in [*NEVER_RETRIED, 200, 302, 501, 505]:
         assert not ProviderError("x", status=status).transient
-    for reason in ("connect", "reset", "timeout", "overloaded", "rate_limit"):
+    for reason in ("connect", "reset", "timeout", "overloaded", "rate_limit", "unfinished"):
         assert ProviderError("x", reason=reason).transient
-    for reason in ("stall", "dropped", "malformed", "redirect", "content_type", "tls",
-                   "error_event", None):
+    for reason in ("stall", "dropped", "malformed", "redirect", "content_type", "empty",
+                   "tls", "error_event", None):
         assert not ProviderError("x", reason=reason).transient
     err = ProviderError("x", status=429, retry_after_s=3.0)
     assert (err.message, err.status, err.reason, err.retry_after_s) == ("x", 429, None, 3.0)

@@ -30,7 +30,7 @@ from daemon.engines.base import (
     UsageReport,
 )
 from daemon.engines.modelcall import ModelCall, Route
-from daemon.engines.request import Answer, CallRequest
+from daemon.engines.request import MISSING_RESULT, Answer, CallRequest
 from daemon.engines.toolround import tool_loop
 from daemon.llm import anthropic_client as api
 from daemon.store.models import MessageRecord, TokenUsage
@@ -68,26 +68,46 @@ def to_anthropic_messages(
     the blocks its answer came as (thinking with its signature), sent back exactly;
     `errors`: the tool call ids whose results are errors."""
     out: list[dict[str, Any]] = []
+    waiting: list[str] = []  # the last answer's tool_use ids not yet answered
+
+    def answer_missing() -> None:
+        # The API wants every tool_use answered in the very next user message.
+        if waiting:
+            _append(out, "user", [{"type": "tool_result", "tool_use_id": call_id,
+                                   "content": MISSING_RESULT, "is_error": True}
+                                  for call_id in waiting])
+            waiting.clear()
+
     for m in history:
+        if m.role == "tool":
+            if m.tool_call_id is not None and m.tool_call_id in waiting:
+                waiting.remove(m.tool_call_id)
+                block: dict[str, Any] = {"type": "tool_result",
+                                         "tool_use_id": m.tool_call_id,
+                                         "content": m.content}
+                if m.tool_call_id in errors:
+                    block["is_error"] = True
+                _append(out, "user", [block])
+            else:  # its call is not in the request: the result, said as text
+                answer_missing()
+                _append(out, "user", [{"type": "text", "text": f"[result of tool call "
+                                       f"{m.tool_call_id or '?'}]\n{m.content or ''}"}])
+            continue
+        answer_missing()
         if m.role == "assistant":
             kept = blocks_of.get(id(m)) if blocks_of else None
             if kept is not None and kept[0] is m:
-                _append(out, "assistant", list(kept[1]) or [{"type": "text", "text": ""}])
-                continue
-            blocks: list[dict[str, Any]] = (
-                [{"type": "text", "text": m.content}] if m.content else [])
-            blocks += [{"type": "tool_use", "id": c["id"], "name": c["name"],
-                        "input": _input(c["arguments"])} for c in m.tool_calls or ()]
+                blocks = list(kept[1]) or [{"type": "text", "text": ""}]
+            else:
+                blocks = [{"type": "text", "text": m.content}] if m.content else []
+                blocks += [{"type": "tool_use", "id": c["id"], "name": c["name"],
+                            "input": _input(c["arguments"])} for c in m.tool_calls or ()]
+            waiting.extend(str(b["id"]) for b in blocks if b.get("type") == "tool_use")
             if blocks:
                 _append(out, "assistant", blocks)
-        elif m.role == "tool":
-            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_call_id,
-                                     "content": m.content}
-            if m.tool_call_id in errors:
-                block["is_error"] = True
-            _append(out, "user", [block])
         elif m.content:
             _append(out, "user", [{"type": "text", "text": m.content}])
+    answer_missing()
     return out
 
 
@@ -116,6 +136,7 @@ class _MessagesConversation:
         agent = self.agent
         body: dict[str, Any] = {
             "model": model,
+            # The API requires a cap: max_output_tokens (output_cap), else max_tokens.
             "max_tokens": request.max_tokens or agent.max_tokens,
             "messages": to_anthropic_messages(request.messages, self._blocks, self._errors),
         }
@@ -132,7 +153,11 @@ class _MessagesConversation:
         blocks: dict[int, dict[str, Any]] = {}
         inputs: dict[int, list[str]] = {}
         usage = TokenUsage()
-        async with aclosing(route.client.stream_messages(self._body(route.model, request))) as s:
+        reported = False
+        stop: str | None = None
+        body = self._body(route.model, request)
+        answer.cap = body["max_tokens"]
+        async with aclosing(route.client.stream_messages(body)) as s:
             async for event in s:
                 if isinstance(event, api.BlockDelta):
                     block = blocks.get(event.index)
@@ -152,12 +177,13 @@ class _MessagesConversation:
                     blocks[event.index] = dict(event.block)
                 elif isinstance(event, api.MessageStart):
                     usage = TokenUsage(event.input_tokens, 0, event.cache_tokens)
+                    reported = reported or event.reported
                     if event.model:
                         yield ModelNamed(event.model)
                 elif isinstance(event, api.MessageEnd):
                     usage = TokenUsage(usage.input, event.output_tokens, usage.cache)
-        # input_tokens leaves out what was read from or written to the cache.
-        yield UsageReport(usage, iteration, usage.input + usage.cache)
+                    reported = reported or event.reported
+                    stop = stop or event.stop_reason
 
         content: list[dict[str, Any]] = []
         for index in sorted(blocks):
@@ -172,6 +198,16 @@ class _MessagesConversation:
             content.append(block)
         answer.text = "".join(b.get("text", "") for b in content if b.get("type") == "text")
         answer.raw = content
+        answer.ended(stop)
+        if reported:
+            answer.usage = usage
+            # input_tokens leaves out what was read from or written to the cache.
+            yield UsageReport(usage, iteration, usage.input + usage.cache)
+        else:  # a server that reported none (CONTRACT §14.1)
+            out = sum(len(str(b.get("text") or b.get("thinking") or "").encode())
+                      + len(json.dumps(b.get("input") or {})) * (b.get("type") == "tool_use")
+                      for b in content)
+            yield answer.estimate_usage(request, out, iteration)
 
     def add_answer(self, assistant: MessageRecord, answer: Answer) -> None:
         self._blocks[id(assistant)] = (assistant, answer.raw or [])

@@ -38,13 +38,15 @@ class ModelNamed:
 
 @dataclass(frozen=True, slots=True)
 class UsageReport:
-    """Usage of one LLM call, as the provider reported it."""
+    """Usage of one LLM call, as the provider reported it, or `estimated` when it
+    reported none (CONTRACT §14.1: counted by budgets all the same, and marked)."""
 
     usage: TokenUsage
     iteration: int
     # The request's size as the provider counted it (its whole input, cached parts
     # included): what the next call's estimate starts from (CONTRACT §15). 0: not said.
     prompt_tokens: int = 0
+    estimated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +152,9 @@ class Finished:
     content: str
     iterations: int
     cost: float = 0.0  # a cost the engine learned only at the end (added to the usage)
+    # Why the last call's answer ended (CONTRACT §14.1 `done.data.finishReason`):
+    # "stop", "length" (cut at its limit) or "content_filter".
+    finish_reason: str = "stop"
 
 
 EngineEvent = (

@@ -32,7 +32,7 @@ from daemon.engines.base import (
 )
 from daemon.engines.context import Calibration, Limits, Plan, Window, tokens
 from daemon.engines.modelcall import ModelCall, Route
-from daemon.engines.request import Answer, CallRequest, Conversation
+from daemon.engines.request import Answer, CallRequest, Conversation, output_cap
 from daemon.engines.summary_request import summary_tokens, system_prompt, transcript
 from daemon.errors import ContextOverflowError, ModelCallFailed
 from daemon.observe.tracing import NO_TURN_TRACE, TurnTrace
@@ -77,8 +77,10 @@ class Compactor:
         return limits.on and self.estimate() > limits.threshold
 
     def request(self) -> CallRequest:
-        """What the agent's next call is sent."""
-        return CallRequest(self.agent.system, self.window.sent())
+        """What the agent's next call is sent: the window, the agent's output cap
+        (CONTRACT §14.1), and the estimate an answer without usage is counted by."""
+        return CallRequest(self.agent.system, self.window.sent(),
+                           max_tokens=output_cap(self.agent), estimate=self.estimate())
 
     async def compact(self, reason: str, iteration: int, *, force: bool = False,
                       limits: Limits | None = None) -> AsyncGenerator[EngineEvent, None]:
@@ -130,7 +132,7 @@ class Compactor:
             request = CallRequest(
                 system_prompt(most * 3 // 4),
                 [MessageRecord("user", transcript(previous, messages, budget))],
-                tools=False, max_tokens=most)
+                tools=False, max_tokens=output_cap(self.agent, asked=most))
             texts: list[str] = []
             first = self.summary_call.routes[0]
             try:
@@ -178,7 +180,7 @@ class Compactor:
             async for event in s:
                 if isinstance(event, UsageReport):
                     # Not the agent's context: it calibrates nothing.
-                    yield UsageReport(event.usage, iteration)
+                    yield UsageReport(event.usage, iteration, estimated=event.estimated)
                 elif isinstance(event, ModelNamed):
                     yield event
         texts.append(answer.text)

@@ -169,11 +169,14 @@ class ModelCall(Generic[C]):
                                 yield event
                     return
                 except ProviderError as exc:
-                    if published or not exc.transient:
+                    # Refused for its length: the same request would be refused again
+                    # (even as a 500), it is compacted instead (CONTRACT §15).
+                    too_long_now = not published and refused_for_length(exc)
+                    if published or not exc.transient or too_long_now:
                         raise ModelCallFailed(
                             exc.message, status=exc.status, reason=exc.reason,
                             provider=provider.name, attempts=attempts,
-                            too_long=not published and refused_for_length(exc)) from exc
+                            too_long=too_long_now) from exc
                     last, too_long = exc, None
                     retry += 1
                     if retry > provider.max_retries:

@@ -2,9 +2,17 @@
 
 Per LLM call: reasoning and content deltas are yielded as they arrive; tool calls are
 assembled from their deltas (arguments may be split across many chunks); the provider's
-usage and model are yielded; the assistant message is yielded whole; then each tool
-runs and its result is yielded as a `tool` message. A call without tool calls ends the
-turn. More calls than `max_iterations` raise MaxIterationsError.
+usage and model are yielded — or, when it reported no usage, an estimate marked so
+(CONTRACT §14.1); the call's finish reason is kept on its Answer; the assistant message
+is yielded whole; then each tool runs and its result is yielded as a `tool` message. A
+call without tool calls ends the turn. More calls than `max_iterations` raise
+MaxIterationsError.
+
+Every request is valid for the API whatever the history holds (`to_openai_messages`):
+an empty answer goes back as `content: ""` (never null: llama-cpp-python's server refuses
+null even beside tool calls, with a 500), a tool call
+whose result is missing gets one saying so, and a tool result whose call is not in the
+request is sent as a user message naming it.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from daemon.engines.base import (
     UsageReport,
 )
 from daemon.engines.modelcall import ModelCall, Route
-from daemon.engines.request import Answer, CallRequest
+from daemon.engines.request import MISSING_RESULT, Answer, CallRequest
 from daemon.engines.toolround import tool_loop
 from daemon.llm import openai_client as llm
 from daemon.store.models import MessageRecord, TokenUsage
@@ -40,26 +48,52 @@ class _PendingCall:
     arguments: str = ""
 
 
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+def _call(c: dict[str, Any]) -> dict[str, Any]:
+    arguments = c.get("arguments")
+    return {"id": str(c.get("id") or ""), "type": "function",
+            "function": {"name": str(c.get("name") or ""),
+                         "arguments": arguments if isinstance(arguments, str)
+                         else json.dumps(arguments if arguments is not None else {})}}
+
+
 def to_openai_messages(system: str, history: list[MessageRecord]) -> list[dict[str, Any]]:
+    """The request's messages for `history`, valid for the API whatever it holds."""
     out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    waiting: list[str] = []  # the last answer's calls not yet answered, in order
+
+    def answer_missing() -> None:
+        out.extend({"role": "tool", "tool_call_id": call_id, "content": MISSING_RESULT}
+                   for call_id in waiting)
+        waiting.clear()
+
     for m in history:
+        if m.role == "tool":
+            if m.tool_call_id is not None and m.tool_call_id in waiting:
+                waiting.remove(m.tool_call_id)
+                out.append({"role": "tool", "tool_call_id": m.tool_call_id,
+                            "content": m.content or ""})
+            else:  # its call is not in the request: the result, said as text
+                answer_missing()
+                out.append({"role": "user", "content": f"[result of tool call "
+                            f"{m.tool_call_id or '?'}]\n{m.content or ''}"})
+            continue
+        answer_missing()
         if m.role == "assistant":
-            msg: dict[str, Any] = {"role": "assistant", "content": m.content or None}
-            if m.tool_calls:
-                msg["tool_calls"] = [
-                    {
-                        "id": c["id"],
-                        "type": "function",
-                        "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])
-                                     if not isinstance(c["arguments"], str) else c["arguments"]},
-                    }
-                    for c in m.tool_calls
-                ]
+            calls = [_call(c) for c in m.tool_calls or ()]
+            # Never null, even beside tool calls: the API allows null there, but
+            # llama-cpp-python's server refuses it (500) and "" means the same.
+            msg: dict[str, Any] = {"role": "assistant", "content": m.content or ""}
+            if calls:
+                msg["tool_calls"] = calls
+                waiting.extend(c["id"] for c in calls)
             out.append(msg)
-        elif m.role == "tool":
-            out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content})
         else:
-            out.append({"role": m.role, "content": m.content})
+            out.append({"role": m.role if m.role in ROLES else "user",
+                        "content": m.content or ""})
+    answer_missing()
     return out
 
 
@@ -90,15 +124,19 @@ class _ChatConversation:
         if self.tools and request.tools:
             body["tools"] = self.tools
         if request.max_tokens is not None:
-            body["max_tokens"] = request.max_tokens
+            body[route.provider.max_tokens_key] = request.max_tokens
+        answer.cap = request.max_tokens
         content: list[str] = []
         calls: dict[int, _PendingCall] = {}
+        thought = 0  # characters of reasoning (for an estimate of the output)
+        finish: str | None = None
         async with aclosing(route.client.stream_chat(body)) as deltas:
             async for delta in deltas:
                 if isinstance(delta, llm.ContentDelta):
                     content.append(delta.text)
                     yield ContentDelta(delta.text)
                 elif isinstance(delta, llm.ReasoningDelta):
+                    thought += len(delta.text)
                     yield ThinkingDelta(delta.text)
                 elif isinstance(delta, llm.ToolCallDelta):
                     pending = calls.setdefault(delta.index, _PendingCall())
@@ -110,10 +148,13 @@ class _ChatConversation:
                         delta.prompt_tokens, delta.completion_tokens,
                         delta.cached_tokens, delta.cost,
                     )
+                    answer.usage = usage
                     # prompt_tokens counts the cached part too: the whole request.
                     yield UsageReport(usage, iteration, delta.prompt_tokens)
                 elif isinstance(delta, llm.ModelDelta):
                     yield ModelNamed(delta.model)
+                elif isinstance(delta, llm.FinishDelta):
+                    finish = delta.reason
         answer.text = "".join(content)
         answer.calls = [
             {
@@ -123,6 +164,11 @@ class _ChatConversation:
             }
             for i, c in sorted(calls.items())
         ]
+        answer.ended(finish)
+        if answer.usage is None:
+            out = (len(answer.text.encode()) + thought
+                   + sum(len(c.name) + len(c.arguments) for c in calls.values()))
+            yield answer.estimate_usage(request, out, iteration)
 
     def add_answer(self, assistant: MessageRecord, answer: Answer) -> None:
         pass  # rendered from the window's copy

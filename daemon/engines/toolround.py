@@ -174,16 +174,19 @@ async def tool_loop(
             refused = exc
             continue
         refused = None
-        assistant = MessageRecord("assistant", answer.text, answer.calls or None, None,
-                                  now_ms())
+        # CONTRACT §14.1: a tool call the provider's limit cut is not run (its arguments
+        # may be half of what was meant); the turn ends with what was said, as cut.
+        calls = [] if answer.cut else answer.calls
+        assistant = MessageRecord("assistant", answer.text, calls or None, None, now_ms())
         conversation.add_answer(assistant, answer)
         compactor.window.append(assistant)
         yield MessageAppended(assistant, iteration)
-        if not answer.calls:
-            yield Finished(answer.text, iteration)
+        if not calls:
+            yield Finished(answer.text, iteration,
+                           finish_reason=answer.finish if answer.cut else "stop")
             return
         results: list[ToolFinished] = []
-        async with aclosing(run_tool_calls(ctx, answer.calls, iteration)) as round_:
+        async with aclosing(run_tool_calls(ctx, calls, iteration)) as round_:
             async for step in round_:
                 if isinstance(step, ToolResults):
                     results.extend(step.finished)

@@ -4,7 +4,10 @@
 usage), each content block's start and deltas (text, thinking, signature, tool input
 JSON), and the message's end (stop reason, output usage). A stream is complete only at
 `message_stop`; an HTTP error status, a transport error, an `error` event, a malformed
-or wrongly shaped event, or a stream that closes early raise ProviderError. An `error`
+or wrongly shaped event raise ProviderError; so does a stream that ends (its body
+closes, or `message_stop` comes) without a stop reason: it was cut short (reason
+"unfinished", CONTRACT §14.1). A 200 that answers with one JSON message instead of a
+stream is read as that answer (sse.data_batches). An `error`
 event that says overloaded or rate-limited (`overloaded_error`, `rate_limit_error`)
 before the first content delta is transient (reason "overloaded" / "rate_limit"); any
 other, or one after a delta, is not ("error_event"). At `message_stop` the call ends at
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import orjson
 
 from daemon.errors import ProviderError
 from daemon.llm.jsonload import load_object
@@ -37,6 +41,7 @@ class MessageStart:
     model: str
     input_tokens: int
     cache_tokens: int
+    reported: bool = True  # the message carried its input's usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +62,7 @@ class BlockDelta:
 class MessageEnd:
     stop_reason: str | None
     output_tokens: int
+    reported: bool = True  # the event carried the output's usage
 
 
 Event = MessageStart | BlockStart | BlockDelta | MessageEnd
@@ -97,27 +103,31 @@ class AnthropicClient:
     async def stream_messages(self, body: dict[str, Any]) -> AsyncGenerator[Event, None]:
         state = _State()
         async with aclosing(data_batches(self._http, self._url, {**body, "stream": True},
-                                         self._headers, state.ended)) as batches:
+                                         self._headers, state.ended,
+                                         whole=message_payloads)) as batches:
             async for batch in batches:
                 for event in state.read(batch):
                     yield event
                 if state.failure is not None:
                     raise state.failure
-        if not state.stopped:
-            raise ProviderError("provider closed the stream before message_stop",
-                                reason="dropped")
+        if not state.stop_reason:
+            how = "at message_stop" if state.stopped else "by closing the stream"
+            raise ProviderError(
+                f"provider ended the answer without a stop reason ({how}): it was cut "
+                f"short", reason="unfinished")
 
 
 class _State:
     """One stream's parse: whether it stopped, and the current read's run of deltas."""
 
     __slots__ = ("failure", "out", "run", "run_chars", "run_index", "run_kind", "said",
-                 "stopped")
+                 "stop_reason", "stopped")
 
     def __init__(self) -> None:
         # What went wrong in the current read, raised once what came before it is out.
         self.failure: ProviderError | None = None
         self.stopped = False
+        self.stop_reason: str | None = None  # message_delta's, once it came
         self.said = False  # a content delta came (in an earlier read)
         self.out: list[Event] = []
         self.run: list[str] = []
@@ -204,14 +214,19 @@ class _State:
                     int(usage.get("input_tokens") or 0),
                     int(usage.get("cache_read_input_tokens") or 0)
                     + int(usage.get("cache_creation_input_tokens") or 0),
+                    "input_tokens" in usage,
                 ))
             elif kind == "content_block_start":
                 block = event["content_block"]
                 self._other(BlockStart(int(event["index"]), str(block["type"]), block))
             elif kind == "message_delta":
-                self._other(MessageEnd((event.get("delta") or {}).get("stop_reason"),
-                                       int((event.get("usage") or {}).get("output_tokens")
-                                           or 0)))
+                stop = (event.get("delta") or {}).get("stop_reason")
+                if stop:
+                    self.stop_reason = self.stop_reason or str(stop)
+                usage = event.get("usage") or {}
+                self._other(MessageEnd(str(stop) if stop else None,
+                                       int(usage.get("output_tokens") or 0),
+                                       "output_tokens" in usage))
             elif kind == "message_stop":
                 self.stopped = True
             elif kind == "error":
@@ -220,3 +235,42 @@ class _State:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProviderError(f"provider sent an event of the wrong shape: "
                                 f"{payload[:200]!r}", reason="malformed") from exc
+
+
+def message_payloads(answer: dict[str, Any]) -> list[bytes] | None:
+    """A whole Messages API answer (a 200 JSON message to a streamed request) as the
+    events a stream of it would have sent; None when it is not one."""
+    content = answer.get("content")
+    if answer.get("type") != "message" or not isinstance(content, list):
+        return None
+    said = answer.get("usage")
+    usage: dict[str, Any] = said if isinstance(said, dict) else {}
+    start_usage = {k: v for k, v in usage.items() if k != "output_tokens"}
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": {
+        **answer, "content": [], "usage": start_usage}}]
+    for index, block in enumerate(content):
+        if not isinstance(block, dict):
+            return None
+        kind = block.get("type")
+        if kind == "text":
+            events.append({"type": "content_block_start", "index": index,
+                           "content_block": {"type": "text", "text": ""}})
+            events.append({"type": "content_block_delta", "index": index,
+                           "delta": {"type": "text_delta", "text": block.get("text", "")}})
+        elif kind == "thinking":
+            events.append({"type": "content_block_start", "index": index,
+                           "content_block": {"type": "thinking", "thinking": ""}})
+            events.append({"type": "content_block_delta", "index": index, "delta": {
+                "type": "thinking_delta", "thinking": block.get("thinking", "")}})
+            events.append({"type": "content_block_delta", "index": index, "delta": {
+                "type": "signature_delta", "signature": block.get("signature", "")}})
+        else:  # tool_use and the rest: the block as it came, input included
+            events.append({"type": "content_block_start", "index": index,
+                           "content_block": block})
+        events.append({"type": "content_block_stop", "index": index})
+    delta_usage = {"output_tokens": usage["output_tokens"]} if "output_tokens" in usage else {}
+    events.append({"type": "message_delta", "delta": {
+        "stop_reason": answer.get("stop_reason"),
+        "stop_sequence": answer.get("stop_sequence")}, "usage": delta_usage})
+    events.append({"type": "message_stop"})
+    return [orjson.dumps(event) for event in events]

@@ -6,11 +6,17 @@ delta holding their concatenated text (a run ends where another kind of delta co
 and each read's deltas are yielded as soon as it is parsed — nothing waits for a timer.
 
 Anything that is not a whole, well-formed stream — an HTTP error status, a transport
-error, a connection closed before `[DONE]` (or before a finish_reason), a chunk that is
-not JSON or not shaped like one, an `{"error": …}` chunk — raises ProviderError. There
-is no partial success. An error chunk that says overloaded or rate-limited before the
-first delta (content, reasoning, tool call) is transient (reason "overloaded" /
-"rate_limit"); any other, or one after a delta, is not ("error_event").
+error, a chunk that is not JSON or not shaped like one, an `{"error": …}` chunk — raises
+ProviderError. There is no partial success. How the answer ended is the FinishDelta of
+its finish_reason (CONTRACT §14.1); a stream that ends — at `[DONE]`, or the body's
+end — without one was cut short: ProviderError, reason "unfinished" (§14 retries it
+only when nothing of it was published). A 200 that answers with one JSON
+`chat.completion` instead of a stream is read as that answer (sse.data_batches); one
+whose event stream is empty is asked again unstreamed, which says why (`_asked_again`:
+llama-cpp-python's way of refusing a streamed prompt over its window). An
+error chunk that says overloaded or rate-limited before the first delta (content,
+reasoning, tool call) is transient (reason "overloaded" / "rate_limit"); any other, or
+one after a delta, is not ("error_event").
 
 The stream is complete at `[DONE]`: the call ends there at once, whatever the server
 does with the body after it (sse.data_batches' `ended`).
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import orjson
 
 from daemon.errors import ProviderError
 from daemon.llm.jsonload import load_object
@@ -62,7 +69,15 @@ class ModelDelta:
     model: str
 
 
-Delta = ContentDelta | ReasoningDelta | ToolCallDelta | UsageDelta | ModelDelta
+@dataclass(frozen=True, slots=True)
+class FinishDelta:
+    """Why the answer ended, as the provider said it (`stop`, `length`, `tool_calls`,
+    `content_filter`, …): the first finish_reason of the stream."""
+
+    reason: str
+
+
+Delta = ContentDelta | ReasoningDelta | ToolCallDelta | UsageDelta | ModelDelta | FinishDelta
 # What the model said: an error after one of these is no longer "before the first delta".
 _SAID = (ContentDelta, ReasoningDelta, ToolCallDelta)
 
@@ -103,28 +118,58 @@ class OpenAIClient:
     async def stream_chat(self, body: dict[str, Any]) -> AsyncGenerator[Delta, None]:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         state = _State()
-        async with aclosing(data_batches(self._http, self._url, body, self._headers,
-                                         state.ended)) as batches:
-            async for batch in batches:
-                for delta in state.read(batch):
-                    yield delta
-                if state.failure is not None:
-                    raise state.failure
-        if not state.finished:
-            raise ProviderError("provider closed the stream before it finished",
-                                reason="dropped")
+        try:
+            async with aclosing(data_batches(self._http, self._url, body, self._headers,
+                                             state.ended, whole=completion_payloads)) as batches:
+                async for batch in batches:
+                    for delta in state.read(batch):
+                        yield delta
+                    if state.failure is not None:
+                        raise state.failure
+        except ProviderError as exc:
+            if exc.reason != "empty":
+                raise
+            raise await self._asked_again(body, exc) from exc
+        if state.finish is None:
+            how = "with [DONE]" if state.done else "by closing the stream"
+            raise ProviderError(
+                f"provider ended the answer without a finish reason ({how}): it was cut "
+                f"short", reason="unfinished")
+
+
+    async def _asked_again(self, body: dict[str, Any], empty: ProviderError) -> ProviderError:
+        """Why a 200 came with an empty event stream. llama-cpp-python's server answers
+        so a streamed request it refuses (a prompt over its window: the error comes
+        after the headers); unstreamed, the same request says why in its own words (an
+        HTTP 400 `context_length_exceeded`, which CONTRACT §15 compacts). Asked once,
+        for one token (cheap when it is not refused); its failure, else `empty`."""
+        probe = {k: v for k, v in body.items()
+                 if k not in ("stream", "stream_options", "max_completion_tokens")}
+        probe["max_tokens"] = 1
+        headers = {**self._headers, "Accept": "application/json"}
+        try:
+            async with aclosing(data_batches(self._http, self._url, probe, headers,
+                                             whole=completion_payloads)) as batches:
+                async for _ in batches:
+                    pass
+        except ProviderError as said:
+            return ProviderError(f"{empty.message}; asked again without streaming, it "
+                                 f"said: {said.message}", status=said.status,
+                                 reason=said.reason, retry_after_s=said.retry_after_s)
+        return empty
 
 
 class _State:
     """One stream's parse: what it has seen, and the runs of text of the current read."""
 
-    __slots__ = ("done", "failure", "finished", "kind", "model", "out", "run", "run_chars",
+    __slots__ = ("done", "failure", "finish", "kind", "model", "out", "run", "run_chars",
                  "said")
 
     def __init__(self) -> None:
         # What went wrong in the current read, raised once what came before it is out.
         self.failure: ProviderError | None = None
-        self.finished = self.done = False
+        self.done = False  # `[DONE]` came
+        self.finish: str | None = None  # the answer's finish_reason, once it came
         self.said = False  # a delta of what the model said came (in an earlier read)
         self.model: str | None = None
         self.out: list[Delta] = []
@@ -137,7 +182,7 @@ class _State:
         try:
             for payload in batch:
                 if payload == b"[DONE]":
-                    self.finished = self.done = True
+                    self.done = True
                     break
                 if payload:
                     self._payload(payload)
@@ -207,7 +252,7 @@ class _State:
                 if delta.tool_calls:
                     self._shaped(self._tool_calls, delta.tool_calls)
             if choice.finish_reason:
-                self.finished = True
+                self._finished(choice.finish_reason)
         if chunk.usage:
             self._shaped(self._usage, chunk.usage)
 
@@ -229,14 +274,20 @@ class _State:
                 if content:
                     self._text(ContentDelta, str(content))
                 self._tool_calls(delta.get("tool_calls") or ())
-                if choice.get("finish_reason"):
-                    self.finished = True
+                finish = choice.get("finish_reason")
+                if finish:
+                    self._finished(str(finish))
             usage = chunk.get("usage")
             if usage:
                 self._usage(usage)
         except (AttributeError, TypeError, ValueError) as exc:
             raise ProviderError(f"provider sent a chunk of the wrong shape: {exc}",
                                 reason="malformed") from exc
+
+    def _finished(self, reason: str) -> None:
+        if self.finish is None:
+            self.finish = reason
+            self._other(FinishDelta(reason))
 
     @staticmethod
     def _shaped(part: Callable[[Any], None], value: Any) -> None:
@@ -268,3 +319,27 @@ class _State:
 
 def _parse_chunk(payload: bytes) -> dict[str, Any]:
     return load_object(payload, "chunk from the provider")
+
+
+def completion_payloads(answer: dict[str, Any]) -> list[bytes] | None:
+    """A whole `chat.completion` (a 200 JSON answer to a streamed request) as the chunks
+    a stream of it would have sent, `[DONE]` last; None when it is not one."""
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or answer.get("object") == "chat.completion.chunk":
+        return None
+    chunks: list[dict[str, Any]] = []
+    for place, choice in enumerate(choices):
+        if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+            return None
+        message = dict(choice["message"])
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            message["tool_calls"] = [{**call, "index": call.get("index", i)}
+                                     if isinstance(call, dict) else call
+                                     for i, call in enumerate(calls)]
+        chunks.append({"model": answer.get("model"), "choices": [{
+            "index": choice.get("index", place), "delta": message,
+            "finish_reason": choice.get("finish_reason")}]})
+    if answer.get("usage"):
+        chunks.append({"model": answer.get("model"), "choices": [], "usage": answer["usage"]})
+    return [orjson.dumps(chunk) for chunk in chunks] + [b"[DONE]"]

@@ -4,14 +4,18 @@ server-sent events' `data:` payloads — with every failure turned into Provider
 What is refused (CONTRACT §5.8), each with a message naming what was wrong:
 - a status that is not 2xx (a redirect is never followed: the message names its
   Location), with a bounded piece of its body;
-- a 2xx whose content type is not `text/event-stream` (a captive portal's HTML page);
+- a 2xx whose content type is not `text/event-stream` (a captive portal's HTML page),
+  unless it is one JSON answer its API's client can read (`whole`: a server that did
+  not stream) — an `{"error": …}` object there is the provider's error; anything else
+  is refused naming the status, the content type and the bytes that came;
+- a 2xx event stream whose body holds no event at all (empty: CONTRACT §14.1);
 - silence: connecting longer than the provider's `connect_timeout_s`, or no byte for
   `stall_timeout_s` before the response headers or mid-stream (per-read deadlines in
   either transport: they cost nothing per token);
 - a transport error or an oversized line.
 Each ProviderError says what a retry needs (CONTRACT §14): the status, a reason
 ("connect", "reset", "timeout" are transient; "stall", "dropped", "malformed",
-"redirect", "content_type", "tls" are not — daemon.errors) and the wait the response
+"redirect", "content_type", "empty", "tls" are not — daemon.errors) and the wait the response
 asked for (`retry-after-ms`, else `Retry-After` in seconds or as an HTTP date).
 
 Whether the stream was *complete* is the caller's to judge (each API marks its end its
@@ -51,7 +55,6 @@ from daemon.llm.provider_http import ProviderHTTP
 from daemon.llm.transport import (
     ConnectTimeout,
     LeanPool,
-    Response,
     StallTimeout,
     TransportError,
     caused_by,
@@ -142,37 +145,97 @@ def discard_connection(response: httpx.Response) -> None:
         pass  # already closed or reset: not reusable either
 
 
-async def _httpx_body_piece(response: httpx.Response) -> str:
-    raw = b""
+# A whole JSON answer (a server that did not stream) is read up to this many bytes.
+WHOLE_MAX = LINE_MAX
+# What a client makes of a whole JSON answer: its API's `data:` payloads, or None when
+# the object is not an answer of that API.
+Whole = Callable[[dict[str, Any]], list[bytes] | None]
+BodyRead = Callable[[int], Awaitable[bytes]]
+
+
+async def _httpx_body(response: httpx.Response, limit: int) -> bytes:
+    raw = bytearray()
     async for part in response.aiter_bytes():
         raw += part
-        if len(raw) >= ERROR_BODY_MAX:
+        if len(raw) >= limit:
             break
-    return raw[:ERROR_BODY_MAX].decode("utf-8", "replace")
+    return bytes(raw[:limit])
 
 
-async def _lean_body_piece(response: Response) -> str:
-    return (await response.read_up_to(ERROR_BODY_MAX)).decode("utf-8", "replace")
+def _size(headers: Mapping[str, str], got: int, limit: int) -> str:
+    """How many bytes the body held, as far as we know: its Content-Length, else what
+    was read (and "at least" when the read stopped at its limit)."""
+    length = headers.get("content-length")
+    if length is not None and length.strip().isdigit():
+        return f"{int(length)} bytes"
+    return f"at least {got} bytes" if got >= limit else f"{got} bytes"
 
 
-async def _refuse(status: int, headers: Mapping[str, str],
-                  body_piece: Callable[[], Awaitable[str]]) -> None:
-    """ProviderError unless the answer is a 2xx event stream."""
+def _media(headers: Mapping[str, str]) -> str:
+    return headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def _is_json(media: str) -> bool:
+    return media == "application/json" or media.endswith("+json")
+
+
+async def _refuse(status: int, headers: Mapping[str, str], body: BodyRead,
+                  whole: Whole | None = None) -> list[bytes] | None:
+    """ProviderError unless the answer is a 2xx event stream (None) or a JSON answer
+    `whole` reads (its payloads)."""
     if 300 <= status < 400:
         location = headers.get("location", "(none)")
         raise ProviderError(
             f"provider answered HTTP {status}, a redirect to {location[:200]}: redirects "
             f"are not followed (check base_url)", status=status, reason="redirect")
     if not 200 <= status < 300:
-        raise ProviderError(f"provider answered HTTP {status}: {await body_piece()}",
+        piece = (await body(ERROR_BODY_MAX)).decode("utf-8", "replace")
+        raise ProviderError(f"provider answered HTTP {status}: {piece}",
                             status=status, retry_after_s=retry_after_s(headers))
-    content_type = headers.get("content-type", "")
-    if content_type.split(";", 1)[0].strip().lower() != EVENT_STREAM:
-        piece = (await body_piece())[:200]
-        raise ProviderError(
-            f"provider answered HTTP {status} with content type "
-            f"{content_type[:100] or '(none)'!r}, not {EVENT_STREAM}: {piece!r}", status=status,
-            reason="content_type")
+    media = _media(headers)
+    if media == EVENT_STREAM:
+        return None
+    content_type = headers.get("content-type", "")[:100] or "(none)"
+    limit = WHOLE_MAX if whole is not None and _is_json(media) else ERROR_BODY_MAX
+    raw = await body(limit)
+    if limit == WHOLE_MAX and len(raw) < limit:
+        payloads = _whole_answer(raw, whole)
+        if payloads is not None:
+            return payloads
+    what = "an empty body" if not raw else f"{_size(headers, len(raw), limit)}"
+    piece = raw[:200].decode("utf-8", "replace")
+    raise ProviderError(
+        f"provider answered HTTP {status} with content type {content_type!r} and {what}: "
+        f"neither {EVENT_STREAM} nor a JSON answer{f': {piece!r}' if raw else ''}",
+        status=status, reason="content_type")
+
+
+def _whole_answer(raw: bytes, whole: Whole | None) -> list[bytes] | None:
+    """The payloads of a whole JSON answer; ProviderError for an `{"error": …}` object;
+    None when it is neither."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or whole is None:
+        return None
+    if "error" in value and "choices" not in value and "content" not in value:
+        error = value["error"]
+        message = error.get("message", error) if isinstance(error, dict) else error
+        kind = f"{error.get('type')}: " if isinstance(error, dict) and error.get("type") else ""
+        # No status of its own: an error like an error event (CONTRACT §15 reads its words).
+        raise ProviderError(f"provider answered with an error: {kind}{message}",
+                            reason=error_event_reason(error) or "error_event")
+    return whole(value)
+
+
+def _empty(status: int, headers: Mapping[str, str], got: int) -> ProviderError:
+    """A 2xx event stream whose body held no event (CONTRACT §14.1)."""
+    content_type = headers.get("content-type", "")[:100] or "(none)"
+    what = "an empty body (0 bytes)" if not got else f"{got} bytes and no event in them"
+    return ProviderError(f"provider answered HTTP {status} with content type "
+                         f"{content_type!r} and {what}: no answer", status=status,
+                         reason="empty")
 
 
 def _stalled(seconds: float, headers_in: bool) -> ProviderError:
@@ -283,7 +346,7 @@ def split_payloads(buffer: bytearray, piece: bytes) -> list[bytes]:
 
 def data_batches(
     http: ProviderHTTP, url: str, body: dict[str, Any], headers: dict[str, str],
-    ended: Callable[[], bool] = _never,
+    ended: Callable[[], bool] = _never, *, whole: Whole | None = None,
 ) -> AsyncGenerator[list[bytes], None]:
     """The `data:` payloads of a streamed POST, in order, grouped by the read that
     completed them: what arrives together can travel together (one event per read, not
@@ -292,11 +355,14 @@ def data_batches(
 
     `ended` is asked once the caller has taken each batch: True when that batch held the
     end of the answer. The generator then returns at once — the body's own end taken in
-    if it comes within END_GRACE_S and nothing else does, else its connection closed."""
+    if it comes within END_GRACE_S and nothing else does, else its connection closed.
+
+    `whole` reads a 2xx JSON answer (a server that did not stream) into the payloads a
+    stream of it would have carried: they come as one batch."""
     if http.lean is not None:
-        return _lean_batches(http.lean, url, body, headers, ended)
+        return _lean_batches(http.lean, url, body, headers, ended, whole)
     assert http.client is not None
-    return _httpx_batches(http.client, url, body, headers, ended)
+    return _httpx_batches(http.client, url, body, headers, ended, whole)
 
 
 def last_payloads(buffer: bytearray) -> list[bytes]:
@@ -306,17 +372,24 @@ def last_payloads(buffer: bytearray) -> list[bytes]:
 
 async def _lean_batches(
     pool: LeanPool, url: str, body: dict[str, Any], headers: dict[str, str],
-    ended: Callable[[], bool],
+    ended: Callable[[], bool], whole: Whole | None,
 ) -> AsyncGenerator[list[bytes], None]:
     # The pool puts a connection back only if its body was read to a clean end.
     try:
         async with pool.stream(url, dumps(body), {**headers, **JSON_HEADERS}) as response:
-            await _refuse(response.status, response.headers,
-                          lambda: _lean_body_piece(response))
+            answer = await _refuse(response.status, response.headers, response.read_up_to,
+                                   whole)
+            if answer is not None:
+                yield answer
+                return
             buffer = bytearray()
+            got = 0
+            said = False
             while piece := await response.receive_some():
+                got += len(piece)
                 payloads = split_payloads(buffer, piece)
                 if payloads:
+                    said = True
                     yield payloads
                     if ended():
                         if not (buffer or _more_after(piece)):  # else: not read on
@@ -324,13 +397,15 @@ async def _lean_batches(
                         return
             if payloads := last_payloads(buffer):
                 yield payloads
+            elif not said:
+                raise _empty(response.status, response.headers, got)
     except TransportError as exc:
         raise _translate_lean(exc, pool) from exc
 
 
 async def _httpx_batches(
     http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str],
-    ended: Callable[[], bool],
+    ended: Callable[[], bool], whole: Whole | None,
 ) -> AsyncGenerator[list[bytes], None]:
     headers_in = False
     try:
@@ -339,13 +414,20 @@ async def _httpx_batches(
             headers_in = True
             clean = False
             try:
-                await _refuse(response.status_code, response.headers,
-                              lambda: _httpx_body_piece(response))
+                answer = await _refuse(response.status_code, response.headers,
+                                       lambda limit: _httpx_body(response, limit), whole)
+                if answer is not None:
+                    yield answer
+                    return
                 buffer = bytearray()
+                got = 0
+                said = False
                 async with aclosing(response.aiter_bytes()) as pieces:  # type: ignore[type-var]
                     async for piece in pieces:
+                        got += len(piece)
                         payloads = split_payloads(buffer, piece)
                         if payloads:
+                            said = True
                             yield payloads
                             if ended():
                                 clean = (not (buffer or _more_after(piece))
@@ -354,6 +436,8 @@ async def _httpx_batches(
                                 return
                 if payloads := last_payloads(buffer):
                     yield payloads
+                elif not said:
+                    raise _empty(response.status_code, response.headers, got)
                 clean = "content-length" not in response.headers
             finally:
                 if not clean:  # an error, a cancel, a caller that stopped, a length

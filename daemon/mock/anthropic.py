@@ -69,18 +69,38 @@ def completion_tokens(spec: CallSpec) -> int:
     return words + sum(len(_pieces(json.dumps(t.get("arguments", {})))) for t in spec.tools)
 
 
-def events(spec: CallSpec, model: str, messages: list[dict[str, Any]]) -> Iterator[bytes]:
+# A script's `finish` (Chat Completions words) as the Messages API's stop_reason.
+STOP_REASONS = {"length": "max_tokens", "content_filter": "refusal", "stop": "end_turn",
+                "tool_calls": "tool_use"}
+
+
+def stop_reason(spec: CallSpec, cut: bool = False) -> str | None:
+    if spec.no_finish:
+        return None
+    if spec.finish:
+        return STOP_REASONS.get(spec.finish, spec.finish)
+    return "max_tokens" if cut else "tool_use" if spec.tools else "end_turn"
+
+
+def events(spec: CallSpec, model: str, messages: list[dict[str, Any]],
+           cap: int | None = None) -> Iterator[bytes]:
     mid = f"msg_{secrets.token_hex(8)}"
     start_usage = {**usage(messages, 0, spec.prompt_tokens), "output_tokens": 1}
     yield _sse("message_start", {"type": "message_start", "message": {
         "id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
-        "stop_reason": None, "stop_sequence": None, "usage": start_usage}})
+        "stop_reason": None, "stop_sequence": None,
+        **({"usage": start_usage} if spec.usage else {})}})
+    limit = cap if cap is not None else -1
+    out = 0  # pieces streamed (what a cap counts)
     index = 0
     if spec.think:
         yield _sse("content_block_start", {"type": "content_block_start", "index": index,
                                            "content_block": {"type": "thinking",
                                                              "thinking": "", "signature": ""}})
         for word in spec.think.split(" "):
+            if out == limit:
+                break
+            out += 1
             yield _sse("content_block_delta", {"type": "content_block_delta", "index": index,
                                                "delta": {"type": "thinking_delta",
                                                          "thinking": word + " "}})
@@ -89,11 +109,14 @@ def events(spec: CallSpec, model: str, messages: list[dict[str, Any]]) -> Iterat
                                                      "signature": secrets.token_hex(16)}})
         yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
         index += 1
-    if spec.say:
+    if spec.say and out != limit:
         yield _sse("content_block_start", {"type": "content_block_start", "index": index,
                                            "content_block": {"type": "text", "text": ""}})
         words = spec.say.split(" ")
         for i, word in enumerate(words):
+            if out == limit:
+                break
+            out += 1
             yield _sse("content_block_delta", {"type": "content_block_delta", "index": index,
                                                "delta": {"type": "text_delta", "text": word
                                                          if i == len(words) - 1
@@ -101,27 +124,33 @@ def events(spec: CallSpec, model: str, messages: list[dict[str, Any]]) -> Iterat
         yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
         index += 1
     for tool in spec.tools:
+        if out == limit:
+            break
         yield _sse("content_block_start", {"type": "content_block_start", "index": index,
                                            "content_block": {
                                                "type": "tool_use",
                                                "id": f"toolu_{secrets.token_hex(8)}",
                                                "name": tool.get("name", "bash"), "input": {}}})
         for piece in _pieces(json.dumps(tool.get("arguments", {}))):
+            if out == limit:
+                break
+            out += 1
             yield _sse("content_block_delta", {"type": "content_block_delta", "index": index,
                                                "delta": {"type": "input_json_delta",
                                                          "partial_json": piece}})
         yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
         index += 1
+    cut = out == limit and out < completion_tokens(spec)
     yield _sse("message_delta", {
         "type": "message_delta",
-        "delta": {"stop_reason": "tool_use" if spec.tools else "end_turn",
-                  "stop_sequence": None},
-        "usage": {"output_tokens": completion_tokens(spec)}})
-    yield _sse("message_stop", {"type": "message_stop"})
+        "delta": {"stop_reason": stop_reason(spec, cut), "stop_sequence": None},
+        **({"usage": {"output_tokens": out}} if spec.usage else {})})
+    if not spec.no_done:
+        yield _sse("message_stop", {"type": "message_stop"})
 
 
 def whole(spec: CallSpec, model: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """A non-streaming answer (side requests of clients, e.g. titles)."""
+    """A non-streaming answer (side requests of clients, e.g. titles; `json200`)."""
     content: list[dict[str, Any]] = []
     if spec.think:
         content.append({"type": "thinking", "thinking": spec.think,
@@ -131,10 +160,13 @@ def whole(spec: CallSpec, model: str, messages: list[dict[str, Any]]) -> dict[st
     content.extend({"type": "tool_use", "id": f"toolu_{secrets.token_hex(8)}",
                     "name": t.get("name", "bash"), "input": t.get("arguments", {})}
                    for t in spec.tools)
-    return {"id": f"msg_{secrets.token_hex(8)}", "type": "message", "role": "assistant",
-            "model": model, "content": content,
-            "stop_reason": "tool_use" if spec.tools else "end_turn", "stop_sequence": None,
-            "usage": usage(messages, completion_tokens(spec), spec.prompt_tokens)}
+    answer: dict[str, Any] = {
+        "id": f"msg_{secrets.token_hex(8)}", "type": "message", "role": "assistant",
+        "model": model, "content": content, "stop_reason": stop_reason(spec),
+        "stop_sequence": None}
+    if spec.usage:
+        answer["usage"] = usage(messages, completion_tokens(spec), spec.prompt_tokens)
+    return answer
 
 
 ERROR_TYPES = {"overloaded": "overloaded_error", "rate_limit": "rate_limit_error"}

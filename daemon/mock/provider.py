@@ -126,17 +126,31 @@ def _pieces(text: str, n: int = 3) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)] or [""]
 
 
+def request_cap(body: dict[str, Any]) -> int | None:
+    """The output cap a request sends (`max_tokens`, else `max_completion_tokens`)."""
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def _events(spec: CallSpec, model: str, messages: list[dict[str, Any]],
-            include_usage: bool) -> Iterator[bytes]:
+            include_usage: bool, cap: int | None = None) -> Iterator[bytes]:
     cid = f"chatcmpl-{secrets.token_hex(6)}"
     text = _TextChunks(model, cid, int(time.time()))
     completion = 0
+    limit = cap if cap is not None else -1
     yield _chunk(model, cid, {"role": "assistant", "content": ""})
     for word in spec.think.split(" ") if spec.think else ():
+        if completion == limit:
+            break
         completion += 1
         yield text(spec.reasoning_field, word + " ")
     words = spec.say.split(" ") if spec.say else []
     for i, word in enumerate(words):
+        if completion == limit:
+            break
         completion += 1
         if spec.stamp:
             # Taken as the chunk is made: _stream sends each chunk right after making it
@@ -144,21 +158,28 @@ def _events(spec: CallSpec, model: str, messages: list[dict[str, Any]],
             word = f"{word}@{time.time_ns()}"
         yield text("content", word if i == len(words) - 1 else word + " ")
     for index, tool in enumerate(spec.tools):
+        if completion == limit:
+            break
         call_id = f"call_{secrets.token_hex(6)}"
         yield _chunk(model, cid, {"tool_calls": [{
             "index": index, "id": call_id, "type": "function",
             "function": {"name": tool.get("name", "bash"), "arguments": ""},
         }]})
         for piece in _pieces(json.dumps(tool.get("arguments", {}))):
+            if completion == limit:
+                break
             completion += 1
             yield _chunk(model, cid, {"tool_calls": [{
                 "index": index, "function": {"arguments": piece},
             }]})
-    yield _chunk(model, cid, {}, finish="tool_calls" if spec.tools else "stop")
+    cut = completion == limit and completion < _completion_tokens(spec)
+    finish = spec.finish or ("length" if cut else "tool_calls" if spec.tools else "stop")
+    if not spec.no_finish:
+        yield _chunk(model, cid, {}, finish=finish)
     if include_usage and spec.usage:
-        assert completion == _completion_tokens(spec)
         yield _chunk(model, cid, None, usage=_usage(messages, completion, spec.prompt_tokens))
-    yield b"data: [DONE]\n\n"
+    if not spec.no_done:
+        yield b"data: [DONE]\n\n"
 
 
 def _whole(spec: CallSpec, model: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -173,13 +194,16 @@ def _whole(spec: CallSpec, model: str, messages: list[dict[str, Any]]) -> dict[s
             for t in spec.tools
         ]
     words = len(spec.think.split()) + len(spec.say.split())
-    return {
+    finish = spec.finish or ("tool_calls" if spec.tools else "stop")
+    answer: dict[str, Any] = {
         "id": f"chatcmpl-{secrets.token_hex(6)}", "object": "chat.completion",
         "created": int(time.time()), "model": model,
         "choices": [{"index": 0, "message": message,
-                     "finish_reason": "tool_calls" if spec.tools else "stop"}],
-        "usage": _usage(messages, words, spec.prompt_tokens),
+                     "finish_reason": None if spec.no_finish else finish}],
     }
+    if spec.usage:
+        answer["usage"] = _usage(messages, words, spec.prompt_tokens)
+    return answer
 
 
 class _Conn:
@@ -231,6 +255,13 @@ class _Conn:
 
 
 STREAM_HEADERS = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
+
+
+async def _empty_stream(conn: _Conn) -> None:
+    """`empty200`: a 200 event stream that holds nothing."""
+    await conn.send(h11.Response(status_code=200, headers=[*STREAM_HEADERS,
+                                                           ("content-length", "0")]))
+    await conn.send(h11.EndOfMessage())
 
 
 async def _stream(conn: _Conn, spec: CallSpec, events: Iterator[bytes]) -> None:
@@ -296,6 +327,7 @@ class Served:
     compaction: bool = False  # it was the daemon's summarising call
     request_chars: int = 0  # what it held (daemon.mock.script.request_chars)
     request_bytes: int = 0  # its raw body's length
+    body: dict[str, Any] | None = None  # the request's JSON body, as it came
 
 
 @dataclass
@@ -337,6 +369,10 @@ def _fault_name(failure: dict[str, Any]) -> str:
         return "reset"
     if failure.get("hang"):
         return "hang"
+    if failure.get("noFinish"):
+        return "noFinish"
+    if failure.get("empty200"):
+        return "empty200"
     if failure.get("errorEvent"):
         return f"errorEvent:{failure['errorEvent']}"
     return str(failure.get("status", 500))
@@ -345,7 +381,9 @@ def _fault_name(failure: dict[str, Any]) -> str:
 def _fault_status(failure: dict[str, Any]) -> int:
     if failure.get("reset") or failure.get("hang"):
         return 0
-    return 200 if failure.get("errorEvent") else int(failure.get("status", 500))
+    if failure.get("errorEvent") or failure.get("noFinish") or failure.get("empty200"):
+        return 200
+    return int(failure.get("status", 500))
 
 
 def _chat_error(kind: str) -> dict[str, Any]:
@@ -366,6 +404,19 @@ async def _fail(conn: _Conn, failure: dict[str, Any], api: str) -> None:
     if failure.get("hang"):
         await conn.stream.receive_some(1)  # until the client goes away
         raise _Abort()
+    if failure.get("empty200"):
+        await _empty_stream(conn)
+        return
+    if failure.get("noFinish"):
+        # What llama-cpp-python sends a running stream when another request arrives:
+        # the role chunk, no finish reason, `[DONE]` (Messages API: no stop reason).
+        script = CallSpec(no_finish=True)
+        events = (anthropic.events(script, "mock-1", []) if api == "messages" else
+                  _events(script, "mock-1", [], False))
+        await conn.send(h11.Response(status_code=200, headers=STREAM_HEADERS))
+        await conn.send(h11.Data(data=b"".join(events)))
+        await conn.send(h11.EndOfMessage())
+        return
     kind = failure.get("errorEvent")
     if kind:
         kind = str(kind)
@@ -386,11 +437,35 @@ async def _fail(conn: _Conn, failure: dict[str, Any], api: str) -> None:
     await conn.json_response(status, body, headers)
 
 
-def _chat_too_long(chars: int, limit: int) -> dict[str, Any]:
-    """OpenAI's refusal of messages over the model's window (`maxContextChars`)."""
+def _chat_too_long(chars: int, limit: int, refusal: str = "openai") -> dict[str, Any]:
+    """A Chat Completions server's refusal of messages over the model's window
+    (`maxContextChars`), in the words of `refusal` (each server's own body)."""
+    n, window = chars // 4, limit // 4
+    if refusal == "llama.cpp":  # llama-server (tools/server/utils.hpp)
+        return {"error": {
+            "code": 400, "message": f"request ({n} tokens) exceeds the available context "
+                                    f"size ({window} tokens), try increasing it",
+            "type": "exceed_context_size_error", "n_prompt_tokens": n, "n_ctx": window}}
+    if refusal == "llama-cpp-python":  # llama_cpp/server/errors.py, as captured
+        return {"error": {
+            "message": f"This model's maximum context length is {window} tokens. However, "
+                       f"you requested {n} tokens ({n} in the messages, None in the "
+                       "completion). Please reduce the length of the messages or "
+                       "completion.",
+            "type": "invalid_request_error", "param": "messages",
+            "code": "context_length_exceeded"}}
+    if refusal == "ollama":  # Ollama's OpenAI-compatible endpoint
+        return {"error": {"message": "the input length exceeds the context length",
+                          "type": "invalid_request_error", "param": None, "code": None}}
+    if refusal == "vllm":  # vLLM's input processor
+        return {"error": {
+            "message": f"The decoder prompt (length {n}) is longer than the maximum model "
+                       f"length of {window}. Make sure that `max_model_len` is no smaller "
+                       "than the number of text tokens.",
+            "type": "BadRequestError", "param": None, "code": 400}}
     return {"error": {
-        "message": f"This model's maximum context length is {limit // 4} tokens. However, "
-                   f"your messages resulted in {chars // 4} tokens. Please reduce the "
+        "message": f"This model's maximum context length is {window} tokens. However, "
+                   f"your messages resulted in {n} tokens. Please reduce the "
                    "length of the messages.",
         "type": "invalid_request_error", "param": "messages",
         "code": "context_length_exceeded"}}
@@ -400,7 +475,7 @@ def _seen(body: dict[str, Any], raw: bytes, mock: _Mock, messages: list[dict[str
           compaction: bool) -> dict[str, Any]:
     """What every log record of a request says about it."""
     return {"messages": messages, "in_flight": mock.in_flight, "compaction": compaction,
-            "request_chars": request_chars(body), "request_bytes": len(raw)}
+            "request_chars": request_chars(body), "request_bytes": len(raw), "body": body}
 
 
 async def _answer_messages(conn: _Conn, target: str, raw: bytes, mock: _Mock) -> None:
@@ -432,14 +507,18 @@ async def _answer_messages(conn: _Conn, target: str, raw: bytes, mock: _Mock) ->
                            **seen))
         await conn.json_response(400, anthropic.too_long_body(seen["request_chars"], limit))
         return
-    u = anthropic.usage(messages, anthropic.completion_tokens(spec), spec.prompt_tokens)
+    cap = request_cap(body)
+    completion = anthropic.completion_tokens(spec)
+    u = anthropic.usage(messages, min(completion, cap or completion), spec.prompt_tokens)
     mock.record(Served(model, {"prompt_tokens": u["input_tokens"],
-                               "completion_tokens": u["output_tokens"]}, spec.status or 200,
-                       body.get("thinking"), **seen))
+                               "completion_tokens": u["output_tokens"]} if spec.usage else None,
+                       spec.status or 200, body.get("thinking"), **seen))
     if spec.status:
         await conn.json_response(spec.status, anthropic.error_body(spec.status))
-    elif body.get("stream"):
-        await _stream(conn, spec, anthropic.events(spec, model, messages))
+    elif spec.empty_200 and body.get("stream"):
+        await _empty_stream(conn)
+    elif body.get("stream") and not spec.json_200:
+        await _stream(conn, spec, anthropic.events(spec, model, messages, cap))
     else:
         await conn.json_response(200, anthropic.whole(spec, model, messages))
 
@@ -491,17 +570,27 @@ async def _answer_chat(conn: _Conn, raw: bytes, mock: _Mock) -> None:
     if limit is not None:
         mock.record(Served(model, None, 400, tools=body.get("tools"), fault="context_length",
                            **seen))
-        await conn.json_response(400, _chat_too_long(seen["request_chars"], limit))
+        if spec.refusal == "llama-cpp-python" and body.get("stream"):
+            # As captured: its generator fails after the headers, so a streamed request
+            # gets a 200 event stream with an empty body; unstreamed, the 400 below.
+            await _empty_stream(conn)
+            return
+        await conn.json_response(400, _chat_too_long(seen["request_chars"], limit,
+                                                     spec.refusal))
         return
-    usage = (_usage(messages, _completion_tokens(spec), spec.prompt_tokens)
+    cap = request_cap(body)
+    completion = _completion_tokens(spec)
+    usage = (_usage(messages, min(completion, cap or completion), spec.prompt_tokens)
              if spec.usage and include_usage else None)
     mock.record(Served(model, usage, spec.status or 200, tools=body.get("tools"), **seen))
     if spec.status:
         await conn.json_response(spec.status, {"error": {
             "message": f"scripted failure {spec.status}", "type": "server_error"}})
         return
-    if body.get("stream"):
-        await _stream(conn, spec, _events(spec, model, messages, include_usage))
+    if spec.empty_200 and body.get("stream"):
+        await _empty_stream(conn)
+    elif body.get("stream") and not spec.json_200:
+        await _stream(conn, spec, _events(spec, model, messages, include_usage, cap))
     else:
         await conn.json_response(200, _whole(spec, model, messages))
 

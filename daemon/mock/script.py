@@ -23,7 +23,29 @@ A call spec:
     pause_after      with pause_until: after N chunks, send nothing until the file
     pause_until      at that path exists, then go on (tests release a turn at a
                      moment they choose; Chat Completions only)
-    usage            false to send no usage chunk
+    usage            false to send no usage chunk (Messages API: no usage in
+                     message_start nor message_delta) — as llama-cpp-python streams
+    finish           the finish reason the answer ends with instead of stop /
+                     tool_calls (e.g. "length", "content_filter"); the Messages API
+                     says it as its stop_reason ("length" -> max_tokens,
+                     "content_filter" -> refusal, "stop" -> end_turn, else as given)
+    noFinish         true: the answer carries no finish reason at all, then `[DONE]`
+                     (what llama-cpp-python sends a running stream when another
+                     request arrives); Messages API: stop_reason null, message_stop
+    noDone           true: the body ends cleanly without `[DONE]` / message_stop
+    empty200         true: a streamed request gets HTTP 200, content type
+                     text/event-stream, an empty body (an unstreamed one its answer)
+    json200          true: a streamed request is answered with one whole JSON answer
+                     (a server that does not stream)
+    refusal          whose words a refusal for length (`maxContextChars`) uses:
+                     "openai" (default), "llama.cpp", "llama-cpp-python", "ollama",
+                     "vllm" (Chat Completions; the Messages API's are its own).
+                     llama-cpp-python refuses a streamed request as it really does:
+                     HTTP 200, an empty event stream; unstreamed, its 400
+    An output cap in the request (`max_tokens`, `max_completion_tokens`; the Messages
+    API's `max_tokens`) is honoured as a real server does: past that many streamed
+    pieces (words of think and say, pieces of tool arguments) the answer stops, with
+    finish reason `length` (Messages API: `max_tokens`) unless `finish` says otherwise.
     stamp            true: each `say` word carries the wall-clock time (time.time_ns())
                      at which the mock wrote it, as `word7@1764590000123456789` (Chat
                      Completions only; `make bench` measures emit -> receipt with it)
@@ -41,6 +63,10 @@ A call spec:
                            or any other error type, sent as it is), then its end
                        {"hang": true}    no answer at all (not even the headers) until
                            the client goes away
+                       {"noFinish": true}  a 200 stream with no finish reason, then
+                           `[DONE]` (llama-cpp-python's habit); Messages API: no
+                           stop reason, then message_stop
+                       {"empty200": true}  a 200 event stream with an empty body
                      and may carry "times": N (that failure N times in a row).
     failModel        only requests for this model (the request's `model`) fail; others
                      are answered at once (e.g. a fallback's)
@@ -72,8 +98,9 @@ A call spec:
                      and the log records it with fault "context_length". A `fail` failure
                      due for the request comes first (it is a fault before the request is
                      read); `status` after.
-`key`, `fail`, `failModel`, `holdOpen`, `promptTokens` and `maxContextChars` may also
-stand at the top of a `calls` script, for every call of it that does not say otherwise.
+`key`, `fail`, `failModel`, `holdOpen`, `promptTokens`, `maxContextChars`, `refusal` and
+`usage` may also stand at the top of a `calls` script, for every call of it that does
+not say otherwise.
 
 What a request holds, in characters (`request_chars`, what `maxContextChars` and the
 log's `request_chars` count; Python characters, not bytes): the Messages API's `system`
@@ -193,6 +220,12 @@ class CallSpec:
     hold_open: bool = False
     prompt_tokens: int | None = None
     max_context_chars: int | None = None  # None: the provider's own setting
+    finish: str | None = None  # the finish reason sent instead of stop / tool_calls
+    no_finish: bool = False
+    no_done: bool = False
+    empty_200: bool = False
+    json_200: bool = False
+    refusal: str = "openai"
     call: int = 0  # which call of its script this is (0: the first)
 
 
@@ -233,6 +266,12 @@ def _spec(raw: dict[str, Any]) -> CallSpec:
         hold_open=bool(raw.get("holdOpen", False)),
         prompt_tokens=_int_or_none(raw.get("promptTokens")),
         max_context_chars=_int_or_none(raw.get("maxContextChars")),
+        finish=None if raw.get("finish") is None else str(raw["finish"]),
+        no_finish=bool(raw.get("noFinish", False)),
+        no_done=bool(raw.get("noDone", False)),
+        empty_200=bool(raw.get("empty200", False)),
+        json_200=bool(raw.get("json200", False)),
+        refusal=str(raw.get("refusal") or "openai"),
     )
 
 
@@ -241,7 +280,8 @@ def _int_or_none(value: Any) -> int | None:
 
 
 # What a `calls` script's top level may say for each of its calls.
-SHARED_KEYS = ("fail", "failModel", "key", "holdOpen", "promptTokens", "maxContextChars")
+SHARED_KEYS = ("fail", "failModel", "key", "holdOpen", "promptTokens", "maxContextChars",
+               "refusal", "usage")
 
 
 def _find_script(messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any] | None]:

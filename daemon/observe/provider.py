@@ -57,7 +57,9 @@ class ProviderCalls:
             }
             if error is not None:
                 fields["error"] = error[:300]
-            log.info("provider request %s", self.url, extra=fields)
+            # A provider's failure is worth an operator's eye (CONTRACT §14.1).
+            log.log(logging.WARNING if error is not None else logging.INFO,
+                    "provider request %s", self.url, extra=fields)
 
 
 class ObservedOpenAIClient(OpenAIClient):
