@@ -157,6 +157,8 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
                       obj(["injected", "sessionId"], injected=BOOL, sessionId=STR)),
             404: error("no such agent or session"),
             409: error("the session belongs to another agent, or its inbox is full"),
+            500: error("the turn ended in another error, e.g. CONTEXT_OVERFLOW (details: "
+                       "sessionId, turnId)"),
             502: error("the provider failed (details: sessionId, turnId)"),
         }, body=parse.ChatRequest.SCHEMA, tags=("sessions",),
     ))
@@ -338,6 +340,8 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
                        "= 0)"),
             404: _NO_SESSION,
             409: error("the session is running a turn"),
+            500: error("the context stays over the window: CONTEXT_OVERFLOW (details: "
+                       "sessionId, turnId)"),
             502: error("the summarising call failed (details: sessionId, turnId)"),
         }, tags=("sessions",),
     ))
