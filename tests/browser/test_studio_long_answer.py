@@ -33,10 +33,12 @@ OBSERVE = """() => {
   window.__obs.observe({ type: 'longtask' });
   window.__ended = null;
   new MutationObserver(() => {
-    if (window.__ended === null && document.querySelector('[data-testid=turn][data-terminal=done]')) {
+    const done = document.querySelector('[data-testid=turn][data-terminal=done]');
+    if (window.__ended === null && done) {
       window.__ended = performance.now();
     }
-  }).observe(document.body, { subtree: true, attributes: true, attributeFilter: ['data-terminal'] });
+  }).observe(document.body,
+    { subtree: true, attributes: true, attributeFilter: ['data-terminal'] });
   return performance.now();
 }"""
 
@@ -62,7 +64,8 @@ SAME_AS_RENDERER = """async ([id, text]) => {
   const html = parts.every((p) => p.matches('div.md-part'))
     ? parts.map((p) => p.innerHTML).join('') : el.innerHTML;
   return { same: html === want, got: html.length, want: want.length,
-           text: el.textContent === new DOMParser().parseFromString(want, 'text/html').body.textContent,
+           text: el.textContent
+             === new DOMParser().parseFromString(want, 'text/html').body.textContent,
            tail: el.textContent.slice(-40) };
 }"""
 
