@@ -61,8 +61,12 @@ class ServerConfig:
     retention_events: int = 200_000
     # ... and never more than this many bytes of stored JSON;
     retention_bytes: int = 256 * 1024 * 1024
-    # it writes what was published at least this often (one transaction per flush).
+    # it writes what was published at least this often (one transaction per flush);
     event_flush_ms: float = 50.0
+    # what waits for a slow disk is at most this many bytes (the events' size in
+    # memory); past it the oldest waiting events are given up for the log (live clients
+    # got them; a replay reports a stream.gap), logged and counted.
+    event_log_pending_bytes: int = 64 * 1024 * 1024
     # How long a turn may take to publish its terminal after shutdown cancels it.
     shutdown_grace_s: float = 5.0
     # How long a lagged or closing client gets to take its close frame before its
@@ -400,6 +404,8 @@ def _server(file: str, table: Any) -> ServerConfig:
         retention_events=r.positive_int("retention_events", 200_000),
         retention_bytes=r.positive_int("retention_bytes", 256 * 1024 * 1024),
         event_flush_ms=_positive_float(r, "event_flush_ms", 50.0),
+        event_log_pending_bytes=r.positive_int("event_log_pending_bytes", 64 * 1024 * 1024,
+                                               minimum=1024 * 1024),
         shutdown_grace_s=r.seconds("shutdown_grace_s", 5.0),
         client_close_grace_s=r.seconds("client_close_grace_s", 5.0),
         store_busy_timeout_s=r.positive_seconds("store_busy_timeout_s", 5.0,

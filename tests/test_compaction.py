@@ -157,7 +157,8 @@ async def test_refused_again_is_context_overflow(running: Running, provider: Pro
     async with open_recorder(running.ws_url) as rec:
         message = "y" * 6000 + "\n" + mock(say="never", maxContextChars=5000)
         r = await running.chat(message, agent="wide", sessionId=sid)
-        assert r.status_code == 502, r.text
+        # CONTRACT §3: 502 is PROVIDER_ERROR only; CONTEXT_OVERFLOW is 500.
+        assert r.status_code == 500, r.text
         assert r.json()["error"]["code"] == "CONTEXT_OVERFLOW"
         turn = r.json()["error"]["details"]["turnId"]
         terminal = await rec.terminal(turn)
@@ -173,17 +174,27 @@ async def test_refused_again_is_context_overflow(running: Running, provider: Pro
     before = len(provider.served)
     r = await running.chat("z" * 6000 + "\n" + mock(say="no", maxContextChars=5000),
                            agent="wide")
-    assert r.status_code == 502 and r.json()["error"]["code"] == "CONTEXT_OVERFLOW"
+    assert r.status_code == 500 and r.json()["error"]["code"] == "CONTEXT_OVERFLOW"
     assert len(provider.served) - before == 1
 
 
 async def test_compaction_off_refused_is_context_overflow(running: Running) -> None:
     r = await running.chat("w" * 6000 + "\n" + mock(say="no", maxContextChars=5000),
                            agent="nocompact")
-    assert r.status_code == 502 and r.json()["error"]["code"] == "CONTEXT_OVERFLOW"
+    assert r.status_code == 500 and r.json()["error"]["code"] == "CONTEXT_OVERFLOW"
     sid = r.json()["error"]["details"]["sessionId"]
     r = await running.http.post(f"/sessions/{sid}/compact")
     assert r.status_code == 400 and "context_tokens = 0" in r.json()["error"]["message"]
+
+
+async def test_the_spec_documents_context_overflow_as_500(running: Running) -> None:
+    """CONTRACT §3: the chat and compact routes document CONTEXT_OVERFLOW as 500, and
+    502 only for the provider's failure."""
+    doc = (await running.http.get("/openapi.json")).json()
+    for path in ("/agents/{name}/chat", "/sessions/{session_id}/compact"):
+        answers = doc["paths"][path]["post"]["responses"]
+        assert "CONTEXT_OVERFLOW" in answers["500"]["description"], path
+        assert "CONTEXT_OVERFLOW" not in answers["502"]["description"], path
 
 
 async def test_manual_compaction_is_a_compact_turn(running: Running, provider: Provider

@@ -234,7 +234,7 @@ async def test_its_refusal_of_a_prompt_over_its_window_is_an_overflow(
     # context_tokens left at 128,000 on a 1,024-token server: the server refuses.
     async with open_recorder(running.ws_url) as rec:
         r, stream = await _turn(running, rec, "apple " * 1500, "wide")
-    assert r.status_code == 502, r.text  # CONTEXT_OVERFLOW: the provider's refusal
+    assert r.status_code == 500, r.text  # CONTEXT_OVERFLOW (CONTRACT §3)
     error = stream[-1]["data"]
     assert error["code"] == "CONTEXT_OVERFLOW", error
     assert "maximum context length is 1024 tokens" in error["message"], error["message"]

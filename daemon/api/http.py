@@ -34,7 +34,7 @@ from daemon.api.spec import (
 from daemon.api.sse import sse_response
 from daemon.clock import new_id
 from daemon.runtime import events as ev
-from daemon.runtime.bus import Filter, Subscription
+from daemon.runtime.bus import Filter
 from daemon.runtime.context_view import context_wire
 from daemon.runtime.directory import TURN_TIMEOUT_S
 from daemon.runtime.toolrunner import offered_tools
@@ -92,11 +92,17 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     bp = Blueprint("http", __name__)
     sessions = rt.sessions
 
-    def stream_response(sub: Subscription, *, stop_at_terminal: bool) -> Response:
+    def stream_response(flt: Filter, since: int, *, stop_at_terminal: bool) -> Response:
+        """The SSE answer of `flt`'s events after seq `since`: subscribed when the body
+        starts (api/sse.py), replaying what was published from `since` on."""
         # A client that cannot even take the `: lagged` line must not pin the daemon.
         drop_if_stuck = partial(connections.abort_after, request.scope.get("client"),
                                 rt.config.server.client_close_grace_s)
-        return sse_response(sub, stop_at_terminal=stop_at_terminal, on_lagged=drop_if_stuck)
+        return sse_response(partial(rt.bus.subscribe, flt, since),
+                            stop_at_terminal=stop_at_terminal, on_lagged=drop_if_stuck)
+
+    def turn_filter(session_id: str, turn_id: str) -> Filter:
+        return Filter(session_ids=frozenset({session_id}), turn_id=turn_id, stream_only=True)
 
     async def body_object(*, allow_empty: bool = False) -> dict[str, Any]:
         raw = await request.get_data(as_text=False)
@@ -157,6 +163,8 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
                       obj(["injected", "sessionId"], injected=BOOL, sessionId=STR)),
             404: error("no such agent or session"),
             409: error("the session belongs to another agent, or its inbox is full"),
+            500: error("the turn ended in another error, e.g. CONTEXT_OVERFLOW (details: "
+                       "sessionId, turnId)"),
             502: error("the provider failed (details: sessionId, turnId)"),
         }, body=parse.ChatRequest.SCHEMA, tags=("sessions",),
     ))
@@ -169,16 +177,20 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
             if node is not None:
                 return await chat_elsewhere(node, agent.name, req)
         state = await sessions.session_for_chat(agent, req.session_id)
-        claim = sessions.claim_chat(state, req.message, sse=req.sse,
+        # SSE: nothing of the turn is published before this seq (the claim below is
+        # synchronous, the turn runs later); the body replays from it (CONTRACT §5.4).
+        before = rt.bus.latest_seq
+        claim = sessions.claim_chat(state, req.message, sse=req.sse, subscribe=False,
                                     budget_tokens=req.budget_tokens)
         if claim is None:
             # Mid-turn: through the inbox (stored first), steered into the running turn;
             # 409 when that inbox is full.
             await sessions.deliver(state.id, req.message)
             return _json({"injected": True, "sessionId": state.id}, 202)
-        if claim.subscription is not None:
-            return stream_response(claim.subscription, stop_at_terminal=True)
         turn = claim.turn
+        if req.sse:
+            return stream_response(turn_filter(state.id, turn.id), before,
+                                   stop_at_terminal=True)
         await turn.finished.wait()
         assert turn.outcome is not None
         if turn.outcome.code is not None and not turn.outcome.cancelled:
@@ -187,8 +199,9 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
 
     async def chat_elsewhere(node: str, agent: str, req: parse.ChatRequest) -> Response:
         """A chat to a session another node owns (CONTRACT §13): its turn runs there. In
-        SSE mode this node names the turn and subscribes first, then streams it from
-        its own bus, which carries every node's events."""
+        SSE mode this node names the turn and notes its bus's latest seq first, then
+        streams the turn from its own bus, which carries every node's events, replaying
+        from that seq."""
         assert req.session_id is not None
         body: dict[str, Any] = {"agent": agent, "sessionId": req.session_id,
                                 "message": req.message, "sse": req.sse,
@@ -198,17 +211,13 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
                                                   timeout_s=TURN_TIMEOUT_S)
             return _json(out, status)
         body["turnId"] = new_id("turn")
-        sub = rt.bus.subscribe(Filter(session_ids=frozenset({req.session_id}),
-                                      turn_id=body["turnId"], stream_only=True))
-        try:
-            status, out = await rt.directory.call(node, "chat", body)
-        except BaseException:
-            sub.close()
-            raise
+        # The owner numbers the turn's events after it was asked: all above this seq.
+        before = rt.bus.latest_seq
+        status, out = await rt.directory.call(node, "chat", body)
         if status != 200:  # injected into the turn running there
-            sub.close()
             return _json(out, status)
-        return stream_response(sub, stop_at_terminal=True)
+        return stream_response(turn_filter(req.session_id, body["turnId"]), before,
+                               stop_at_terminal=True)
 
     @bp.post("/sessions/<session_id>/cancel")
     @documented(Op(
@@ -338,6 +347,8 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
                        "= 0)"),
             404: _NO_SESSION,
             409: error("the session is running a turn"),
+            500: error("the context stays over the window: CONTEXT_OVERFLOW (details: "
+                       "sessionId, turnId)"),
             502: error("the summarising call failed (details: sessionId, turnId)"),
         }, tags=("sessions",),
     ))
@@ -373,10 +384,10 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         if after is None:
             after = parse.int_param(request.args.get("after"), "after")
         await sessions.record(session_id)  # 404 for an unknown session
-        sub = rt.bus.subscribe(
-            Filter(session_ids=frozenset({session_id}), stream_only=True), since=after
-        )
-        return stream_response(sub, stop_at_terminal=False)
+        # Live from now (no `after`): what is published before the body starts is replayed.
+        return stream_response(Filter(session_ids=frozenset({session_id}), stream_only=True),
+                               rt.bus.latest_seq if after is None else after,
+                               stop_at_terminal=False)
 
     @bp.delete("/sessions/<session_id>")
     @documented(Op(

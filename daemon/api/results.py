@@ -43,7 +43,8 @@ class TurnFailed(ApiError):
             **(outcome.details or {}), "sessionId": outcome.session.id, "turnId": outcome.turn_id,
         })
         self.code = outcome.code or "INTERNAL_ERROR"
-        # The provider failed, or refused the session's context for its length (§15).
-        self.status = 502 if self.code in ("PROVIDER_ERROR", "CONTEXT_OVERFLOW") else 500
+        # Only a provider failure is 502 (CONTRACT §3); every other code, CONTEXT_OVERFLOW
+        # (§15) included, is 500.
+        self.status = 502 if self.code == "PROVIDER_ERROR" else 500
         if (outcome.details or {}).get("reason") == STORE_UNAVAILABLE:
             self.code, self.status = "UNAVAILABLE", 503

@@ -5,6 +5,12 @@ body chunk (the frame bytes were built once per event, not per client). A commen
 keeps idle connections alive through proxies. A lagged subscription (runtime/bus.py)
 ends the stream with `: lagged seq=N`, and the connection is aborted if even that cannot
 be written within `client_close_grace_s` (as on /ws).
+
+The subscription is taken when the body starts, inside the generator, never in the
+handler: a response whose body never starts (the client hung up before it, a send of
+the headers that failed) then holds nothing on the bus. A route that must not miss what
+was published meanwhile (an SSE chat claims its turn in the handler) opens it with
+`since=` the seq it noted then, so it is replayed: every event of the turn, in order.
 """
 
 from __future__ import annotations
@@ -21,11 +27,12 @@ KEEPALIVE_S = 15.0
 
 
 def sse_response(
-    sub: Subscription, *, stop_at_terminal: bool, on_lagged: Callable[[], None] | None,
+    open_sub: Callable[[], Subscription], *, stop_at_terminal: bool,
+    on_lagged: Callable[[], None] | None,
 ) -> Response:
-    sub.on_lagged = on_lagged
+    """`open_sub` is called when the body starts (see the module's docstring)."""
     response = Response(
-        _frames(sub, stop_at_terminal),
+        _frames(open_sub, stop_at_terminal, on_lagged),
         status=200,
         content_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -34,7 +41,10 @@ def sse_response(
     return response
 
 
-async def _frames(sub: Subscription, stop_at_terminal: bool) -> AsyncIterator[bytes]:
+async def _frames(open_sub: Callable[[], Subscription], stop_at_terminal: bool,
+                  on_lagged: Callable[[], None] | None) -> AsyncIterator[bytes]:
+    sub = open_sub()
+    sub.on_lagged = on_lagged
     with sub:
         while True:
             batch: list[Item] | None = None

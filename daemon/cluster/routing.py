@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How long `gather` waits for the other nodes' parts, all of them together.
+GATHER_S = 2.0
 # One attempt of a short operation: a reply lost or late past it is asked for again
 # (same idempotency key) while the owner lives.
 ATTEMPT_S = 10.0
@@ -289,18 +291,38 @@ class Router:
     async def gather(self, op: str, body: dict[str, Any],
                      here: Callable[[], Awaitable[Result]]) -> list[dict[str, Any]]:
         """Ask every live node for its part (e.g. its pending approvals; this node's is
-        `here`) and put the answers together, oldest first. A node that does not answer
-        in time is left out (logged): its turns' requests reappear once it answers."""
-        parts: list[dict[str, Any]] = []
-        for node in await self._coordination.nodes():
-            if node.node_id == self.node_id:
-                _, out = await here()
-            else:
-                try:
-                    _, out = await self.call(node.node_id, op, body, timeout_s=2.0)
-                except ServiceUnavailable:
-                    log.warning("node %s did not answer %s", node.node_id, op)
-                    continue
-            parts.extend(out.get(op, []))
+        `here`) and put the answers together, oldest first. The other nodes are asked
+        at once, all of them within GATHER_S together (not one after another, GATHER_S
+        each: ten dead nodes were twenty seconds). A node that does not answer in time
+        is left out (logged): its turns' requests reappear once it answers."""
+        others = [n.node_id for n in await self._coordination.nodes() if n.node_id != self.node_id]
+        answers: dict[str, list[dict[str, Any]]] = {}
+        failed: list[BaseException] = []
+
+        async def ask(node_id: str) -> None:
+            try:
+                _, out = await self.call(node_id, op, body, timeout_s=GATHER_S)
+            except ServiceUnavailable:
+                log.warning("node %s did not answer %s", node_id, op)
+                answers[node_id] = []
+                return
+            except Exception as exc:  # raised as it is, as when nodes were asked in turn
+                failed.append(exc)
+                return
+            answers[node_id] = out.get(op, [])
+
+        with trio.move_on_after(GATHER_S):
+            async with trio.open_nursery() as nursery:
+                for node_id in others:
+                    nursery.start_soon(ask, node_id)
+        if failed:
+            raise failed[0]
+        for node_id in others:
+            if node_id not in answers:
+                log.warning("node %s did not answer %s within %gs", node_id, op, GATHER_S)
+        _, out = await here()
+        parts: list[dict[str, Any]] = list(out.get(op, []))
+        for node_id in others:
+            parts.extend(answers.get(node_id, []))
         parts.sort(key=lambda a: (a.get("requestedAt", 0), a.get("approvalId", "")))
         return parts

@@ -17,15 +17,32 @@ silent hole.
 
 Retention: rows older than `retention_events` seqs, or past `retention_bytes` of stored
 JSON (counted in bytes), are deleted in the flush that passes the bound.
+
+A slow or hung disk (issue 44):
+- What waits to be written is bounded in bytes (`[server] event_log_pending_bytes`, the
+  events' size in memory). Publishing never waits for the disk, so past the bound the
+  oldest waiting events are given up for the log: live subscribers got them (and the
+  ring keeps them while it can), a later replay reports them as a `stream.gap`, never as
+  a silent hole. Each episode is logged once, at its start and at its end, and counted
+  (`given_up`).
+- Every call into the worker thread is abandoned when its caller is cancelled, so a
+  shutdown or a client that goes away never waits for a hung disk; the thread keeps the
+  connection's one slot until it really returns, so no second call runs beside it.
+  Reads are bounded by `read_timeout_s` (the store's busy timeout): past it they fail as
+  a store error, as a read the disk refused would. Closing is bounded by its caller.
+- A file SQLite finds corrupt after the open (a flush or a read meets SQLITE_CORRUPT or
+  SQLITE_NOTADB) is moved aside as at the open, and a new one continues the seqs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -36,6 +53,7 @@ from daemon.eventlog.ring import PagedReplay, Ring
 from daemon.runtime.events import Envelope
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 T = TypeVar("T")
 
@@ -49,6 +67,9 @@ RING_BYTES = 32 * 1024 * 1024
 # up (and replayed as a gap) rather than holding memory without bound. A disk that
 # accepts writes is never given up on, however far behind it is.
 MAX_PENDING = 1_000_000
+# `[server] event_log_pending_bytes`' default: what may wait for a slow disk, in bytes
+# of the events' size in memory (Envelope.size).
+PENDING_BYTES = 64 * 1024 * 1024
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -250,16 +271,54 @@ class _Disk:
         return [_envelope(r) for r in rows]
 
 
+def _open_file(path: Path, retention_events: int, retention_bytes: int, seq_floor: int
+               ) -> tuple[_Disk, int, int]:
+    """The log's file, opened (created if missing) with a reservation ahead: (the disk,
+    the first seq to hand out, the reserved bound). In the worker thread."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.executescript(_SCHEMA)
+        disk = _Disk(conn, retention_events, retention_bytes)
+        latest = conn.execute("SELECT max(seq) FROM events").fetchone()[0] or 0
+        first = max(latest, disk.meta("reserved") or 0, seq_floor) + 1
+        # Reserve before anything is handed out: a crash from here on restarts
+        # above every seq this process may use before its first flush.
+        reserved = first - 1 + RESERVE_AHEAD
+        conn.execute("BEGIN IMMEDIATE")
+        if first - 1 > latest:
+            disk.add_hole(latest + 1, first - 1)
+        conn.execute("COMMIT")
+        disk.write([], reserved)
+    except BaseException:
+        conn.close()
+        raise
+    return disk, first, reserved
+
+
 class SqliteEventLog:
     """The EventLog port, durable in one SQLite file. Open with `await open(...)`, run
     `serve` with `nursery.start`, `aclose` at shutdown (under a bounded shield)."""
 
     def __init__(self, disk: _Disk, first_seq: int, reserved: int, *, flush_s: float,
                  ring_events: int, ring_bytes: int,
-                 mirror: Callable[[int], Awaitable[None]] | None = None) -> None:
+                 mirror: Callable[[int], Awaitable[None]] | None = None,
+                 path: Path | None = None, pending_bytes: int = PENDING_BYTES,
+                 read_timeout_s: float = 5.0) -> None:
         self._disk = disk
         self._mirror = mirror
+        self._path = path  # where a corrupt file is moved aside from (None: never)
+        # The connection's one token: held by a call's thread until it returns, also
+        # after its caller gave up on it (trio.to_thread releases it then).
         self._limiter = trio.CapacityLimiter(1)
+        self._max_pending_bytes = pending_bytes
+        self._pending_bytes = 0
+        self._read_timeout_s = read_timeout_s
+        self.given_up = 0  # events given up for the log (a slow or failing disk)
+        self._giving_up = False  # in an episode of give-ups (logged at its start, end)
         self._flush_s = flush_s
         self._retention_events = disk.retention_events
         self._next_seq = first_seq
@@ -283,13 +342,14 @@ class SqliteEventLog:
         cls, path: Path, *, retention_events: int, retention_bytes: int,
         flush_ms: float, seq_floor: int = 0,
         mirror: Callable[[int], Awaitable[None]] | None = None,
+        pending_bytes: int = PENDING_BYTES, read_timeout_s: float = 5.0,
     ) -> SqliteEventLog:
         """`seq_floor`: a seq every new one must exceed. `mirror`: told every reserved
         bound (and the last seq at a clean stop), so that the store keeps the floor for
         the next start even if this file is lost."""
         def _open() -> tuple[_Disk, int, int]:
             try:
-                return _open_file()
+                return _open_file(path, retention_events, retention_bytes, seq_floor)
             except sqlite3.DatabaseError as exc:
                 if _sqlite_code(exc) not in _CORRUPT:
                     raise
@@ -299,31 +359,7 @@ class SqliteEventLog:
                 log.warning("event log: %s is not a readable database (%s): moved aside "
                             "to %s; starting a new one (replay of earlier events is "
                             "lost: clients get a stream.gap)", path, exc, aside.name)
-                return _open_file()
-
-        def _open_file() -> tuple[_Disk, int, int]:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.execute("PRAGMA busy_timeout=5000")
-                conn.executescript(_SCHEMA)
-                disk = _Disk(conn, retention_events, retention_bytes)
-                latest = conn.execute("SELECT max(seq) FROM events").fetchone()[0] or 0
-                first = max(latest, disk.meta("reserved") or 0, seq_floor) + 1
-                # Reserve before anything is handed out: a crash from here on restarts
-                # above every seq this process may use before its first flush.
-                reserved = first - 1 + RESERVE_AHEAD
-                conn.execute("BEGIN IMMEDIATE")
-                if first - 1 > latest:
-                    disk.add_hole(latest + 1, first - 1)
-                conn.execute("COMMIT")
-                disk.write([], reserved)
-            except BaseException:
-                conn.close()
-                raise
-            return disk, first, reserved
+                return _open_file(path, retention_events, retention_bytes, seq_floor)
 
         try:
             disk, first, reserved = await trio.to_thread.run_sync(_open)
@@ -331,7 +367,8 @@ class SqliteEventLog:
             raise StoreError(f"cannot open the event log at {path}: {exc}") from exc
         log_ = cls(disk, first, reserved, flush_s=flush_ms / 1000,
                    ring_events=min(RING_EVENTS, retention_events),
-                   ring_bytes=min(RING_BYTES, retention_bytes), mirror=mirror)
+                   ring_bytes=min(RING_BYTES, retention_bytes), mirror=mirror,
+                   path=path, pending_bytes=pending_bytes, read_timeout_s=read_timeout_s)
         await log_._tell_mirror(reserved)
         return log_
 
@@ -364,10 +401,13 @@ class SqliteEventLog:
         self._ring.add(env, evictable_upto=self._flushed)
         pending = self._pending
         pending.append(env)
+        self._pending_bytes += env.size
         if len(pending) == 1:
             self._wanted.set()
         elif len(pending) > MAX_PENDING and self._failing:
             self._give_up(len(pending) // 2)
+        elif self._pending_bytes > self._max_pending_bytes:
+            self._give_up_bytes()
 
     def replay(self, since: int) -> PagedReplay:
         floor = retention_floor(self.latest_seq, self._retention_events, self._disk.holes)
@@ -399,24 +439,30 @@ class SqliteEventLog:
         """Write what is pending now (also called at close)."""
         self._wanted = trio.Event()
         batch, self._pending = self._pending, []
+        self._pending_bytes = 0
         # Move the reservation only when half of it is used: most flushes leave it.
         reserved = self._reserved
         if self._next_seq > reserved - RESERVE_AHEAD // 2:
             reserved = self._next_seq - 1 + RESERVE_AHEAD
+        disk = self._disk
         try:
-            oldest = await trio.to_thread.run_sync(
-                self._disk.write, batch, reserved, limiter=self._limiter
-            )
+            oldest = await self._in_thread(disk.write, batch, reserved)
         except sqlite3.Error as exc:
             # Keep the batch for the next tick; a disk that stays broken is bounded by
-            # MAX_PENDING. A cancel while writing loses nothing either: the thread's
-            # transaction commits or rolls back on its own, and a re-write replaces.
+            # MAX_PENDING and the pending bytes. A cancel while writing loses nothing
+            # either: the thread's transaction commits or rolls back on its own, and a
+            # re-write replaces.
             self._failed(len(batch), exc)
             self._requeue(batch)
+            await self._if_corrupt(disk, exc)
             return
         except BaseException:
             self._requeue(batch)
             raise
+        if self._giving_up:
+            log.warning("event log: the disk caught up; %d events given up for it in "
+                        "all (a replay reports them as a stream.gap)", self.given_up)
+            self._giving_up = False
         if self._failing:
             log.warning("event log: flushing again after %d failed flushes over %.1f s",
                         self.failed_flushes, trio.current_time() - self._failing_since)
@@ -426,7 +472,7 @@ class SqliteEventLog:
         self._reserved = reserved
         self._oldest = oldest
         if batch:
-            self._flushed = batch[-1].seq
+            self._flushed = max(self._flushed, batch[-1].seq)
             self._ring.trim(self._flushed)
         self.flushes += 1
         if moved:
@@ -451,7 +497,7 @@ class SqliteEventLog:
                 disk.conn.close()
 
         try:
-            await trio.to_thread.run_sync(_close, limiter=self._limiter)
+            await self._in_thread(_close)
         except sqlite3.Error as exc:
             # Not a clean stop, then: the next start skips ahead and reports a gap.
             log.error("event log: could not record a clean stop: %s", exc)
@@ -475,10 +521,7 @@ class SqliteEventLog:
                 found += [_envelope(r) for r in rows]
             return found
 
-        try:
-            found = await trio.to_thread.run_sync(_scan, limiter=self._limiter)
-        except sqlite3.Error as exc:
-            raise StoreError(f"event log read failed: {exc}") from exc
+        found = await self._bounded_read(_scan)
         on_disk = {e.seq for e in found}
         found += [e for e in self._ring.since(since) if e.turn_id in wanted
                   and e.event_type in ("done", "error") and e.seq not in on_disk]
@@ -495,12 +538,57 @@ class SqliteEventLog:
             log.error("event log: could not copy the seq reservation to the store: %s", exc)
 
     async def _read(self, after: int, upto: int, limit: int) -> list[Envelope]:
+        return await self._bounded_read(partial(self._disk.read, after, upto, limit))
+
+    async def _bounded_read(self, read: Callable[[], T]) -> T:
+        """A read in the worker thread, waited for at most `read_timeout_s` (then a
+        StoreError, as a read the disk refused)."""
+        disk = self._disk
         try:
-            return await trio.to_thread.run_sync(
-                self._disk.read, after, upto, limit, limiter=self._limiter
-            )
+            with trio.fail_after(self._read_timeout_s):
+                return await self._in_thread(read)
+        except trio.TooSlowError:
+            raise StoreError(f"event log read took longer than {self._read_timeout_s:g}s "
+                             "(store_busy_timeout_s): the disk is slow or hung") from None
         except sqlite3.Error as exc:
+            await self._if_corrupt(disk, exc)
             raise StoreError(f"event log read failed: {exc}") from exc
+
+    async def _in_thread(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)` in a worker thread, abandoned when the caller is cancelled: the
+        caller goes on at once (a hung disk never holds a shutdown or a departed
+        client), while the thread keeps the connection's one limiter token until it
+        really returns (trio releases it then), so no other call runs beside it."""
+        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True,
+                                             limiter=self._limiter)
+
+    async def _if_corrupt(self, disk: _Disk, exc: sqlite3.Error) -> None:
+        """SQLite found the file corrupt after the open: move it aside as at the open
+        and go on with a new one, the seqs continuing (one event log, once)."""
+        if _sqlite_code(exc) not in _CORRUPT or self._path is None or disk is not self._disk:
+            return
+        path, floor = self._path, self._next_seq - 1
+
+        def _reopen() -> tuple[_Disk, int, int, Path]:
+            with contextlib.suppress(sqlite3.Error):
+                disk.conn.close()
+            aside = _move_aside(path)
+            return (*_open_file(path, disk.retention_events, disk.retention_bytes, floor),
+                    aside)
+
+        try:
+            new, _first, reserved, aside = await self._in_thread(_reopen)
+        except (sqlite3.Error, OSError) as again:
+            log.error("event log: %s is corrupt (%s) and could not be replaced: %s",
+                      path, exc, again)
+            return
+        log.warning("event log: %s turned out corrupt (%s): moved aside to %s; going on "
+                    "with a new one (replay of earlier events is lost: clients get a "
+                    "stream.gap)", path, exc, aside.name)
+        self._disk = new
+        self._oldest = new.oldest
+        self._reserved = max(self._reserved, reserved)
+        await self._tell_mirror(self._reserved)
 
     def _failed(self, events: int, exc: sqlite3.Error) -> None:
         """One flush failed: logged at the first of an episode only (a full disk is
@@ -515,6 +603,9 @@ class SqliteEventLog:
 
     def _requeue(self, batch: list[Envelope]) -> None:
         self._pending = batch + self._pending
+        self._pending_bytes += sum(e.size for e in batch)
+        if self._pending_bytes > self._max_pending_bytes:
+            self._give_up_bytes()
         if len(self._pending) > MAX_PENDING and self._failing:
             self._give_up(len(self._pending) - MAX_PENDING)
         if self._pending:
@@ -524,7 +615,27 @@ class SqliteEventLog:
         """Drop the `n` oldest pending events from the disk's future: they stay
         replayable while the ring holds them, then replay reports them as a gap."""
         dropped, self._pending = self._pending[:n], self._pending[n:]
-        log.error("event log: gave up writing %d events (seq %d..%d)",
-                  len(dropped), dropped[0].seq, dropped[-1].seq)
-        self._flushed = dropped[-1].seq
+        if not dropped:
+            return
+        self._pending_bytes -= sum(e.size for e in dropped)
+        self.given_up += len(dropped)
+        if not self._giving_up:
+            log.error("event log: gave up writing %d events (seq %d..%d): the disk is "
+                      "behind by more than event_log_pending_bytes (%d) or refuses "
+                      "writes; live clients got them, a replay reports a stream.gap "
+                      "(logged again when it catches up)", len(dropped), dropped[0].seq,
+                      dropped[-1].seq, self._max_pending_bytes)
+            self._giving_up = True
+        self._flushed = max(self._flushed, dropped[-1].seq)
         self._ring.trim(self._flushed)
+
+    def _give_up_bytes(self) -> None:
+        """Over the pending bound: the oldest waiting events go, down to three quarters
+        of it (so one give-up covers many appends, not one event each)."""
+        keep, n, size = self._max_pending_bytes * 3 // 4, 0, self._pending_bytes
+        for env in self._pending:
+            if size <= keep:
+                break
+            size -= env.size
+            n += 1
+        self._give_up(n)

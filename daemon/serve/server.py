@@ -307,6 +307,8 @@ async def _open_backends(
             server.data_dir / "events.db", retention_events=server.retention_events,
             retention_bytes=server.retention_bytes, flush_ms=server.event_flush_ms,
             seq_floor=await store.seq_reserved() or 0, mirror=store.set_seq_reserved,
+            pending_bytes=server.event_log_pending_bytes,
+            read_timeout_s=server.store_busy_timeout_s,
         )
         stack.push_async_callback(_bounded_close, event_log.aclose)
         return store, event_log, None

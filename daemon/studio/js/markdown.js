@@ -252,3 +252,42 @@ function blocks(lines, depth) {
 export function renderMarkdown(source) {
   return blocks(String(source).replace(/\r\n?/g, '\n').split('\n'), 0);
 }
+
+/**
+ * `source` cut into parts whose renderings, concatenated, are renderMarkdown(source)
+ * exactly (and whose texts, concatenated, are `source`), each about `size` characters or
+ * more: a cut falls only after a blank line outside a fenced block, where the next
+ * non-blank line does not go on a list — where the block loop above starts afresh
+ * whatever came before. A long answer is then rendered a part at a time (slices.js).
+ * Text with a lone CR (a line break only after normalising) is not cut.
+ */
+export function splitBlocks(source, size = 16384) {
+  const text = String(source);
+  if (text.length <= size || /\r(?!\n)/.test(text)) return [text];
+  const lines = text.split('\n');
+  const parts = [];
+  let fence = null;
+  let start = 0;  // offset of the part being gathered
+  let at = 0;  // offset of lines[i]
+  for (let i = 0; i < lines.length; i += 1) {
+    const line = lines[i];
+    const next = at + line.length + 1;
+    if (fence) {
+      if (closesFence(line, fence)) fence = null;
+    } else if (!line.trim()) {
+      if (next - start >= size && next < text.length) {
+        let j = i + 1;
+        while (j < lines.length && !lines[j].trim()) j += 1;
+        if (j < lines.length && !(LIST.test(lines[j]) && !isRule(lines[j]))) {
+          parts.push(text.slice(start, next));
+          start = next;
+        }
+      }
+    } else {
+      fence = openFence(line);
+    }
+    at = next;
+  }
+  parts.push(text.slice(start));
+  return parts;
+}

@@ -26,6 +26,7 @@ import { TextSink } from './flush.js';
 import { renderMarkdown } from './markdown.js';
 import { queueText } from './queue.js';
 import { fallbackText, retryText } from './retry.js';
+import { LONG, rawPieces, renderLater, textBlock } from './slices.js';
 
 const DELIVERY = /^\[veild delivery from (?:session (\S+) \(agent "([^"]*)"\)|outside[^\]]*)(?:: ([^\]]*))?\]$/;
 
@@ -56,7 +57,7 @@ class StreamBlock {
       this.el = this.textEl;
     }
     parent.append(this.el);
-    this.sink = new TextSink(this.textEl);
+    this.sink = new TextSink(this.textEl, { pieces: true });
   }
 
   append(text) { this.sink.append(text); }
@@ -68,6 +69,9 @@ class StreamBlock {
       const words = text.trim() ? text.trim().split(/\s+/).length : 0;
       this.summary.replaceChildren(h('span.label', { text: 'Thought' }), h('span.dim', { text: ` · ${words} words` }));
       this.el.open = false;  // collapsed: the element and its text stay
+    } else if (text.length > LONG) {
+      this.sink.seal();
+      renderLater(this.textEl, text);  // in slices (slices.js)
     } else {
       renderInto(this.textEl, text);
     }
@@ -108,7 +112,12 @@ function compactionDivider(d) {
 
 function finishedText(parent, content) {
   const el = h('div.md.done', { 'data-testid': 'assistant-text' });
-  renderInto(el, content);
+  if (content.length > LONG) {  // a session's history: long answers in slices too
+    el.append(...rawPieces(content));
+    renderLater(el, content);
+  } else {
+    renderInto(el, content);
+  }
   parent.append(el);
   return el;
 }
@@ -127,13 +136,13 @@ function userBubble(content, label = 'user', delivered = null) {
   const [, fromId, agent, kind] = first || [];
   if (!first || (fromId || null) !== (delivered.fromSessionId || null)) {
     return h('div.user-msg', { 'data-testid': 'user-message', 'data-from': '' },
-      h('div.who', { text: label }), h('div.user-text', { text: content }));
+      h('div.who', { text: label }), textBlock('div.user-text', String(content)));
   }
   const who = fromId
     ? h('div.who', {}, 'from ', h('a.session-link', { href: `#${fromId}`, 'data-open': fromId, text: `${agent} ${shortId(fromId)}` }), kind ? ` · ${kind}` : '')
     : h('div.who', { text: 'delivered from outside' });
   return h('div.user-msg.delivery', { 'data-testid': 'user-message', 'data-from': fromId || 'outside' },
-    who, h('div.user-text', { text: lines.slice(1).join('\n') }));
+    who, textBlock('div.user-text', lines.slice(1).join('\n')));
 }
 
 export class ToolCall {
