@@ -55,7 +55,6 @@ from daemon.runtime.events import Envelope
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-T = TypeVar("T")
 
 # Seqs are 64-bit: reserve far ahead, so no publish rate can outrun the flusher's
 # reservation (a crash then skips up to this many seqs; skipped ones cost nothing).
