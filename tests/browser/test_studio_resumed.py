@@ -38,7 +38,8 @@ max_iterations = 2
 STATE = """(root) => {
   if (!root) return null;
   const self = root.matches('[data-testid=child-turn]') ? root : null;
-  const own = (sel) => [...root.querySelectorAll(sel)].filter((el) => el.closest('[data-testid=child-turn]') === self);
+  const own = (sel) => [...root.querySelectorAll(sel)]
+    .filter((el) => el.closest('[data-testid=child-turn]') === self);
   return {
     text: own('[data-testid=assistant-text]').map((el) => el.textContent).join(' '),
     terminal: root.dataset.terminal || '', resumed: root.dataset.resumed || '',
@@ -61,16 +62,18 @@ async def child_state(tab: Tab, sid: str) -> dict[str, Any]:
 
 async def wait_turn(tab: Tab, turn_id: str, cond: str) -> dict[str, Any]:
     """Until the turn's state `s` satisfies `cond` (a JS expression over `s`)."""
-    state: dict[str, Any] = await tab.wait(
-        f"(id) => {{ const s = ({STATE})(window.__t.turn(id)); return s && ({cond}) ? s : null; }}",
-        turn_id)
-    return state
+    return await _wait(tab, "turn", turn_id, cond)
 
 
 async def wait_child(tab: Tab, sid: str, cond: str) -> dict[str, Any]:
+    return await _wait(tab, "child", sid, cond)
+
+
+async def _wait(tab: Tab, which: str, key: str, cond: str) -> dict[str, Any]:
     state: dict[str, Any] = await tab.wait(
-        f"(sid) => {{ const s = ({STATE})(window.__t.child(sid)); return s && ({cond}) ? s : null; }}",
-        sid)
+        f"(k) => {{ const s = ({STATE})(window.__t.{which}(k));"
+        f" return s && ({cond}) ? s : null; }}",
+        key)
     return state
 
 
@@ -113,9 +116,10 @@ async def test_a_resumed_turn_shows_its_answer_once_with_the_marker(
                 await stream_again(d, rec, turn_id, ANSWER)
                 state = await wait_turn(tab, turn_id, f"s.text.trim() === {ANSWER!r}")
                 assert len(state["marks"]) == 1, state
-                order = await tab.eval("""(id) => [...window.__t.turn(id).querySelectorAll(
-                    '[data-testid=turn-resumed], [data-testid=assistant-text]')].map((el) => el.dataset.testid)""",
-                                       turn_id)
+                order = await tab.eval(
+                    """(id) => [...window.__t.turn(id).querySelectorAll(
+                      '[data-testid=turn-resumed], [data-testid=assistant-text]')]
+                      .map((el) => el.dataset.testid)""", turn_id)
                 assert order == ["turn-resumed", "assistant-text"], order
                 # Another tab replays the running turn from its start: the same view.
                 async with open_tab(chromium, d.url + f"/studio#{sid}") as other:
@@ -124,7 +128,7 @@ async def test_a_resumed_turn_shows_its_answer_once_with_the_marker(
                     assert [m["afterSeq"] for m in again["marks"]] == [mark["afterSeq"]], again
                     assert again["marks"][0]["voided"] == mark["voided"], again
                     await tab.screenshot("resumed")
-                    go.touch()  # noqa: ASYNC240 (a file in tmp_path: instant)
+                    go.touch()
                     terminal = await rec.terminal(turn_id)
                     assert terminal["eventType"] == "done", terminal
                     for t in (tab, other):
@@ -194,7 +198,7 @@ async def test_a_resumed_sub_agent_inside_its_parents_call_and_a_suspend(
                 assert (await tab.row(child_sid))["suspended"] == ""
                 await stream_again(d, rec, child_turn, CHILD_ANSWER)
                 await wait_child(tab, child_sid, f"s.text.trim() === {CHILD_ANSWER!r}")
-                go.touch()  # noqa: ASYNC240 (a file in tmp_path: instant)
+                go.touch()
                 await rec.terminal(parent_turn)
                 child = await wait_child(tab, child_sid, "s.terminal === 'done'")
                 assert child["text"].strip() == CHILD_ANSWER and len(child["marks"]) == 1, child
