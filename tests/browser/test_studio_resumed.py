@@ -20,7 +20,7 @@ import trio
 
 from tests.browser.chromium import BrowserThread, Tab, open_tab
 from tests.harness import Provider, Recorder, mock, open_daemon, open_recorder, spawn
-from tests.resumekit import resume, stream_again, suspend
+from tests.resumekit import publish, resume, stream_again, suspend
 
 ANSWER = "The answer is forty-two and it is shown once."
 CHILD_ANSWER = "Helper says: the logs show three restarts."
@@ -208,3 +208,69 @@ async def test_a_resumed_sub_agent_inside_its_parents_call_and_a_suspend(
             for turn in (parent_turn, child_turn):
                 ends = [e for e in rec.stream(turn) if e["eventType"] in ("done", "error")]
                 assert len(ends) == 1, ends
+
+
+GUARDED = """
+[agents.guarded]
+engine = "openai"
+provider = "mock"
+model = "guarded-model"
+tools = ["bash"]
+approve = ["bash"]
+"""
+HOLD = "echo lost-output; while [ ! -e go ]; do sleep 0.05; done; echo kept-output"
+TOOL = "[data-testid=tool-call]"
+
+
+async def test_a_resume_drops_a_lost_approval_card_and_tool_output(
+    chromium: BrowserThread, provider: Provider, tmp_path: Path
+) -> None:
+    """An approval card of the lost attempt goes (and the row's count with it) until the
+    resumed turn asks again, same id: then one card. Approved, the bash call streams; a
+    second loss drops that output, the decision and the first marker (all after the
+    stored step), leaving the call itself (stored with its answer) and one marker,
+    attempt 2. What the call prints after that is shown; the turn ends once."""
+    script = mock(calls=[{"say": "let me run it",
+                          "tools": [{"name": "bash", "arguments": {"command": HOLD}}]},
+                         {"say": "ran it"}])
+    with trio.fail_after(120):
+        async with open_daemon(tmp_path, provider, extra=GUARDED) as d, \
+                open_recorder(d.ws_url) as rec, trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: d.chat(script, agent="guarded"))
+            request = await rec.wait_for(lambda evs: next(
+                (e for e in evs if e.get("eventType") == "approval.request"), None))
+            turn_id, sid = request["turnId"], request["sessionId"]
+            aid, call = request["data"]["approvalId"], request["data"]["toolCallId"]
+            card = f"[data-testid=approval][data-approval-id={aid}]"
+            async with open_tab(chromium, d.url + f"/studio#{sid}") as tab:
+                await tab.connected()
+                await tab.wait("(sel) => document.querySelector(sel)", card)
+                assert (await tab.row(sid))["approvals"] == "1"
+                await resume(d, rec, turn_id)
+                await wait_turn(tab, turn_id, "s.marks.length === 1")
+                assert not await tab.eval("(sel) => !!document.querySelector(sel)", card)
+                await tab.wait("(id) => window.__t.row(id)?.approvals === '0'", sid)
+                assert await tab.eval(f"() => document.querySelectorAll('{TOOL}').length") == 1
+                # Asked again (same approvalId): one card; allowed, the call runs.
+                await publish(d, rec, turn_id, "approval.request", request["data"])
+                await tab.wait("(sel) => document.querySelectorAll(sel).length === 1", card)
+                await tab.wait("(id) => window.__t.row(id)?.approvals === '1'", sid)
+                await tab.click(f"{card} [data-testid=approve]")
+                await tab.wait("(id) => (window.__t.toolOutput(id) || []).map((p) => p[1])"
+                               ".join('').includes('lost-output')", call)
+                # Lost again while the call ran: its output, decision and marker are void.
+                await resume(d, rec, turn_id, attempt=2)
+                state = await wait_turn(tab, turn_id,
+                                        "s.marks.length === 1 && s.marks[0].attempt === '2'")
+                assert state["text"].strip() == "let me run it", state  # stored: kept
+                assert await tab.eval("(id) => window.__t.toolOutput(id)", call) == []
+                assert await tab.eval("() => document.querySelectorAll("
+                                      "'[data-testid=approval-decision]').length") == 0
+                (tmp_path / "data" / "workspaces" / sid / "go").touch()
+                await tab.wait("(id) => (window.__t.toolOutput(id) || []).map((p) => p[1])"
+                               ".join('') === 'kept-output\\n'", call)
+                end = await wait_turn(tab, turn_id, "s.terminal === 'done'")
+                assert len(end["marks"]) == 1 and "ran it" in end["text"], end
+                await tab.screenshot("resumed-tool")
+            ends = [e for e in rec.stream(turn_id) if e["eventType"] in ("done", "error")]
+            assert len(ends) == 1, ends
