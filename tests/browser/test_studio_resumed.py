@@ -180,6 +180,7 @@ async def test_a_resumed_sub_agent_inside_its_parents_call_and_a_suspend(
                 assert parent["terminal"] == "", parent
                 row = await tab.row(child_sid)
                 assert row["suspended"] == "shutdown" and row["terminal"] == "", row
+                await tab.screenshot("suspended")
                 # The next start resumes both: the parent first, then its waiting child.
                 await resume(d, rec, parent_turn, reason="shutdown")
                 await resume(d, rec, child_turn, reason="shutdown")

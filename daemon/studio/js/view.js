@@ -339,7 +339,7 @@ class Body {
     const d = e.data || {};
     this.finishOpen();
     this.suspendedEl = h('div.turn-suspended', { 'data-testid': 'turn-suspended', 'data-reason': d.reason || '' },
-      h('span.suspended-icon', { text: '⏸' }), h('span', { text: SUSPENDED_TEXT }));
+      h('span.suspended-icon', { text: '‖' }), h('span', { text: SUSPENDED_TEXT }));
     this.el.append(this.suspendedEl);
     this.host?.onSuspended?.(d);
   }
@@ -639,7 +639,7 @@ class ChildTurn {
   status(s) {
     if (!s) return;
     this.el.dataset.status = s.status;
-    this.statusEl.className = `status-dot ${s.status}${s.retry ? ' retrying' : ''}`;
+    this.statusEl.className = `status-dot ${s.status}${s.retry ? ' retrying' : ''}${s.suspended ? ' suspended' : ''}`;
     markSandbox(this.sandboxEl, this.agentName || s.agentName);
   }
 
