@@ -168,3 +168,51 @@ async def test_chat_shows_a_suspended_then_resumed_sub_agent(
     assert chunks_text(helper, child) == CHILD_ANSWER * 2  # the void one and the new one
     parent_kinds = [e["eventType"] for e in printed if e.get("turnId") == parent]
     assert sum(k in ("done", "error") for k in parent_kinds) == 1, parent_kinds
+
+
+async def test_chat_whose_turn_is_suspended_says_it_resumes_at_the_next_start(
+        tmp_path: Path, provider: Provider) -> None:
+    """A graceful stop: the chat's turn publishes `turn.suspended`, then the daemon
+    closes /ws with 1001 (the bus's own shutdown step, `close_all`, done here alone, once
+    the chat has printed the answer: its /ws is subscribed). The chat prints the suspend
+    line and exits 3 saying the turn is not over."""
+    go = tmp_path / "go"
+    env = {k: v for k, v in os.environ.items() if k != "VEILD_URL"}
+    async with open_daemon(tmp_path, provider) as d, open_recorder(d.ws_url) as rec:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "daemon", "chat", "assistant", held(ANSWER, go),
+             "--url", d.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**env, "VEILD_LOG": "ERROR"})
+        assert proc.stdout is not None and proc.stderr is not None
+        stdout = b""
+        try:
+            with trio.fail_after(WAIT_S):
+                while ANSWER.encode() not in stdout:  # (its line is still open)
+                    data = await proc.stdout.receive_some()
+                    assert data, stdout
+                    stdout += data
+                turn = await rec.turn_of()
+                await suspend(d, rec, turn)
+                d.daemon.runtime.bus.close_all("shutdown")
+                while data := await proc.stdout.receive_some():
+                    stdout += data
+                stderr = b""
+                while data := await proc.stderr.receive_some():
+                    stderr += data
+                code = await proc.wait()
+        finally:
+            go.touch()
+            if proc.returncode is None:
+                proc.terminate()
+                with trio.CancelScope(shield=True), trio.move_on_after(10):
+                    await proc.wait()
+        sid = rec.stream(turn)[0]["sessionId"]
+    assert code == 3, (stdout, stderr)
+    assert lines_of(stdout.decode()) == [
+        f"assistant: {ANSWER}",
+        "[assistant ⏸ suspended: the daemon is shutting down; the turn has not ended, it "
+        "resumes when the daemon starts again]",
+    ], stdout
+    assert stderr.decode().strip().endswith(
+        "stopped with this turn suspended: it resumes when the daemon starts again (see it "
+        f"with `veild show {sid}`)"), stderr

@@ -92,7 +92,7 @@ async def test_a_resumed_turn_shows_its_answer_once_with_the_marker(
     chromium: BrowserThread, provider: Provider, tmp_path: Path
 ) -> None:
     go = tmp_path / "go"
-    with trio.fail_after(120):
+    with trio.fail_after(90):
         async with open_daemon(tmp_path, provider) as d, open_recorder(d.ws_url) as rec, \
                 trio.open_nursery() as nursery:
             nursery.start_soon(d.chat, held(ANSWER, go))
@@ -128,6 +128,11 @@ async def test_a_resumed_turn_shows_its_answer_once_with_the_marker(
                     assert [m["afterSeq"] for m in again["marks"]] == [mark["afterSeq"]], again
                     assert again["marks"][0]["voided"] == mark["voided"], again
                     await tab.screenshot("resumed")
+                    # A reload of the first tab while the turn runs: the same again.
+                    await tab.goto(d.url + f"/studio#{sid}")
+                    await tab.connected()
+                    again = await wait_turn(tab, turn_id, f"s.text.trim() === {ANSWER!r}")
+                    assert [m["voided"] for m in again["marks"]] == [mark["voided"]], again
                     go.touch()
                     terminal = await rec.terminal(turn_id)
                     assert terminal["eventType"] == "done", terminal
@@ -157,7 +162,7 @@ async def test_a_resumed_sub_agent_inside_its_parents_call_and_a_suspend(
     go = tmp_path / "go"
     script = mock(calls=[{"tools": [spawn("helper", held(CHILD_ANSWER, go))]},
                          {"say": "Summed up."}])
-    with trio.fail_after(120):
+    with trio.fail_after(90):
         async with open_daemon(tmp_path, provider, extra=HELPER) as d, \
                 open_recorder(d.ws_url) as rec, trio.open_nursery() as nursery:
             nursery.start_soon(d.chat, script)
@@ -234,7 +239,7 @@ async def test_a_resume_drops_a_lost_approval_card_and_tool_output(
     script = mock(calls=[{"say": "let me run it",
                           "tools": [{"name": "bash", "arguments": {"command": HOLD}}]},
                          {"say": "ran it"}])
-    with trio.fail_after(120):
+    with trio.fail_after(90):
         async with open_daemon(tmp_path, provider, extra=GUARDED) as d, \
                 open_recorder(d.ws_url) as rec, trio.open_nursery() as nursery:
             nursery.start_soon(lambda: d.chat(script, agent="guarded"))
