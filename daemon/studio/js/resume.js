@@ -8,9 +8,10 @@
 // from them without the void ones (`withoutVoid`), then the marker (`resumedText`).
 
 /** `log` (events in seq order) without the void events of every `turn.resumed` in it;
- * `counts` (resumed seq -> how many of the lost attempt's events were dropped, a
- * `turn.suspended` not counted) is filled for the markers. A chunk merged for a slow
- * client (§7) is judged by its last seq. */
+ * `counts` (resumed seq -> how many of the lost attempts' events were dropped, a
+ * `turn.suspended` not counted; an event voided by two resumes — a second loss after the
+ * same stored step voids the first resume too — counts for the later) is filled for the
+ * markers. A chunk merged for a slow client (§7) is judged by its last seq. */
 export function withoutVoid(log, counts = new Map()) {
   const lost = [];
   for (const e of log) {
@@ -20,6 +21,7 @@ export function withoutVoid(log, counts = new Map()) {
     }
   }
   if (!lost.length) return log;
+  lost.reverse();  // an event voided by two resumes counts for the later (shown) one
   return log.filter((e) => {
     const range = lost.find((r) => e.turnId === r.turnId && e.seq > r.after && e.seq < r.until);
     if (!range) return true;
