@@ -277,6 +277,5 @@ async def test_a_resume_drops_a_lost_approval_card_and_tool_output(
                                ".join('') === 'kept-output\\n'", call)
                 end = await wait_turn(tab, turn_id, "s.terminal === 'done'")
                 assert len(end["marks"]) == 1 and "ran it" in end["text"], end
-                await tab.screenshot("resumed-tool")
             ends = [e for e in rec.stream(turn_id) if e["eventType"] in ("done", "error")]
             assert len(ends) == 1, ends
