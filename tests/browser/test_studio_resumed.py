@@ -279,3 +279,39 @@ async def test_a_resume_drops_a_lost_approval_card_and_tool_output(
                 assert len(end["marks"]) == 1 and "ran it" in end["text"], end
             ends = [e for e in rec.stream(turn_id) if e["eventType"] in ("done", "error")]
             assert len(ends) == 1, ends
+
+
+async def test_a_tab_cut_off_at_a_suspend_reconnects_and_shows_the_resume(
+    chromium: BrowserThread, provider: Provider, tmp_path: Path
+) -> None:
+    """What a tab lives through at a graceful restart: the turn is suspended, the daemon
+    closes /ws with 1001 (the bus's own shutdown step, `close_all`, done here alone: the
+    daemon of this branch goes on), the tab reconnects with `since=` and takes the
+    resume, the new answer and the terminal from there — the answer once."""
+    go = tmp_path / "go"
+    with trio.fail_after(90):
+        async with open_daemon(tmp_path, provider) as d, trio.open_nursery() as nursery:
+            async with open_recorder(d.ws_url) as rec:
+                nursery.start_soon(d.chat, held(ANSWER, go))
+                turn_id = await rec.turn_of()
+                await rec.wait_for(lambda _: chunks_text(rec, turn_id) == ANSWER)
+                sid = rec.stream(turn_id)[0]["sessionId"]
+                async with open_tab(chromium, d.url + f"/studio#{sid}") as tab:
+                    await tab.connected()
+                    await wait_turn(tab, turn_id, f"s.text.trim() === {ANSWER!r}")
+                    await suspend(d, rec, turn_id)
+                    await wait_turn(tab, turn_id, "s.suspended === 'shutdown'")
+                    d.daemon.runtime.bus.close_all("shutdown")
+                    await tab.wait("() => document.querySelector("
+                                   "'[data-testid=connection]').dataset.closeCode === '1001'")
+                    await tab.connected()  # again (a resume published before is replayed)
+                    # The daemon is "back": the turn resumes where it was.
+                    await resume(d, rec, turn_id, reason="shutdown")
+                    state = await wait_turn(tab, turn_id, "s.marks.length === 1")
+                    assert (state["text"], state["suspended"], state["suspendedNotes"]) == \
+                        ("", "", 0), state
+                    await stream_again(d, rec, turn_id, ANSWER)
+                    go.touch()
+                    end = await wait_turn(tab, turn_id, "s.terminal === 'done'")
+                    assert end["text"].strip() == ANSWER and len(end["marks"]) == 1, end
+                    assert end["marks"][0]["reason"] == "shutdown", end
