@@ -3,6 +3,13 @@ line labelled by agent and indented by depth under the tool call that spawned it
 thinking dimmed, tool output as it streams, a provider's retries and fallbacks (CONTRACT
 §14) as lines of their own, a final line with tokens, cost and duration.
 
+A turn that survived the daemon (CONTRACT §18) is told, not hidden: `turn.suspended` is a
+line (the turn waits for the daemon's next start; it has not ended), and `turn.resumed`
+a rule that says the turn went on and — when anything of it was printed after its last
+stored step (`afterSeq`) — that those lines above are void. Nothing is erased: printed
+lines may have wrapped or be interleaved with a sub-agent's, and a scrollback that only
+says which part no longer counts stays true (docs/cli.md).
+
 The chat itself is an SSE request (it owns the turn's start and answers with its first
 frame, which names the session); the view comes from /ws filtered to that session and its
 descendants, replayed from just before that first frame (`since`) so nothing is missed
@@ -158,6 +165,22 @@ def retry_text(data: dict[str, Any], failed: str | None = None) -> str:
     return f"{cause}, {when} — attempt {data.get('attempt')} of {data.get('maxRetries')}"
 
 
+RESUMED_WHY = {"restart": "after a restart", "shutdown": "after a shutdown",
+               "node_lost": "after its node was lost"}
+
+
+def resumed_text(agent: str, data: dict[str, Any], void: bool) -> str:
+    """A `turn.resumed` (CONTRACT §18) as a rule: `— assistant resumed after a restart
+    (attempt 1): its output above since its last saved step is void —`; without
+    `void` (nothing of the lost attempt was printed) only that it went on."""
+    why = RESUMED_WHY.get(str(data.get("reason")), f"({data.get('reason')})")
+    node = f" on {data['node']}" if data.get("node") else ""
+    said = f"{agent} resumed{node} {why} (attempt {data.get('attempt')})"
+    if void:
+        return f"— {said}: its output above since its last saved step is void —"
+    return f"— {said} —"
+
+
 def compaction_text(data: dict[str, Any]) -> str:
     """A `compaction` (CONTRACT §15) in the words of Studio's divider:
     `context compacted · threshold · 41,200 → 9,800 tokens · 12 tool results pruned`."""
@@ -184,6 +207,10 @@ class ChatView:
         # Per session: the provider its running call was last announced on (a fallback
         # names only the provider it goes to); a message ends the call.
         self.routes: dict[str, str] = {}
+        # Per turn: the seq of the last of its events that printed something (a resume
+        # says whether anything printed is void), and the turns suspended now.
+        self.printed: dict[str, int] = {}
+        self.suspended: set[str] = set()
         agent = first.get("agentName") or agent
         if agent in marked:  # the chat's own session has no head line to carry it
             self.view.line({}, f"{MARK} {agent} runs commands outside the sandbox "
@@ -197,6 +224,10 @@ class ChatView:
             return
         kind, data, agent = env["eventType"], env["data"], env.get("agentName", "?")
         v = self.view
+        turn, seq = env.get("turnId"), env.get("seq")
+        if isinstance(turn, str) and isinstance(seq, int) and kind not in (
+                "message", "usage", "turn.resumed", "turn.suspended"):
+            self.printed[turn] = seq  # every other kind prints (a chunk may print nothing)
         if kind == "turn.start" and env["sessionId"] != self.session_id:
             marker = f" {MARK}" if agent in self.marked else ""
             v.line(env, f"↳ {agent} {env['sessionId']} (spawned by "
@@ -231,6 +262,16 @@ class ChatView:
             v.line(env, f"[{agent} ⏸ {queue_text(data, state)}]", "dim")
         elif kind == "message":
             self.routes.pop(env["sessionId"], None)
+        elif kind == "turn.suspended":
+            self.suspended.add(str(turn))
+            v.line(env, f"[{agent} ⏸ suspended: the daemon is shutting down; the turn has not "
+                        "ended, it resumes when the daemon starts again]", "bold yellow")
+        elif kind == "turn.resumed":
+            self.suspended.discard(str(turn))
+            self.routes.pop(env["sessionId"], None)  # the lost call is over
+            after = data.get("afterSeq")
+            void = isinstance(after, int) and self.printed.get(str(turn), -1) > after
+            v.line(env, resumed_text(agent, data, void), "bold cyan")
         elif kind == "approval.request":
             v.line(env, f"[{data['toolName']} waits for approval: veild approve "
                         f"{env['sessionId']} {data['approvalId']} [--deny REASON]]", "bold yellow")
@@ -308,6 +349,17 @@ async def _read_chat_answer(remote: Remote, response: httpx.Response,
         raise remote.failure(exc, midway=True) from None
 
 
+def _suspended(remote: Remote, view: ChatView, exc: BaseException) -> StreamLost | None:
+    """The stream lost after the chat's turn was suspended: the daemon is stopping, and
+    the turn is not over (CONTRACT §18), so the line says so (exit 3, as any loss)."""
+    if view.turn_id not in view.suspended or not isinstance(
+            remote.translate(exc), StreamLost):
+        return None
+    return StreamLost(f"the daemon at {remote.url} stopped with this turn suspended: it "
+                      f"resumes when the daemon starts again (see it with `veild show "
+                      f"{view.session_id}`)")
+
+
 def _ws_query(session_id: str, since: int) -> str:
     return f"batch=1&sessionIds={session_id}&includeChildren=1&since={since}"
 
@@ -377,7 +429,13 @@ async def chat(remote: Remote, agent: str, message: str, session: str | None,
         async with remote.open_events(_ws_query(view.session_id, first["seq"] - 1)) as events:
             last_seq = -1
             while view.exit_code is None:
-                frame = await events.get()
+                try:
+                    frame = await events.get()
+                except BaseException as exc:
+                    lost = _suspended(remote, view, exc)
+                    if lost is None:
+                        raise
+                    raise lost from None
                 for env in frame if isinstance(frame, list) else [frame]:
                     if not isinstance(env, dict):
                         continue

@@ -40,6 +40,8 @@ PROVIDER_RETRY: Final = "provider.retry"  # CONTRACT §14: before a retry's wait
 TURN_QUEUED: Final = "turn.queued"
 TURN_ADMITTED: Final = "turn.admitted"
 COMPACTION: Final = "compaction"  # CONTRACT §15: the context was compacted
+TURN_SUSPENDED: Final = "turn.suspended"  # CONTRACT §18: not a terminal
+TURN_RESUMED: Final = "turn.resumed"  # CONTRACT §18
 MESSAGE: Final = "message"
 USAGE: Final = "usage"
 APPROVAL_REQUEST: Final = "approval.request"  # CONTRACT §9
@@ -525,6 +527,23 @@ def approval_wire(approval_id: str, ref: SessionRef, turn_id: str, tool_call_id:
         "toolCallId": tool_call_id, "toolName": tool_name, "arguments": arguments,
         "requestedAt": requested_at, "expiresAt": expires_at,
     }
+def turn_resumed_data(turn_id: str, attempt: int, after_seq: int, reason: str,
+                      node: str | None = None) -> dict[str, Any]:
+    """`turn.resumed` (CONTRACT §18): the turn's events after `after_seq` that were
+    published before this one are void; `node` only where a node is named (cluster)."""
+    data: dict[str, Any] = {"turnId": turn_id, "attempt": attempt, "afterSeq": after_seq,
+                            "reason": reason}
+    if node is not None:
+        data["node"] = node
+    return data
+
+
+def turn_suspended_data(turn_id: str) -> dict[str, Any]:
+    """`turn.suspended` (CONTRACT §18): stopped at a graceful stop, resumed at the next
+    start; not a terminal."""
+    return {"turnId": turn_id, "reason": "shutdown"}
+
+
 # -- history (CONTRACT §12) ---------------------------------------------------------------
 
 SESSION_DELETED: Final = "session.deleted"

@@ -59,8 +59,9 @@ function renderHeader(s) {
   $('head-agent').textContent = s.agentName;
   markSandbox($('head-sandbox'), s.agentName);
   $('head-id').textContent = s.id;
-  $('head-status').className = `status-dot ${s.status}${s.retry ? ' retrying' : ''}`;
-  $('head-status').title = s.retry ? `${s.status} · ${s.retry.text}` : s.status;
+  $('head-status').className = `status-dot ${s.status}${s.retry ? ' retrying' : ''}${s.suspended ? ' suspended' : ''}`;
+  $('head-status').title = s.suspended ? `${s.status} · suspended: resumes when the daemon starts again`
+    : s.retry ? `${s.status} · ${s.retry.text}` : s.status;
   const parent = $('head-parent');
   if (s.parentSessionId) {
     const p = tree.get(s.parentSessionId);

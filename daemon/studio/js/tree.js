@@ -48,6 +48,10 @@ export class Tree {
         terminal: null, terminalKnown: false, live: null, approvals: new Map(),
         retry: null,  // while its running call is retried: {fallback, text, provider}
         queued: null,  // while its turn (or call) waits for a slot: the words
+        suspended: '',  // its turn was suspended at a shutdown (§18): the reason
+        // The running turn's usage events ([seq, turnId, tokenUsage]): a resume (§18)
+        // goes back to the last one that is not void. Also each pending approval's seq.
+        usages: [], approvalSeqs: new Map(),
         spawnToolCallId: spawnToolCallId || null, dom: null,
       };
       this.sessions.set(s.id, s);
@@ -65,6 +69,7 @@ export class Tree {
         s.live = null;
         s.retry = null;
         s.queued = null;
+        s.usages = [];
       }
     }
     this.render(s);
@@ -124,8 +129,17 @@ export class Tree {
     }
     if (type === 'turn.start') {
       s.live = null;
+      s.usages = [];
+      s.suspended = '';
+      this.render(s);
+    } else if (type === 'turn.suspended') {
+      s.suspended = d.reason || 'shutdown';
+      this.render(s);
+    } else if (type === 'turn.resumed') {
+      this.resumed(s, e);
     } else if (type === 'usage') {
       s.live = d.tokenUsage;
+      s.usages.push([e.seq, e.turnId, d.tokenUsage]);
       this.render(s);
     } else if (type === 'done' || type === 'error') {
       s.terminal = type === 'done' ? { terminal: 'done', code: '', reason: '' }
@@ -133,6 +147,8 @@ export class Tree {
       s.terminalKnown = true;
       s.live = null;
       s.queued = null;
+      s.usages = [];
+      s.suspended = '';
       for (const [id, turnId] of s.approvals) if (turnId === e.turnId) s.approvals.delete(id);
       this.isOver(e.turnId);
       if (d.session) this.upsert(d.session);
@@ -140,12 +156,32 @@ export class Tree {
       this.render(s);
     } else if (type === 'approval.request') {
       s.approvals.set(d.approvalId, e.turnId);
+      s.approvalSeqs.set(d.approvalId, e.seq);
       this.approvalsChanged(s);
     } else if (type === 'approval.result') {
       s.approvals.delete(d.approvalId);
+      s.approvalSeqs.delete(d.approvalId);
       this.isOver(d.approvalId);
       this.approvalsChanged(s);
     }
+  }
+
+  /** turn.resumed (§18): what the lost attempt published after `afterSeq` is void — its
+   * usage, its pending approvals (asked again, same id, if still wanted), its retry. */
+  resumed(s, e) {
+    const after = Number(e.data.afterSeq);
+    s.suspended = '';
+    s.retry = null;
+    s.usages = s.usages.filter(([seq, turnId]) => turnId !== e.turnId || seq <= after);
+    const last = s.usages.filter(([, turnId]) => turnId === e.turnId).pop();
+    s.live = last ? last[2] : null;
+    for (const [id, turnId] of s.approvals) {
+      if (turnId === e.turnId && (s.approvalSeqs.get(id) ?? Infinity) > after) {
+        s.approvals.delete(id);
+        s.approvalSeqs.delete(id);
+      }
+    }
+    this.approvalsChanged(s);
   }
 
   retried(s) {
@@ -291,8 +327,10 @@ export class Tree {
     row.dataset.retrying = r ? (r.fallback ? 'fallback' : 'retry') : '';
     retry.textContent = r ? (r.fallback ? '⇢ fallback' : '↻ retrying') : '';
     retry.title = r ? r.text : '';
-    dot.className = `status-dot ${s.status}${r ? ' retrying' : ''}${s.queued ? ' queued' : ''}`;
-    dot.title = r ? `${s.status} · ${r.text}` : s.queued ? `${s.status} · ${s.queued}` : s.status;
+    row.dataset.suspended = s.suspended;
+    dot.className = `status-dot ${s.status}${r ? ' retrying' : ''}${s.queued ? ' queued' : ''}${s.suspended ? ' suspended' : ''}`;
+    dot.title = s.suspended ? `${s.status} · suspended: resumes when the daemon starts again`
+      : r ? `${s.status} · ${r.text}` : s.queued ? `${s.status} · ${s.queued}` : s.status;
     if (t && t.terminal === 'error') {
       badge.className = `badge error${t.code === 'CANCELLED' ? ' cancelled' : ''}`;
       badge.textContent = t.reason || t.code;

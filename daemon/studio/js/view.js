@@ -17,6 +17,13 @@
 // (a finished turn from the store, a running one from the bus), so a divider is never
 // doubled; the store lists only compactions that summarised, so a prune-only divider is
 // live-only.
+//
+// A turn that survived the daemon (CONTRACT §18, resume.js): each live Body keeps the
+// events it drew (its own and those of the sub-agents inside it); at a `turn.resumed` it
+// is drawn again from them without the void ones — the lost attempt's partial text,
+// tool output, tool calls, approval cards, usage — and the marker goes where the turn
+// went on. Live and in a replay (a reload, another tab) alike: the same events give the
+// same view. `turn.suspended` is a notice (the turn is waiting for the daemon), not an end.
 
 import { markSandbox } from './agents.js';
 import { api } from './api.js';
@@ -25,6 +32,7 @@ import { fmtCost, fmtDuration, fmtTime, fmtTokens, h, shortId } from './dom.js';
 import { TextSink } from './flush.js';
 import { renderMarkdown } from './markdown.js';
 import { queueText } from './queue.js';
+import { resumedCount, resumedText, resumedTitle, SUSPENDED_TEXT, voidText, withoutVoid } from './resume.js';
 import { fallbackText, retryText } from './retry.js';
 import { LONG, rawPieces, renderLater, textBlock } from './slices.js';
 
@@ -146,8 +154,9 @@ function userBubble(content, label = 'user', delivered = null) {
 }
 
 export class ToolCall {
-  constructor(view, parent, { id, name, args, live }) {
+  constructor(view, parent, { id, name, args, live, owner = null }) {
     this.view = view;
+    this.owner = owner;  // the Body it is drawn in (a sub-agent's events are kept there too)
     this.id = id;
     this.name = name;
     this.children = new Map();
@@ -236,7 +245,7 @@ export class ToolCall {
   child(sessionId, agentName) {
     let child = this.children.get(sessionId);
     if (!child) {
-      child = new ChildTurn(this.view, this.kids, sessionId, agentName);
+      child = new ChildTurn(this.view, this.kids, sessionId, agentName, this.owner);
       this.children.set(sessionId, child);
       this.view.childTurns.set(sessionId, child);
     }
@@ -257,6 +266,91 @@ class Body {
     this.queued = null;  // the live notice of a wait for a slot: {el, text, d}
     this.route = null;     // the provider of the running call's last announcement
     this.compactOnly = false;  // a turn with trigger `compact`: it has no user message
+    this.turnId = null;    // the turn drawn here (set by its TurnView or ChildTurn)
+    this.host = null;      // that TurnView or ChildTurn (told of a suspend or resume)
+    this.parentBody = null;  // a sub-agent's: the Body holding the tool call it is in
+    // Every event drawn here while the turn can still be resumed, in seq order (its own
+    // and its sub-agents'): what a `turn.resumed` draws it again from. null once over.
+    this.log = [];
+    this.usage = null;     // the turn's last (not void) `usage` data
+    this.suspendedEl = null;
+    this.gapNotice = null;  // the "part of this turn is no longer retained" notice
+  }
+
+  /** Keep `e` here and in every Body this one is drawn inside (each seq once). */
+  record(e) {
+    for (let body = this; body; body = body.parentBody) {
+      const log = body.log;
+      if (log && (!log.length || e.seq > log[log.length - 1].seq)) log.push(e);
+    }
+  }
+
+  /** A `turn.resumed` of this turn: draw it again from its events without the void
+   * ones (resume.js); the resumed event itself, last among them, draws the marker. */
+  rebuild() {
+    const counts = new Map();
+    const events = withoutVoid(this.log, counts);
+    this.clear();
+    this.log = [];
+    const view = this.view;
+    const outer = view.rebuilding;
+    view.rebuilding = counts;
+    try {
+      for (const e of events) {
+        if (e.sessionId === this.sessionId && e.turnId === this.turnId) {
+          this.apply(e);
+        } else {
+          const tool = e.spawnToolCallId && view.toolCalls.get(e.spawnToolCallId);
+          if (tool) tool.child(e.sessionId, e.agentName).apply(e);
+        }
+      }
+    } finally {
+      view.rebuilding = outer;
+    }
+  }
+
+  /** Forget everything drawn here (its tool calls and sub-agents too). */
+  clear() {
+    this.open = null;  // a block's sink may still flush: into a detached node
+    if (this.retrying) clearTimeout(this.retrying.timer);
+    this.retrying = null;
+    this.queued = null;
+    this.route = null;
+    this.approvals.clear();
+    this.usage = null;
+    this.suspendedEl = null;
+    const view = this.view;
+    for (const el of this.el.querySelectorAll('[data-testid=tool-call]')) {
+      if (view.toolCalls.get(el.dataset.toolCallId)?.el === el) view.toolCalls.delete(el.dataset.toolCallId);
+    }
+    for (const el of this.el.querySelectorAll('[data-testid=child-turn]')) {
+      if (view.childTurns.get(el.dataset.sessionId)?.el === el) view.childTurns.delete(el.dataset.sessionId);
+    }
+    this.el.replaceChildren(...(this.gapNotice ? [this.gapNotice] : []));
+  }
+
+  /** turn.resumed, drawn: where the turn went on after the daemon was lost. */
+  resumed(e) {
+    const d = e.data || {};
+    this.finishOpen();
+    const dropped = this.view.rebuilding instanceof Map ? this.view.rebuilding.get(e.seq) || 0 : 0;
+    this.el.append(h('div.turn-resumed', {
+      'data-testid': 'turn-resumed', 'data-attempt': String(d.attempt ?? ''), 'data-reason': d.reason || '',
+      'data-after-seq': String(d.afterSeq ?? ''), 'data-node': d.node || '', 'data-voided': String(dropped),
+      title: resumedTitle(d),
+    }, h('span.resumed-icon', { text: '↻' }), h('b', { text: resumedText(d) }),
+    h('span.dim', { text: ` — ${voidText(dropped)}` })));
+    this.host?.onResumed?.(d);
+  }
+
+  /** turn.suspended: the daemon stopped it at a graceful stop; it waits for the next start. */
+  suspended(e) {
+    const d = e.data || {};
+    this.finishOpen();
+    this.suspendedEl = h('div.turn-suspended', { 'data-testid': 'turn-suspended', 'data-reason': d.reason || '' },
+      h('span.suspended-icon', { text: '‖' }), h('span', { text: SUSPENDED_TEXT }));
+    this.el.append(this.suspendedEl);
+    this.host?.onSuspended?.(d);
   }
 
   finishOpen() {
@@ -276,14 +370,20 @@ class Body {
 
   apply(e) {
     const d = e.data || {};
+    this.record(e);
+    if (e.eventType === 'turn.resumed' && !this.view.rebuilding) {
+      this.rebuild();  // it draws this event too, last
+      return;
+    }
     // Anything of the call (or the turn's end) after a retry: the retry was made.
-    if (this.retrying && e.eventType !== 'provider.retry' && e.eventType !== 'usage') this.settle(e.eventType);
+    if (this.retrying && e.eventType !== 'provider.retry' && e.eventType !== 'usage'
+        && e.eventType !== 'turn.resumed' && e.eventType !== 'turn.suspended') this.settle(e.eventType);
     switch (e.eventType) {
       case 'thinking.chunk': this.stream('thinking', d.content); break;
       case 'inference.chunk': this.stream('text', d.content); break;
       case 'inference.tool':
         this.finishOpen();
-        new ToolCall(this.view, this.el, { id: d.toolCallId, name: d.name, args: d.arguments, live: true });
+        new ToolCall(this.view, this.el, { id: d.toolCallId, name: d.name, args: d.arguments, live: true, owner: this });
         break;
       case 'tool.chunk': this.view.toolCalls.get(d.toolCallId)?.chunk(d.stream, d.content); break;
       case 'tool.result': this.view.toolCalls.get(d.toolCallId)?.result(d); break;
@@ -306,6 +406,9 @@ class Body {
         break;
       case 'approval.request': this.approval(e); break;
       case 'approval.result': this.decided(d); break;
+      case 'usage': this.usage = d; break;
+      case 'turn.resumed': this.resumed(e); break;
+      case 'turn.suspended': this.suspended(e); break;
       case 'done': case 'error': this.admitted(null); this.end(); break;
       default: break;
     }
@@ -458,6 +561,11 @@ class Body {
 
   end() {
     this.finishOpen();
+    this.log = null;  // over: it cannot be resumed any more
+    if (this.suspendedEl) {  // suspended, then ended (not resumed): a past note
+      this.suspendedEl.classList.add('past');
+      this.suspendedEl = null;
+    }
     for (const el of this.approvals.values()) el.remove();
     this.approvals.clear();
     for (const tool of this.el.querySelectorAll('[data-testid=tool-call]:not(.done)')) {
@@ -470,6 +578,7 @@ class Body {
    * delivery, from the turn's `fromSessionId`; a later one came through the inbox
    * too, from a source not kept, so only an outside delivery's header is shown as one. */
   past(messages, turn = {}) {
+    this.log = null;  // drawn from the store: nothing of it is replayed
     let own = true;
     for (const m of messages) {
       if (m.role === 'summary') {
@@ -485,7 +594,7 @@ class Body {
       } else if (m.role === 'assistant') {
         if (m.content) finishedText(this.el, m.content);
         for (const call of m.toolCalls || []) {
-          new ToolCall(this.view, this.el, { id: call.id, name: call.name, args: call.arguments, live: false });
+          new ToolCall(this.view, this.el, { id: call.id, name: call.name, args: call.arguments, live: false, owner: this });
         }
       } else if (m.role === 'tool') {
         this.view.toolCalls.get(m.toolCallId)?.result({ content: m.content, isError: null, durationMs: null });
@@ -501,6 +610,7 @@ function terminalBadge(kind, d) {
   if (u) bits.push(`${fmtTokens((u.input || 0) + (u.output || 0))} tokens`);
   if (u && u.cost) bits.push(fmtCost(u.cost));
   if (d.model) bits.push(d.model);
+  if (d.resumed) bits.push(resumedCount(d.resumed));
   if (kind === 'done') {
     return h('div.terminal-badge.done', {}, h('b', { text: '✓ done' }), bits.length ? h('span.dim', { text: ` · ${bits.join(' · ')}` }) : null);
   }
@@ -512,7 +622,7 @@ function terminalBadge(kind, d) {
 }
 
 class ChildTurn {
-  constructor(view, parent, sessionId, agentName) {
+  constructor(view, parent, sessionId, agentName, owner = null) {
     this.view = view;
     this.sessionId = sessionId;
     this.turnId = null;  // the spawn turn shown here; 'past' when shown from the store
@@ -528,6 +638,8 @@ class ChildTurn {
       this.bodyEl);
     parent.append(this.el);
     this.body = new Body(view, this.bodyEl, sessionId, 'task');
+    this.body.parentBody = owner;
+    this.body.host = this;
     markSandbox(this.sandboxEl, agentName);
     this.status(view.tree.get(sessionId));
   }
@@ -536,7 +648,7 @@ class ChildTurn {
   status(s) {
     if (!s) return;
     this.el.dataset.status = s.status;
-    this.statusEl.className = `status-dot ${s.status}${s.retry ? ' retrying' : ''}`;
+    this.statusEl.className = `status-dot ${s.status}${s.retry ? ' retrying' : ''}${s.suspended ? ' suspended' : ''}`;
     markSandbox(this.sandboxEl, this.agentName || s.agentName);
   }
 
@@ -545,6 +657,7 @@ class ChildTurn {
     if (this.turnId === null) {
       if (e.eventType !== 'turn.start' || e.data.trigger !== 'agent_spawn') return;
       this.turnId = e.turnId;
+      this.body.turnId = e.turnId;
     }
     if (e.turnId !== this.turnId) return;
     this.body.apply(e);
@@ -557,7 +670,15 @@ class ChildTurn {
         ? h('span.badge.done', { text: 'done' })
         : h('span.badge.error', { text: (d.details && d.details.reason) || d.code }));
       this.el.classList.add('done');
+      this.el.dataset.suspended = '';
     }
+  }
+
+  onSuspended(d) { this.el.dataset.suspended = d.reason || 'shutdown'; }
+
+  onResumed(d) {
+    this.el.dataset.suspended = '';
+    this.el.dataset.resumed = String(d.attempt ?? '');
   }
 
   /** Shown from the store: its final answer, from the spawn's result or its messages. */
@@ -582,7 +703,6 @@ class TurnView {
   constructor(view, parent, turnId, meta) {
     this.view = view;
     this.turnId = turnId;
-    this.usage = null;
     this.trigger = h('span.trigger');
     this.from = h('span.from');
     this.time = h('span.time');
@@ -592,7 +712,21 @@ class TurnView {
       h('div.turn-head', {}, this.trigger, this.from, this.time), this.bodyEl, this.footer);
     parent.append(this.el);
     this.body = new Body(view, this.bodyEl, view.sessionId);
+    this.body.turnId = turnId;
+    this.body.host = this;
     this.meta(meta || {});
+  }
+
+  /** Its last `usage` that is not void (a resume draws the body again). */
+  get usage() { return this.body.usage; }
+
+  onSuspended(d) { this.el.dataset.suspended = d.reason || 'shutdown'; }
+
+  onResumed(d) {
+    this.el.dataset.suspended = '';
+    this.el.dataset.resumed = String(d.attempt ?? '');
+    const u = this.body.usage;  // the lost call's usage is void
+    this.view.budgetInfo = u && u.budgetTokens ? u : null;
   }
 
   meta({ trigger, fromSessionId, startedAt, schedule }) {
@@ -616,6 +750,8 @@ class TurnView {
     this.el.dataset.terminal = kind;
     this.el.dataset.errorCode = kind === 'error' ? d.code || '' : '';
     this.el.dataset.cancelReason = kind === 'error' ? (d.details && d.details.reason) || d.cancelReason || '' : '';
+    this.el.dataset.suspended = '';
+    if (d.resumed) this.el.dataset.resumed = String(d.resumed);
     this.footer.replaceChildren(terminalBadge(kind, d));
     this.el.classList.add('ended', 'done');
   }
@@ -623,10 +759,7 @@ class TurnView {
   apply(e) {
     const d = e.data || {};
     if (e.eventType === 'turn.start') this.meta({ trigger: d.trigger, fromSessionId: d.fromSessionId, startedAt: e.ts, schedule: d.schedule });
-    else if (e.eventType === 'usage') {
-      this.usage = d;
-      this.view.budget(d);
-    }
+    else if (e.eventType === 'usage') this.view.budget(d);
     this.body.apply(e);
     if (e.eventType === 'done' || e.eventType === 'error') {
       this.terminal(e.eventType, d);
@@ -655,6 +788,7 @@ export class View {
     this.toolCalls = new Map();
     this.childTurns = new Map();
     this.budgetInfo = null;
+    this.rebuilding = false;  // while a resumed turn is drawn again: resumed seq -> events dropped
     this.el.replaceChildren();
   }
 
@@ -698,7 +832,7 @@ export class View {
       if (t.terminal) {
         const turn = new TurnView(this, this.el, t.turnId, t);
         turn.body.past(byTurn.get(t.turnId) || [], t);
-        turn.terminal(t.terminal, { code: t.errorCode, cancelReason: t.cancelReason, details: t.cancelReason ? { reason: t.cancelReason } : null, tokenUsage: t.tokenUsage, model: t.model });
+        turn.terminal(t.terminal, { code: t.errorCode, cancelReason: t.cancelReason, details: t.cancelReason ? { reason: t.cancelReason } : null, tokenUsage: t.tokenUsage, model: t.model, resumed: t.resumed });
         turn.el.classList.add('done');
         this.pastTurns.add(t.turnId);
       } else if (t.startSeq) {
@@ -752,7 +886,8 @@ export class View {
         else if (this.gapSeen) this.markGapped(turn, this.gapSeen);  // its start is gone
       }
       turn.apply(e);
-      if (e.eventType === 'usage' || e.eventType === 'done' || e.eventType === 'error' || e.eventType === 'turn.start') {
+      if (e.eventType === 'usage' || e.eventType === 'done' || e.eventType === 'error' || e.eventType === 'turn.start'
+          || e.eventType === 'turn.resumed') {
         this.onHeader(this.tree.get(this.sessionId), this);
       }
       return;
@@ -772,7 +907,7 @@ export class View {
   markGapped(turn, g) {
     if (turn.gapped) return;
     turn.gapped = true;
-    turn.bodyEl.prepend(h('div.notice', { text: `Part of this turn's live output (events ${g.from}–${g.to}) is no longer retained by the daemon; its stored transcript is shown when it ends.` }));
+    turn.bodyEl.prepend(turn.body.gapNotice = h('div.notice', { text: `Part of this turn's live output (events ${g.from}–${g.to}) is no longer retained by the daemon; its stored transcript is shown when it ends.` }));
   }
 
   reload() {
