@@ -241,16 +241,19 @@ class Reply:
 
 @dataclass(frozen=True)
 class Ending:
-    finish_reason: str | None  # "stop" | "length"; None: the turn failed
+    finish_reason: str | None  # "stop" | "length" | "content_filter"; None: it failed
     error: OpenAIError | None
 
 
 def ending(terminal: dict[str, Any]) -> Ending:
-    """How a turn's terminal ends its answer: `done` stops, MAX_ITERATIONS and a budget
-    stop are `length`, anything else is an error (its veild code, lower-cased)."""
+    """How a turn's terminal ends its answer: `done` as its `finishReason` says (`stop`;
+    `length` for an answer cut at its limit, `content_filter`: CONTRACT §14.1),
+    MAX_ITERATIONS and a budget stop are `length`, anything else is an error (its
+    veild code, lower-cased)."""
     data = terminal.get("data") or {}
     if terminal.get("eventType") == ev.DONE:
-        return Ending("stop", None)
+        said = data.get("finishReason")
+        return Ending(said if said in ("length", "content_filter") else "stop", None)
     code = str(data.get("code") or "INTERNAL_ERROR")
     reason = (data.get("details") or {}).get("reason")
     if code == "MAX_ITERATIONS" or (code == "CANCELLED" and reason == "budget_exceeded"):
@@ -337,7 +340,7 @@ COMPLETION_SCHEMA = obj(
     choices=array(obj(["index", "message", "finish_reason"], index=INT,
                       message=obj(["role", "content"], role={"const": "assistant"},
                                   content=STR, reasoning_content=STR),
-                      finish_reason={"enum": ["stop", "length"]})),
+                      finish_reason={"enum": ["stop", "length", "content_filter"]})),
     usage=USAGE_SCHEMA)
 CHUNK_FRAME_SCHEMA = obj(["data"], data={
     "type": "string", "description": "a chat.completion.chunk as JSON, an "

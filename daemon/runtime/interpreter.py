@@ -50,6 +50,8 @@ class TurnTally:
     iterations: int = 0
     content: str = ""
     tool_calls: list[ev.ToolCallStat] = field(default_factory=list)
+    # Why the last answer stopped (CONTRACT §14.1): "stop", "length", "content_filter".
+    finish_reason: str = "stop"
 
 
 class EngineEvents:
@@ -140,7 +142,7 @@ class EngineEvents:
             case eng.ModelNamed():
                 tally.model = event.model
             case eng.UsageReport():
-                tally.usage = tally.usage + event.usage
+                tally.usage = tally.usage + _marked(event)
                 tally.iterations = max(tally.iterations, event.iteration)
                 publisher.stream(ev.USAGE, {
                     "tokenUsage": ev.usage_wire(tally.usage),
@@ -204,6 +206,7 @@ class EngineEvents:
                 await self._compacted(event)
             case eng.Finished():
                 tally.content = event.content
+                tally.finish_reason = event.finish_reason
                 tally.iterations = max(tally.iterations, event.iterations)
                 if event.cost:
                     tally.usage = tally.usage + TokenUsage(cost=event.cost)
@@ -258,6 +261,13 @@ class EngineEvents:
             "isError": event.outcome.is_error, "content": event.outcome.content,
             "durationMs": event.duration_ms,
         })
+
+
+def _marked(report: eng.UsageReport) -> TokenUsage:
+    """A call's usage as the turn counts it: an estimate stays marked (CONTRACT §14.1)."""
+    usage = report.usage
+    return replace(usage, estimated=True) if report.estimated and not usage.estimated \
+        else usage
 
 
 class EngineView:

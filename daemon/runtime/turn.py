@@ -69,6 +69,7 @@ from daemon.store.models import (
     MessageRecord,
     SessionRecord,
     StoredContext,
+    TurnEnd,
     TurnRecord,
 )
 from daemon.toolproc.sandbox import Sandbox
@@ -410,7 +411,9 @@ class Turn:
             fields["error"] = outcome.message[:300]
             if outcome.cancel_reason:
                 fields["reason"] = outcome.cancel_reason
-        log.info("turn ended", extra=fields)
+        # A provider's failure is worth a look (CONTRACT §14.1): WARNING, its message in it.
+        level = logging.WARNING if code == "PROVIDER_ERROR" else logging.INFO
+        log.log(level, "turn ended", extra=fields)
         metrics = self.services.metrics
         if metrics is not None:
             metrics.turn_ended(
@@ -469,6 +472,7 @@ class Turn:
             duration_ms=int((trio.current_time() - started) * 1000),
             token_usage=tally.usage,
             tool_calls=tuple(tally.tool_calls),
+            finish_reason=tally.finish_reason,
         )
         # A compaction's model is the summariser's: the session's stays its agent's.
         record = self.session.mark("idle", usage=tally.usage,
@@ -486,7 +490,7 @@ class Turn:
         # replies, it does not wait for a store that just failed it a second time.
         if not silent and not fenced and (self.start_stored or replies or quiet):
             unstored = await self._store_end(code, details, record, replies, quiet,
-                                             stats.model)
+                                             stats.model, message)
             silent = unstored is _SWEPT
             if unstored is not None and not silent:
                 # Its terminal says so: its replies were not delivered, and the store
@@ -528,6 +532,7 @@ class Turn:
     async def _store_end(
         self, code: str | None, details: dict[str, Any] | None, record: SessionRecord,
         replies: list[InboxRecord], quiet: list[int], model: str | None,
+        message: str = "",
     ) -> str | None:
         """Close the turn's row (with its replies and quieted entries); None once
         stored, else why not."""
@@ -550,6 +555,8 @@ class Turn:
                         cancel_reason=(details or {}).get("reason")
                         if code == "CANCELLED" else None,
                         usage=usage, model=model,
+                        outcome=TurnEnd.of(code, message,
+                                           self.interpreter.tally.finish_reason),
                     ),
                     delivered, what=f"the end of turn {self.id}", to_last=True)
             return None
