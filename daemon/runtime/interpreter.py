@@ -277,7 +277,8 @@ class EngineView:
                  workspace: Path, session: SessionState, compact_only: bool,
                  trace: TurnTrace,
                  run_tool: eng.RunTool,
-                 take_injected: Callable[[], list[MessageRecord]]) -> None:
+                 take_injected: Callable[[], list[MessageRecord]],
+                 output_cap: int | None = None) -> None:
         self.agent = agent
         self.history: Sequence[MessageRecord] = stored.messages
         self.tools: Sequence[Tool] = tools
@@ -286,6 +287,7 @@ class EngineView:
         self.engine_session_id = session.record.engine_session_id
         self.compact_only = compact_only
         self.trace = trace
+        self.output_cap = output_cap
         self.calibration: Calibration = session.calibration
         # What every call sends besides the messages counts in the estimate (§15).
         self.window = Window.stored(stored, base_bytes=base_bytes(agent, self.tools),

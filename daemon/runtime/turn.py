@@ -158,6 +158,9 @@ class TurnAsk:
     reply_to: str | None = None  # the session that gets this turn's result (no-wait spawn)
     schedule: str | None = None  # the schedule that started it (trigger `schedule`, §11)
     budget_tokens: int = 0
+    # A /v1 client's max_tokens: lowers the agent's max_output_tokens for this turn, or
+    # sets it (CONTRACT §14.1). None: the agent's.
+    output_cap: int | None = None
     # The session has no stored messages before this turn's (a spawn's new child): its
     # history is then the one message this turn stores, so it is not read back.
     fresh: bool = False
@@ -386,7 +389,7 @@ class Turn:
             agent=self.agent, stored=stored, tools=list(self.toolbox.offered().values()),
             workspace=self.toolbox.workspace, session=self.session,
             compact_only=self.compact_only, trace=self.trace, run_tool=self.toolbox.run,
-            take_injected=self._take_handed)
+            take_injected=self._take_handed, output_cap=self.ask.output_cap)
         await self.interpreter.run(engine, view)
 
     def _take_handed(self) -> list[MessageRecord]:
