@@ -340,6 +340,10 @@ async def test_an_answer_without_usage_is_counted_by_the_estimate(
     assert stream[-1]["data"]["tokenUsage"] == tokens
     turns = await _turns(running, r.json()["sessionId"])
     assert turns[-1]["tokenUsage"] == tokens
+    # A session's running totals are not marked: live and reloaded say the same.
+    assert "estimated" not in r.json()["session"]["tokenUsage"]
+    session = (await running.http.get(f"/sessions/{r.json()['sessionId']}")).json()
+    assert "estimated" not in session["tokenUsage"]
 
 
 async def test_the_estimate_is_marked_in_chat_response_too(running: Running) -> None:

@@ -136,6 +136,7 @@ class EndedTurn:
     cancel_reason: str | None
     model: str | None
     token_usage: TokenUsage
+    outcome: TurnEnd = TurnEnd()  # its terminal's message or finish reason (§14.1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,8 @@ from tests.harness import Running, mock
 
 # What a turn's end looks like in the view: its badge's text, its marks.
 ENDING = """(id) => {
-  const t = document.querySelector(`[data-testid=transcript] [data-testid=turn][data-turn-id="${id}"]`);
+  const t = document.querySelector(
+    `[data-testid=transcript] [data-testid=turn][data-turn-id="${id}"]`);
   if (!t || !t.dataset.terminal) return null;
   const badge = t.querySelector('.terminal-badge');
   return {
