@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from tests.browser.chromium import BrowserThread, Tab, open_tab
-from tests.harness import Running, mock
+from tests.harness import Running, mock, spawn
 
 # What a turn's end looks like in the view: its badge's text, its marks.
 ENDING = """(id) => {
@@ -82,3 +82,24 @@ async def test_cut_off_and_the_error_message_live_and_after_a_reload(
             first_id = await tab.nth_turn(0)
             whole = await _ending(tab, first_id)
             assert (whole["finishReason"], whole["cutOff"], whole["cutMark"]) == ("stop", "", 0)
+
+
+async def test_a_sub_agents_cut_answer_says_cut_off_in_its_call(
+    chromium: BrowserThread, daemon: Running
+) -> None:
+    with trio.fail_after(60):
+        first = await daemon.chat(mock(say="a first answer"))
+        sid = first.json()["sessionId"]
+        async with open_tab(chromium, f"{daemon.url}/studio#{sid}") as tab:
+            await tab.connected()
+            await tab.nth_turn(0)
+            r = await daemon.http.post(f"/sessions/{sid}/messages", json={
+                "message": mock(calls=[
+                    {"tools": [spawn("plain", mock(say="a child cut", finish="length"))]},
+                    {"say": "parent done"}])})
+            assert r.status_code < 300, r.text
+            badge = await tab.wait(
+                "() => { const c = document.querySelector('[data-testid=child-turn]');"
+                " return c && c.dataset.terminal && c.querySelector('.child-terminal')"
+                ".textContent; }")
+            assert badge == "cut off"

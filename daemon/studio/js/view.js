@@ -564,7 +564,7 @@ class ChildTurn {
       this.el.dataset.errorCode = e.eventType === 'error' ? d.code || '' : '';
       this.el.dataset.cancelReason = (d.details && d.details.reason) || '';
       this.terminalEl.replaceChildren(e.eventType === 'done'
-        ? h('span.badge.done', { text: 'done' })
+        ? h(d.finishReason === 'length' ? 'span.badge.done.cut' : 'span.badge.done', { text: d.finishReason === 'length' ? 'cut off' : 'done' })
         : h('span.badge.error', { text: (d.details && d.details.reason) || d.code }));
       this.el.classList.add('done');
     }
