@@ -154,3 +154,17 @@ async def test_budget_ends_the_turn_before_the_tool(tmp_path: Path, provider: Pr
         body = (await daemon.chat(SCRIPT, agent="claudeapi")).json()
     assert body["cancelled"] and body["cancelReason"] == "budget_exceeded"
     assert body["toolCalls"] == [] and body["iterations"] == 1
+
+
+async def test_a_v1_cap_under_the_thinking_budget_asks_without_thinking(
+        daemon: Running, provider: Provider) -> None:
+    """CONTRACT §14.1: a /v1 client's max_tokens lowers the cap; the Messages API wants
+    max_tokens above thinking.budget_tokens, so a cap at or under it asks without
+    thinking (a refused request would answer nothing); one above keeps it."""
+    for cap, thinking in ((100, None), (2000, {"type": "enabled", "budget_tokens": 1024})):
+        r = await daemon.http.post("/v1/chat/completions", json={
+            "model": "thinker", "max_tokens": cap,
+            "messages": [{"role": "user", "content": mock(say="short")}]})
+        assert r.status_code == 200, r.text
+        served = provider.served[-1]
+        assert (served.body or {})["max_tokens"] == cap and served.thinking == thinking

@@ -69,7 +69,7 @@ def test_an_answer_without_usage_is_estimated_and_marked() -> None:
     report = answer.estimate_usage(request, 81, iteration=2)
     assert report.estimated and report.prompt_tokens == 0 and report.iteration == 2
     # One token per 4 bytes: the system, the message and its framing; 81 bytes out.
-    assert report.usage == answer.usage == TokenUsage(114, 21)
+    assert report.usage == answer.usage == TokenUsage(114, 21, estimated=True)
     assert answer.estimated
     # The window's own estimate (calibrated, with the tool schemas) is taken when given.
     assert Answer().estimate_usage(replace(request, estimate=999), 4, 1).usage.input == 999

@@ -299,6 +299,11 @@ async def test_a_sweep_publishes_the_end_a_dead_node_stored_but_did_not_publish(
                "terminal_code, cancel_reason, input_tokens, output_tokens, end_stored_ms) "
                "VALUES (%s, %s, 'http', 1, %s, 2, %s, %s, 7, 5, %s) RETURNING 1",
                turn, sid, latest + 1, code, reason, stored)
+        # How each ended, as its node stored it (CONTRACT §14.1): what the sweep says.
+        db(backends, tmp_path, "UPDATE turns SET finish_reason = 'length', "
+           "usage_estimated = TRUE WHERE id = 'turn_unsent' RETURNING 1")
+        db(backends, tmp_path, "UPDATE turns SET error_message = 'stopped by a person' "
+           "WHERE id = 'turn_cancel' RETURNING 1")
         ref = SessionRef("ses_sent", "plain", None, "ses_sent", 0, None, ("ses_sent",))
         b.daemon.runtime.bus.publish_stream(ref, "turn_sent", "done", {"cancelled": False})
         sent = await rec.terminal("turn_sent")
@@ -311,10 +316,13 @@ async def test_a_sweep_publishes_the_end_a_dead_node_stored_but_did_not_publish(
         assert unsent["eventType"] == "done"
         assert unsent["data"]["tokenUsage"]["input"] == 7, unsent
         assert unsent["data"]["tokenUsage"]["output"] == 5, unsent
+        assert unsent["data"]["tokenUsage"]["estimated"] is True, unsent
+        assert unsent["data"]["finishReason"] == "length", unsent
         [cancelled] = terminals_of(rec, "turn_cancel")
         assert cancelled["eventType"] == "error"
         assert cancelled["data"]["code"] == "CANCELLED"
         assert cancelled["data"]["details"] == {"reason": "user_cancel"}
+        assert cancelled["data"]["message"] == "stopped by a person"
         assert terminals_of(rec, "turn_sent") == [sent]
         assert terminals_of(rec, "turn_old") == []
         # Each has its one terminal: a second sweep (none: the row is gone) or a

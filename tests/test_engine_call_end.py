@@ -48,6 +48,7 @@ class _Context:
         self.calibration = Calibration()
         self.compact_only = False
         self.trace = NO_TURN_TRACE
+        self.output_cap: int | None = None
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         raise AssertionError(f"a tool ran: {name} {args}")

@@ -10,6 +10,9 @@ scripted mock provider. What it proves:
   them, the system message after the agent's own); `X-Veild-Session-Id` continues a
   session with the last user message only, and every answer carries the header;
 - MAX_ITERATIONS is `length`, a provider failure an error chunk (stream) or a 502;
+- an answer the provider cut is `length` (CONTRACT §14.1), a filtered one
+  `content_filter`; the client's `max_tokens` / `max_completion_tokens` lowers the
+  agent's `max_output_tokens` for that turn (or sets it), a bad one is a 400 naming it;
 - a client that closes the stream cancels the turn: one CANCELLED terminal, last;
 - errors are in OpenAI's shape: 404 model_not_found, 400 invalid_request_error (a bad
   request creates nothing), 401 without the token; the exact wire shape of the frames.
@@ -193,6 +196,72 @@ async def test_max_iterations_is_length(daemon: Running) -> None:
             assert terminal["data"]["code"] == "MAX_ITERATIONS"
     assert whole.choices[0].finish_reason == "length"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+@pytest.mark.parametrize("finish", ["length", "content_filter"])
+async def test_a_cut_answer_is_length_a_filtered_one_content_filter(
+        daemon: Running, finish: str) -> None:
+    script = mock(say="cut here", finish=finish)
+
+    def use(c: openai.OpenAI) -> tuple[Any, list[Any]]:
+        whole = c.chat.completions.create(model="plain", messages=[user(script)])
+        with c.chat.completions.create(model="plain", messages=[user(script)],
+                                       stream=True) as stream:
+            return whole, list(stream)
+    whole, chunks = await with_client(daemon, use)
+    assert whole.choices[0].finish_reason == finish
+    assert whole.choices[0].message.content == "cut here"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == finish
+
+
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
+async def test_the_clients_max_tokens_caps_the_turn(daemon: Running, provider: Provider,
+                                                    key: str) -> None:
+    """The agent has no max_output_tokens: the client's sets it for its turn (sent as
+    the provider's `max_tokens`), and the server cutting there is `length`."""
+    script = mock(say="one two three four five")
+    r = await daemon.http.post("/v1/chat/completions", json={
+        "model": "plain", "messages": [user(script)], key: 2})
+    assert r.status_code == 200, r.text
+    assert (provider.served[-1].body or {})["max_tokens"] == 2
+    choice = r.json()["choices"][0]
+    assert choice["message"]["content"] == "one two " and choice["finish_reason"] == "length"
+    # The next turn without one is not capped.
+    r = await daemon.http.post("/v1/chat/completions", json={
+        "model": "plain", "messages": [user(script)]})
+    assert "max_tokens" not in (provider.served[-1].body or {})
+    assert r.json()["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_the_clients_cap_only_lowers_the_agents(provider: Provider,
+                                                      tmp_path: Path) -> None:
+    extra = """
+[agents.capped]
+engine = "openai"
+provider = "mock"
+model = "m"
+max_output_tokens = 3
+"""
+    async with open_daemon(tmp_path, provider, extra=extra) as d:
+        for asked, sent in ((2, 2), (50, 3)):
+            r = await d.http.post("/v1/chat/completions", json={
+                "model": "capped", "messages": [user(mock(say="a b c d e"))],
+                "max_tokens": asked, "max_completion_tokens": asked + 1})
+            assert r.status_code == 200, r.text
+            assert (provider.served[-1].body or {})["max_tokens"] == sent
+
+
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
+@pytest.mark.parametrize("value", [0, -5, 2.5, "10", True])
+async def test_a_bad_max_tokens_is_400_naming_it(daemon: Running, tmp_path: Path,
+                                                 key: str, value: Any) -> None:
+    before = sessions_count(tmp_path)
+    r = await daemon.http.post("/v1/chat/completions", json={
+        "model": "plain", "messages": [user("hi")], key: value})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == key
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert sessions_count(tmp_path) == before
 
 
 async def test_a_provider_error_is_an_error_chunk_or_a_502(daemon: Running) -> None:

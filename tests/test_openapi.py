@@ -187,7 +187,9 @@ def test_the_completions_parser_accepts_exactly_what_its_schema_allows() -> None
     @given(st.fixed_dictionaries({}, optional={
         "model": st.one_of(EDGES, WORDS), "messages": st.one_of(CHAT_MESSAGES, EDGES),
         "stream": EDGES, "stream_options": st.one_of(options, EDGES),
-        "temperature": EDGES, "tools": JSON_VALUES}))
+        "temperature": EDGES, "tools": JSON_VALUES,
+        "max_tokens": st.one_of(EDGES, st.integers(-3, 3), st.floats(-2, 2)),
+        "max_completion_tokens": EDGES}))
     def check(body: dict[str, Any]) -> None:
         assert validator.is_valid(body) == accepts(completion_request, body), body
 

@@ -20,12 +20,18 @@ a real daemon on port 0, the mock as a real HTTP server, real clients.
 - A refusal for length in each Chat Completions server's own words is compacted and
   sent once more — llama-cpp-python's too, which refuses a streamed request with an
   empty 200 (veild asks once more unstreamed, for one token, to learn why).
-- A provider request that failed is logged at WARNING.
-Still to come with the refactor (phase 2): `done.data.finishReason`, `estimated: true`.
+- A provider request that failed is logged at WARNING, and so is the end of a turn
+  that ended PROVIDER_ERROR.
+- On the wire (phase 2): `done.data.finishReason` (`stop`, `length`,
+  `content_filter`) on the bus, in the JSON result and the SSE chat, kept by
+  GET /sessions/{id}/turns; estimated usage says `estimated: true` in the `usage` event,
+  `done`, `chat.response`, the JSON result and the turns list (§5.5 parity); a turn's
+  terminal message is kept by GET /sessions/{id}/turns (`error: {code, message}`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -42,6 +48,7 @@ from tests.harness import (
     open_daemon,
     open_recorder,
 )
+from tests.test_sse_mirror import read_sse
 
 AGENTS = """
 [providers.capped]
@@ -171,6 +178,55 @@ async def test_a_tool_call_the_limit_cut_is_not_run(running: Running, provider: 
     assert stored[-1]["role"] == "assistant" and not stored[-1].get("toolCalls")
 
 
+@ENGINES
+@pytest.mark.parametrize("finish", ["stop", "length", "content_filter"])
+async def test_done_says_why_the_answer_ended_everywhere(running: Running, agent: str,
+                                                         finish: str) -> None:
+    """`done.data.finishReason` on the bus, in the JSON result, in the SSE chat and in
+    GET /sessions/{id}/turns: the same word."""
+    r, stream = await _turn(running, mock(say="some words", finish=finish), agent)
+    assert r.status_code == 200, r.text
+    assert stream[-1]["eventType"] == "done"
+    assert stream[-1]["data"]["finishReason"] == finish
+    assert r.json()["finishReason"] == finish
+    turns = await _turns(running, r.json()["sessionId"])
+    assert turns[-1]["finishReason"] == finish and turns[-1]["error"] is None
+    async with running.http.stream("POST", f"/agents/{agent}/chat", json={
+            "message": mock(say="again", finish=finish), "sse": True}) as sse:
+        frames = await read_sse(sse)
+    done = json.loads(frames[-1]["data"])
+    assert done["eventType"] == "done" and done["data"]["finishReason"] == finish
+
+
+async def test_a_turn_that_used_tools_says_why_its_last_answer_ended(
+        running: Running) -> None:
+    r, stream = await _turn(running, mock(calls=[
+        {"say": "look", "tools": [{"name": "bash", "arguments": {"command": "echo hi"}}]},
+        {"say": "the end", "finish": "length"}]), "chat1")
+    assert r.status_code == 200, r.text
+    assert "tool.result" in _kinds(stream)
+    assert stream[-1]["data"]["finishReason"] == r.json()["finishReason"] == "length"
+
+
+async def _turns(d: Running, session_id: str) -> list[dict[str, Any]]:
+    r = await d.http.get(f"/sessions/{session_id}/turns")
+    assert r.status_code == 200, r.text
+    out: list[dict[str, Any]] = r.json()["turns"]
+    return out
+
+
+@ENGINES
+async def test_the_turns_list_keeps_the_terminals_message(running: Running,
+                                                          agent: str) -> None:
+    r, stream = await _turn(running, mock(say="half a story", noFinish=True), agent)
+    assert r.status_code == 502, r.text
+    error = stream[-1]["data"]
+    turns = await _turns(running, r.json()["error"]["details"]["sessionId"])
+    assert turns[-1]["error"] == {"code": "PROVIDER_ERROR", "message": error["message"]}
+    assert turns[-1]["finishReason"] is None and turns[-1]["errorCode"] == "PROVIDER_ERROR"
+    assert "cut short" in turns[-1]["error"]["message"]
+
+
 # --- the output cap -----------------------------------------------------------------
 
 
@@ -279,6 +335,36 @@ async def test_an_answer_without_usage_is_counted_by_the_estimate(
     tokens = usage["tokenUsage"]
     assert tokens["input"] >= 100 and tokens["output"] >= 40, tokens  # 4 bytes a token
     assert r.json()["tokenUsage"] == tokens
+    # Marked, and the same everywhere the turn's usage is said (§5.5).
+    assert tokens["estimated"] is True
+    assert stream[-1]["data"]["tokenUsage"] == tokens
+    turns = await _turns(running, r.json()["sessionId"])
+    assert turns[-1]["tokenUsage"] == tokens
+    # A session's running totals are not marked: live and reloaded say the same.
+    assert "estimated" not in r.json()["session"]["tokenUsage"]
+    session = (await running.http.get(f"/sessions/{r.json()['sessionId']}")).json()
+    assert "estimated" not in session["tokenUsage"]
+
+
+async def test_the_estimate_is_marked_in_chat_response_too(running: Running) -> None:
+    async with open_recorder(running.ws_url) as rec:
+        r = await running.chat(mock(say=10, usage=False), agent="chat1")
+        assert r.status_code == 200, r.text
+        turn_id = r.json()["turnId"]
+        await rec.terminal(turn_id)
+        [response] = [e["event"] for e in rec.events if e.get("type") == "chat.response"
+                      and e["sessionId"] == r.json()["sessionId"]]
+    assert response["tokenUsage"] == r.json()["tokenUsage"]
+    assert response["tokenUsage"]["estimated"] is True
+
+
+@ENGINES
+async def test_reported_usage_is_not_marked(running: Running, agent: str) -> None:
+    r, stream = await _turn(running, mock(say="counted"), agent)
+    assert r.status_code == 200, r.text
+    assert "estimated" not in r.json()["tokenUsage"]
+    assert all("estimated" not in e["data"]["tokenUsage"] for e in stream
+               if e["eventType"] in ("usage", "done"))
 
 
 @ENGINES
@@ -353,6 +439,19 @@ async def test_a_refusal_for_length_in_each_servers_words_is_compacted(
     else:
         assert len(refused) == 1
     assert r.json()["content"] == "two"
+
+
+async def test_a_turn_that_ended_provider_error_is_logged_at_warning(
+        running: Running, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="daemon.runtime.turn")
+    r, _ = await _turn(running, mock(say="half", noFinish=True), "chat1")
+    assert r.status_code == 502
+    [ended] = [rec for rec in caplog.records if rec.getMessage() == "turn ended"]
+    assert ended.levelno == logging.WARNING
+    assert "without a finish reason" in ended.__dict__["error"]
+    r, _ = await _turn(running, mock(say="fine"), "chat1")
+    ended = [rec for rec in caplog.records if rec.getMessage() == "turn ended"][-1]
+    assert ended.levelno == logging.INFO
 
 
 async def test_a_failed_provider_request_is_logged_at_warning(

@@ -14,8 +14,13 @@ port 0, real clients. What real servers do, not what a script says they do:
   with `max_concurrent = 1` both turns are answered whole;
 - its refusal of a prompt over its window (a 200 with an empty event stream when
   streamed) is recognised as an overflow: CONTEXT_OVERFLOW in its own words;
-- the server killed mid-stream is one PROVIDER_ERROR, and the daemon serves on.
-Phase 2 adds `done.data.finishReason` ("length") and `estimated: true` to these.
+- the server killed mid-stream is one PROVIDER_ERROR, and the daemon serves on;
+- on the wire (phase 2): the cut turn's `done.data.finishReason` is "length" (the JSON
+  result, GET /sessions/{id}/turns and /v1's `finish_reason` say the same; a /v1
+  client's `max_tokens` cuts there too), a whole one's "stop"; its usage is
+  `estimated: true`; a PROVIDER_ERROR's message is kept by the turns list;
+- `veild doctor` against it: a base_url without `/v1` is named ("did you mean
+  …/v1?"); with it, the provider passes and says the server tells no window.
 """
 
 from __future__ import annotations
@@ -140,15 +145,21 @@ async def test_a_streamed_answer_is_stored_exactly(running: Running) -> None:
     # The server sent no usage (it never does when streaming): the estimate counts.
     [usage] = [e["data"]["tokenUsage"] for e in stream if e["eventType"] == "usage"]
     assert usage["input"] > 0 and usage["output"] > 0
-    assert body["tokenUsage"] == usage
+    assert body["tokenUsage"] == usage and usage["estimated"] is True
     assert stream[-1]["eventType"] == "done"
+    assert stream[-1]["data"]["finishReason"] == body["finishReason"]
 
 
 async def test_max_output_tokens_cuts_the_answer(running: Running) -> None:
     async with open_recorder(running.ws_url) as rec:
         r, stream = await _turn(running, rec, STORY, "cut")
     assert r.status_code == 200, r.text
-    assert stream[-1]["eventType"] == "done"  # phase 2: finishReason "length"
+    assert stream[-1]["eventType"] == "done"
+    assert stream[-1]["data"]["finishReason"] == r.json()["finishReason"] == "length"
+    assert r.json()["tokenUsage"]["estimated"] is True
+    turns = (await running.http.get(f"/sessions/{r.json()['sessionId']}/turns")).json()
+    assert turns["turns"][-1]["finishReason"] == "length"
+    assert turns["turns"][-1]["tokenUsage"]["estimated"] is True
     content = r.json()["content"]
     assert content and content == _chunks(stream)
     # Six tokens of a 135M model's English: a few words, not a story.
@@ -211,6 +222,11 @@ async def test_a_second_request_ends_the_first_stream_without_a_finish_reason(
     # Cut short by the server: never a silent partial `done`.
     assert terminal["eventType"] == "error" and terminal["data"]["code"] == "PROVIDER_ERROR"
     assert "without a finish reason" in terminal["data"]["message"]
+    # Kept with the turn: what GET /sessions/{id}/turns (and Studio after a reload) says.
+    turns = (await running.http.get(f"/sessions/{first['sessionId']}/turns")).json()
+    [turn] = [t for t in turns["turns"] if t["turnId"] == first["turnId"]]
+    assert turn["error"] == {"code": "PROVIDER_ERROR",
+                             "message": terminal["data"]["message"]}
 
 
 async def test_max_concurrent_one_answers_both_whole(running: Running) -> None:
@@ -258,3 +274,45 @@ async def test_the_server_killed_mid_stream_is_one_provider_error(
             assert (await running.http.get("/health")).json()["status"] == "ok"
             r = await running.chat("hello", agent="plain")
             assert r.status_code == 200, r.text
+
+
+async def test_a_v1_clients_max_tokens_cuts_the_answer(running: Running) -> None:
+    r = await running.http.post("/v1/chat/completions", json={
+        "model": "long", "messages": [{"role": "user", "content": STORY}], "max_tokens": 5})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"]
+    assert len(choice["message"]["content"]) < 80
+    assert r.json()["usage"]["completion_tokens"] <= 20
+
+
+async def test_doctor_names_the_v1_the_base_url_lacks(
+        tmp_path: Path, llama_server: LlamaServer) -> None:  # noqa: F811
+    from tests.test_cli import cli
+
+    root = llama_server.url.removesuffix("/v1")
+    for base, code in ((root, 1), (llama_server.url, 0)):
+        config = tmp_path / "doctor.toml"
+        config.write_text(f"""
+[server]
+data_dir = "{tmp_path / 'data'}"
+sandbox = "none"
+
+[providers.llama]
+type = "openai"
+base_url = "{base}"
+
+[agents.smol]
+engine = "openai"
+provider = "llama"
+model = "smollm2"
+""")
+        p = await cli("doctor", "--config", str(config))
+        lines = p.stdout.decode().splitlines()
+        assert p.returncode == code, lines
+        [line] = [x for x in lines if x.startswith("provider llama (")]
+        if code:
+            assert f"did you mean {root}/v1?" in line, line
+        else:
+            assert line.endswith("ok: the server does not say its window: set each "
+                                 "agent's context_tokens to it (docs/providers.md)"), line

@@ -25,6 +25,7 @@ from daemon.store.models import (
     ScheduleRecord,
     SessionRecord,
     TokenUsage,
+    TurnEnd,
     TurnRecord,
 )
 from daemon.store.pg_pool import POOL_SIZE
@@ -218,6 +219,30 @@ async def test_turns_history_in_order_with_cancel_and_schedule(store: Store) -> 
     assert (history[2].terminal_code, history[2].cancel_reason) == ("CANCELLED", "user")
     assert [t.id for t in await store.unfinished_turns()] == ["t2", "t0"]
     assert await store.turns("nope") == []
+
+
+async def test_a_turns_end_keeps_its_message_finish_reason_and_estimate(
+        store: Store) -> None:
+    """CONTRACT §14.1: the terminal's message, a `done`'s finish reason and whether its
+    usage was estimated are stored with the end, and listed by `turns`."""
+    s = session("s")
+    await store.create_session(s)
+    for i in range(3):
+        await store.start_turn(TurnRecord(f"t{i}", "s", "http", 3000 + i), running(s, 3000))
+    await store.end_turn("t0", "PROVIDER_ERROR", 3500, idle(s, 3500),
+                         outcome=TurnEnd("provider ended the answer without a finish "
+                                         "reason", None))
+    await store.end_turn("t1", "done", 3600, idle(s, 3600),
+                         usage=TokenUsage(10, 5, estimated=True),
+                         outcome=TurnEnd(None, "length"))
+    await store.end_turn("t2", "done", 3700, idle(s, 3700), usage=TokenUsage(1, 2))
+    t0, t1, t2 = await store.turns("s")
+    assert (t0.error_message, t0.finish_reason) == (
+        "provider ended the answer without a finish reason", None)
+    assert (t1.error_message, t1.finish_reason) == (None, "length")
+    assert t1.token_usage == TokenUsage(10, 5, estimated=True)
+    assert (t2.error_message, t2.finish_reason, t2.token_usage.estimated) == (
+        None, None, False)
 
 
 async def test_sessions_to_wake_in_order_of_first_delivery(store: Store) -> None:

@@ -13,7 +13,8 @@ import trio
 from tests.harness import Provider, Running, mock, open_daemon, open_recorder, spawn
 
 TURN_KEYS = {"turnId", "trigger", "fromSessionId", "startedAt", "endedAt", "terminal",
-             "errorCode", "cancelReason", "tokenUsage", "model", "startSeq", "schedule"}
+             "errorCode", "cancelReason", "tokenUsage", "model", "startSeq", "schedule",
+             "error", "finishReason"}
 HELPER = """
 [agents.helper]
 engine = "openai"
@@ -102,6 +103,10 @@ async def test_turns_and_message_turn_ids(daemon: Running) -> None:
     assert (two["terminal"], two["errorCode"], two["cancelReason"]) == \
         ("error", "CANCELLED", "budget_exceeded")
     assert two["tokenUsage"] == second["tokenUsage"]
+    # How each ended (CONTRACT §14.1): a done's finish reason, an error's code and message.
+    assert (one["finishReason"], one["error"]) == ("stop", None)
+    assert two["finishReason"] is None
+    assert two["error"] == {"code": "CANCELLED", "message": "turn cancelled"}
     assert one["startSeq"] == starts[one["turnId"]] and two["startSeq"] == starts[two["turnId"]]
     child = (await daemon.http.get(f"/sessions/{sid}")).json()["children"][0]
     [child_turn] = (await daemon.http.get(f"/sessions/{child}/turns")).json()["turns"]

@@ -16,6 +16,7 @@ from daemon.api.runtime import Runtime
 from daemon.api.spec import (
     ANY,
     BOOL,
+    FINISH_REASON,
     INT,
     NUM,
     SSE,
@@ -61,7 +62,7 @@ _CHAT_RESULT = obj(
     ["sessionId", "turnId", "content", "model", "iterations", "durationMs", "tokenUsage",
      "toolCalls", "cancelled", "session"],
     sessionId=STR, turnId=STR, content=STR, cancelled=BOOL, cancelReason=STR,
-    session=_SESSION, **_STATS,
+    finishReason=nullable(FINISH_REASON), session=_SESSION, **_STATS,
 )
 _SSE_FRAMES = Resp("the turn's session.stream events as SSE frames (`id:`, `event:`, "
                    "`data:` the bus envelope), ending after its terminal", ref("SseFrame"), SSE)
@@ -83,6 +84,9 @@ _TURN = obj(
     endedAt=nullable(INT), terminal={"enum": ["done", "error", None]},
     errorCode=nullable(STR), cancelReason=nullable(STR), tokenUsage=ref("TokenUsage"),
     model=nullable(STR), startSeq=nullable(INT),
+    # CONTRACT §14.1: how it ended, as its terminal said.
+    error=nullable(obj(["code", "message"], code=STR, message=STR)),
+    finishReason=nullable(FINISH_REASON),
 )
 _DELETED = obj(["deleted"], deleted={**array(STR), "description":
                                      "the ids removed, the named session first"})

@@ -154,13 +154,15 @@ def openai_routes(rt: Runtime, connections: Connections) -> Blueprint:
         return _session_error(409, "session_busy", f"session {sid!r} is running a turn: "
                               "wait for its end (or cancel it), then send again")
 
-    def claim(state: SessionState, message: str, turn_id: str) -> tuple[Turn, Subscription]:
-        """The turn, claimed and scheduled, with its subscription (taken first)."""
+    def claim(state: SessionState, message: str, turn_id: str,
+              output_cap: int | None = None) -> tuple[Turn, Subscription]:
+        """The turn, claimed and scheduled, with its subscription (taken first);
+        `output_cap`: the client's max_tokens (CONTRACT §14.1)."""
         sub = rt.bus.subscribe(Filter(session_ids=frozenset({state.id}), turn_id=turn_id,
                                       stream_only=True, types=wire.REPLY_TYPES))
         try:
             claimed = sessions.claim_chat(state, message, sse=False, turn_id=turn_id,
-                                          trigger=TRIGGER)
+                                          trigger=TRIGGER, output_cap=output_cap)
         except BaseException:
             sub.close()
             raise
@@ -188,7 +190,8 @@ def openai_routes(rt: Runtime, connections: Connections) -> Blueprint:
         }, body=wire.CompletionRequest.SCHEMA, params=(_SESSION_PARAM,), tags=("openai",),
         description="`tools`, `tool_choice` and sampling parameters are accepted and "
         "ignored: the agent runs with its own tools and provider settings "
-        "(docs/openai.md).", error_schema=_OPENAI_ERROR,
+        "(docs/openai.md); `max_tokens` / `max_completion_tokens` lower the agent's "
+        "output cap for the turn (CONTRACT §14.1).", error_schema=_OPENAI_ERROR,
     ))
     async def completions() -> Response:
         raw = await request.get_data(as_text=False)
@@ -207,14 +210,15 @@ def openai_routes(rt: Runtime, connections: Connections) -> Blueprint:
             on_lagged = partial(connections.abort_after, request.scope.get("client"),
                                 rt.config.server.client_close_grace_s)
             response = Response(
-                answer.stream(partial(claim, state, message, turn_id), req.include_usage,
+                answer.stream(partial(claim, state, message, turn_id, req.max_tokens),
+                              req.include_usage,
                               on_lagged),
                 status=200, content_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                          wire.SESSION_HEADER: state.id})
             response.timeout = None  # Quart's RESPONSE_TIMEOUT would cut a long stream
             return response
-        turn, sub = claim(state, message, turn_id)
+        turn, sub = claim(state, message, turn_id, req.max_tokens)
         try:
             with sub:
                 await answer.follow(sub)

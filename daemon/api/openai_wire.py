@@ -102,16 +102,38 @@ def _text(content: Any, where: str) -> str:
     return "".join(texts)
 
 
+# A client's output cap: a positive integer (3.0 is 3, as JSON Schema says).
+_CAP = {"type": "integer", "minimum": 1}
+
+
+def _cap(body: dict[str, Any], key: str) -> int | None:
+    """`body[key]` as an output cap (None: not given); 400 naming `key` unless it is a
+    positive integer."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise invalid(f"`{key}` must be a positive integer (the most tokens an answer "
+                      "may have)", key)
+    return value
+
+
 @dataclass(frozen=True)
 class CompletionRequest:
     """`POST /v1/chat/completions`. What veild does not use — `tools`, `tool_choice`,
-    `temperature`, `top_p`, `max_tokens`, `n`, `stop`, `seed`, ... — is accepted and
-    ignored (docs/openai.md): the agent's own tools and its provider's settings apply."""
+    `temperature`, `top_p`, `n`, `stop`, `seed`, ... — is accepted and ignored
+    (docs/openai.md): the agent's own tools and its provider's settings apply. Its
+    `max_tokens` / `max_completion_tokens` cap the turn's answers (`max_tokens`)."""
 
     model: str
     messages: tuple[tuple[str, str], ...]  # (role, text), system roles as "system"
     stream: bool
     include_usage: bool
+    # The client's `max_tokens` / `max_completion_tokens` (the lower of both): lowers the
+    # agent's `max_output_tokens` for this turn, or sets it (CONTRACT §14.1).
+    max_tokens: int | None = None
 
     SCHEMA: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -123,6 +145,8 @@ class CompletionRequest:
                          "description": "the last one must be a `user` message with text"},
             "stream": nullable(BOOL),
             "stream_options": nullable(obj(include_usage=nullable(BOOL))),
+            "max_tokens": nullable(_CAP),
+            "max_completion_tokens": nullable(_CAP),
         },
     }
 
@@ -167,7 +191,10 @@ class CompletionRequest:
         if include is not None and not isinstance(include, bool):
             raise invalid("`stream_options.include_usage` must be a boolean",
                           "stream_options")
-        return cls(model, tuple(messages), bool(stream), bool(include))
+        caps = [c for c in (_cap(body, "max_tokens"), _cap(body, "max_completion_tokens"))
+                if c is not None]
+        return cls(model, tuple(messages), bool(stream), bool(include),
+                   min(caps) if caps else None)
 
     def last_user(self) -> str:
         """The message the turn is asked (400 unless the last message is a user's with
@@ -241,16 +268,19 @@ class Reply:
 
 @dataclass(frozen=True)
 class Ending:
-    finish_reason: str | None  # "stop" | "length"; None: the turn failed
+    finish_reason: str | None  # "stop" | "length" | "content_filter"; None: it failed
     error: OpenAIError | None
 
 
 def ending(terminal: dict[str, Any]) -> Ending:
-    """How a turn's terminal ends its answer: `done` stops, MAX_ITERATIONS and a budget
-    stop are `length`, anything else is an error (its veild code, lower-cased)."""
+    """How a turn's terminal ends its answer: `done` as its `finishReason` says (`stop`;
+    `length` for an answer cut at its limit, `content_filter`: CONTRACT §14.1),
+    MAX_ITERATIONS and a budget stop are `length`, anything else is an error (its
+    veild code, lower-cased)."""
     data = terminal.get("data") or {}
     if terminal.get("eventType") == ev.DONE:
-        return Ending("stop", None)
+        said = data.get("finishReason")
+        return Ending(said if said in ("length", "content_filter") else "stop", None)
     code = str(data.get("code") or "INTERNAL_ERROR")
     reason = (data.get("details") or {}).get("reason")
     if code == "MAX_ITERATIONS" or (code == "CANCELLED" and reason == "budget_exceeded"):
@@ -337,7 +367,7 @@ COMPLETION_SCHEMA = obj(
     choices=array(obj(["index", "message", "finish_reason"], index=INT,
                       message=obj(["role", "content"], role={"const": "assistant"},
                                   content=STR, reasoning_content=STR),
-                      finish_reason={"enum": ["stop", "length"]})),
+                      finish_reason={"enum": ["stop", "length", "content_filter"]})),
     usage=USAGE_SCHEMA)
 CHUNK_FRAME_SCHEMA = obj(["data"], data={
     "type": "string", "description": "a chat.completion.chunk as JSON, an "

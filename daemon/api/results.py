@@ -24,6 +24,8 @@ def chat_result(outcome: TurnOutcome) -> dict[str, Any]:
         "tokenUsage": stats["tokenUsage"],
         "toolCalls": stats["toolCalls"],
         "cancelled": outcome.cancelled,
+        # CONTRACT §14.1: why the answer stopped, as `done.data.finishReason` says it.
+        "finishReason": outcome.stats.finish_reason if outcome.code is None else None,
     }
     if outcome.cancelled:
         result["cancelReason"] = outcome.cancel_reason

@@ -120,7 +120,12 @@ def entry_of(fn: Callable[..., Any]) -> Op | Undocumented | None:
 # -- shared shapes ------------------------------------------------------------------------
 
 TOKEN_USAGE = obj(["input", "output", "cache", "cost"], input=INT, output=INT, cache=INT,
-                  cost=NUM)
+                  cost=NUM, estimated={**BOOL, "description": "present (true) when some "
+                                       "of it was estimated: a provider reported no "
+                                       "usage (CONTRACT §14.1)"})
+# CONTRACT §14.1: why a turn's last answer stopped; `length`: cut at the output cap or
+# the model's window.
+FINISH_REASON = {"enum": ["stop", "length", "content_filter"]}
 
 SESSION = obj(
     ["id", "agentName", "parentSessionId", "rootSessionId", "depth", "status", "createdAt",
@@ -159,7 +164,16 @@ EVENT = obj(["type"], seq=INT, type=STR, ts=INT, sessionId=STR, agentName=STR,
 SSE_FRAME = obj(["data"], id=STR, event=STR, data={
     "type": "string", "contentMediaType": JSON, "contentSchema": ref("Event")})
 
+# A `done` event's `data` (CONTRACT §4, §14.1).
+DONE_DATA = obj(
+    ["session", "agentName", "model", "iterations", "durationMs", "tokenUsage", "toolCalls",
+     "cancelled", "finishReason"],
+    session=ref("Session"), agentName=STR, model=nullable(STR), iterations=INT,
+    durationMs=INT, tokenUsage=ref("TokenUsage"), toolCalls=array(ref("ToolCallStat")),
+    cancelled={"const": False}, finishReason=FINISH_REASON)
+
 COMPONENTS: dict[str, dict[str, Any]] = {
+    "DoneData": DONE_DATA,
     "Event": EVENT,
     "SseFrame": SSE_FRAME,
     "TokenUsage": TOKEN_USAGE,

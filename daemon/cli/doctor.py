@@ -2,7 +2,9 @@
 read locally: the config itself, the data dir writable, each provider reachable, each
 MCP server started (a stdio one's process, a Streamable HTTP one connected to),
 initialized and its tools listed — then stopped, the claude CLI found, the sandbox that
-bash calls will get (CONTRACT §16), and the daemon at `--url` when given. One line per
+bash calls will get (CONTRACT §16), and the daemon at `--url` when given. A Chat
+Completions provider is asked for its models and its window (doctor_providers.py,
+CONTRACT §14.1); an agent whose context_tokens is larger is warned about. One line per
 check (an MCP server's lists its tools); the exit code says whether any failed."""
 
 from __future__ import annotations
@@ -10,27 +12,40 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import trio
 
+from daemon.cli.doctor_providers import (
+    Passed,
+    ProviderWindows,
+    Unknown,
+    Warned,
+    provider_check,
+    window_check,
+)
 from daemon.cli.http import error_line, headers
 from daemon.cli.safe import safe_line
-from daemon.config import Config, McpServerConfig, load_config, resolve_config_path
+from daemon.config import (
+    AgentConfig,
+    Config,
+    McpServerConfig,
+    ProviderConfig,
+    load_config,
+    resolve_config_path,
+)
 from daemon.errors import ConfigError
 from daemon.toolproc.sandbox import INSTALL_HINT, find_bwrap, opted_out
 
 CONNECT_TIMEOUT_S = 3.0
 TOOLS_SHOWN = 20
 
-
-
-class Passed(str):
-    """What a check that passed has to say (`ok: …`)."""
 
 
 # name, then None or Passed (ok) or why it failed
@@ -87,12 +102,33 @@ def mcp_check(server: McpServerConfig) -> str | None:
     from daemon.mcp.server import McpServer, ProbeFailed  # the SDK: only when used
 
     try:
-        tools = trio.run(McpServer(server).probe)
+        with _stderr_aside():
+            tools = trio.run(McpServer(server).probe)
     except ProbeFailed as exc:
         return safe_line(str(exc))  # the server's own words: no terminal controls
     shown = safe_line(", ".join(tools[:TOOLS_SHOWN])
                       + (", …" if len(tools) > TOOLS_SHOWN else ""))
     return Passed(f"{len(tools)} tool(s): {shown}" if tools else "no tools")
+
+
+@contextmanager
+def _stderr_aside() -> Iterator[None]:
+    """stderr (this process's and the MCP server's it starts) into a file thrown away:
+    doctor says one line per check, and an MCP SDK's own log lines (a server's INFO
+    "Processing request of type ListToolsRequest", its warnings) are not that. What
+    went wrong is in the check's line (ProbeFailed)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with tempfile.TemporaryFile() as aside:
+            os.dup2(aside.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
 
 
 def daemon_check(url: str) -> str | None:
@@ -125,12 +161,25 @@ def sandbox_line(config: Config) -> tuple[str, bool]:
             f"{tail}"), False
 
 
+def _provider(p: ProviderConfig, windows: ProviderWindows) -> str | None:
+    """Reachable, and a Chat Completions server answering where base_url says."""
+    why = tcp_check(p.base_url)
+    if why is not None or p.type != "openai":
+        return why
+    return provider_check(p, windows)
+
+
 def checks(config: Config, url: str | None) -> Iterator[Check]:
     yield f"data dir {config.server.data_dir}", lambda: data_dir_check(config.server.data_dir)
+    windows = ProviderWindows({})
     for p in config.providers.values():
         if p.type == "mock":
             continue  # served in-process by `veild mock-provider`: nothing to reach
-        yield f"provider {p.name} ({p.base_url})", lambda p=p: tcp_check(p.base_url)  # type: ignore[misc]
+        yield f"provider {p.name} ({p.base_url})", lambda p=p: _provider(p, windows)  # type: ignore[misc]
+    for a in config.agents.values():
+        if a.engine == "openai" and windows_may_know(config, a):
+            yield (f"agent {a.name}: context_tokens",
+                   lambda a=a: window_check(a, windows))  # type: ignore[misc]
     for m in config.mcp.values():
         where = f"stdio: {m.command}" if m.command is not None else m.url
         yield f"mcp {m.name} ({where})", lambda m=m: mcp_check(m)  # type: ignore[misc]
@@ -140,6 +189,11 @@ def checks(config: Config, url: str | None) -> Iterator[Check]:
                    lambda a=a: command_check(a.command))  # type: ignore[misc]
     if url is not None:
         yield f"daemon at {url}", lambda: daemon_check(url)
+
+
+def windows_may_know(config: Config, agent: AgentConfig) -> bool:
+    provider = config.providers.get(agent.provider or "")
+    return provider is not None and provider.type == "openai"
 
 
 def run(config_path: str | None, url: str | None) -> int:
@@ -164,6 +218,11 @@ def run(config_path: str | None, url: str | None) -> int:
         failed.append("sandbox")
     for name, check in checks(config, url):
         why = check()
+        if isinstance(why, Warned):
+            print(f"{name}: WARNING: {why}", flush=True)
+            continue
+        if isinstance(why, Unknown):
+            continue  # nothing to say (a window no server told)
         if why is None or isinstance(why, Passed):
             print(f"{name}: ok{': ' + why if why else ''}", flush=True)
             continue

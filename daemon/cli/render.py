@@ -85,6 +85,10 @@ class TreeView:
         self.console.file.flush()
 
 
+# CONTRACT §14.1: how a `done` whose answer did not simply stop says so.
+_FINISHED = {"length": "cut off", "content_filter": "filtered"}
+
+
 def _usage_line(event: str, data: dict[str, Any]) -> str:
     usage = data.get("tokenUsage") or {}
     cost = usage.get("cost")
@@ -93,11 +97,25 @@ def _usage_line(event: str, data: dict[str, Any]) -> str:
     if event == "error":
         reason = (data.get("details") or {}).get("reason")
         what = f"error {data.get('code')}{f' ({reason})' if reason else ''}"
+    elif data.get("finishReason") in _FINISHED:
+        what = f"done ({_FINISHED[data['finishReason']]})"
     session = data.get("session") or {}
-    return (f"[{what} session={session.get('id', '?')} model={data.get('model')} "
-            f"tokens={usage.get('input', 0)} in / {usage.get('output', 0)} out"
+    estimated = "~" if usage.get("estimated") else ""
+    line = (f"[{what} session={session.get('id', '?')} model={data.get('model')} "
+            f"tokens={estimated}{usage.get('input', 0)} in / {estimated}"
+            f"{usage.get('output', 0)} out"
             f"{f' cost=${cost:.4f}' if isinstance(cost, (int, float)) else ''} "
             f"duration={seconds:.2f}s]")
+    return line + _error_message(event, data)
+
+
+def _error_message(event: str, data: dict[str, Any]) -> str:
+    """An `error`'s message after its line (CONTRACT §14.1: readable where people look);
+    a cancel's says nothing its reason did not."""
+    message = str(data.get("message") or "").strip()
+    if event != "error" or not message or data.get("code") == "CANCELLED":
+        return ""
+    return " " + message
 
 
 def _failure(data: dict[str, Any]) -> str:

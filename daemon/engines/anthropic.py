@@ -144,7 +144,10 @@ class _MessagesConversation:
             body["system"] = request.system
         if self.tools and request.tools:
             body["tools"] = self.tools
-        if agent.thinking_budget and request.tools:
+        # The API wants room for an answer past the thinking: a cap at or under the
+        # budget (a /v1 client's max_tokens, CONTRACT §14.1) asks without thinking.
+        if agent.thinking_budget and request.tools \
+                and body["max_tokens"] > agent.thinking_budget:
             body["thinking"] = {"type": "enabled", "budget_tokens": agent.thinking_budget}
         return body
 

@@ -225,6 +225,9 @@ class EngineContext(Protocol):
     calibration: Calibration
     compact_only: bool
     trace: TurnTrace  # the turn's spans: one `chat` per LLM call (CONTRACT §12.1)
+    # The turn's own output cap (a /v1 client's max_tokens), lowering the agent's
+    # max_output_tokens for each of its calls (CONTRACT §14.1); None: the agent's.
+    output_cap: int | None
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         """Run one tool call; returns its outcome and duration in ms."""

@@ -56,8 +56,10 @@ def limits_of(agent: AgentConfig, calibration: Calibration) -> Limits:
 class Compactor:
     def __init__(self, agent: AgentConfig, window: Window, calibration: Calibration,
                  conversation: Conversation, summary_call: ModelCall[Any], *,
-                 compact_only: bool = False, trace: TurnTrace = NO_TURN_TRACE) -> None:
+                 compact_only: bool = False, trace: TurnTrace = NO_TURN_TRACE,
+                 turn_cap: int | None = None) -> None:
         self.agent = agent
+        self.turn_cap = turn_cap  # the turn's own output cap (a /v1 client's, §14.1)
         self.trace = trace  # the summarising call is a `chat` span too (CONTRACT §12.1)
         self.window = window
         self.calibration = calibration
@@ -77,10 +79,12 @@ class Compactor:
         return limits.on and self.estimate() > limits.threshold
 
     def request(self) -> CallRequest:
-        """What the agent's next call is sent: the window, the agent's output cap
-        (CONTRACT §14.1), and the estimate an answer without usage is counted by."""
+        """What the agent's next call is sent: the window, the output cap (the agent's,
+        lowered by the turn's: CONTRACT §14.1), and the estimate an answer without
+        usage is counted by."""
         return CallRequest(self.agent.system, self.window.sent(),
-                           max_tokens=output_cap(self.agent), estimate=self.estimate())
+                           max_tokens=output_cap(self.agent, turn=self.turn_cap),
+                           estimate=self.estimate())
 
     async def compact(self, reason: str, iteration: int, *, force: bool = False,
                       limits: Limits | None = None) -> AsyncGenerator[EngineEvent, None]:

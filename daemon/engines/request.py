@@ -102,7 +102,7 @@ class Answer:
                        iteration: int) -> UsageReport:
         """The usage of a call the provider reported none for (CONTRACT §14.1): the
         request's estimate in, one token per 4 bytes of what came out."""
-        self.usage = TokenUsage(request.input_estimate(), tokens(out_bytes))
+        self.usage = TokenUsage(request.input_estimate(), tokens(out_bytes), estimated=True)
         self.estimated = True
         return UsageReport(self.usage, iteration, 0, estimated=True)
 

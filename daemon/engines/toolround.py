@@ -105,7 +105,7 @@ async def tool_loop(
     agent = ctx.agent
     compactor = Compactor(agent, ctx.window, ctx.calibration, conversation,
                           summary_call or call, compact_only=ctx.compact_only,
-                          trace=ctx.trace)
+                          trace=ctx.trace, turn_cap=ctx.output_cap)
     if ctx.compact_only:  # POST /sessions/{id}/compact: the turn is the compaction
         summary = ""
         # Asked for now, it frees room whatever the estimate: it keeps at most a quarter

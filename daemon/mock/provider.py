@@ -339,6 +339,7 @@ class _Mock:
     asked: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
     max_context_chars: int = 0  # refuse longer requests (0: never); a script may override
+    window_tokens: int = 0  # the window GET /v1/models and /props say (0: none said)
 
     def too_long(self, spec: CallSpec, chars: int) -> int | None:
         """The window a request of `chars` characters is over (its limit), if it is."""
@@ -534,9 +535,17 @@ async def _answer(conn: _Conn, request: h11.Request, raw: bytes, mock: _Mock) ->
         finally:
             mock.in_flight -= counted
         return
-    if request.method == b"GET" and target.rstrip("/").endswith("/models"):
-        await conn.json_response(200, {"object": "list", "data": [
-            {"id": "mock-1", "object": "model", "owned_by": "veild"}]})
+    if request.method == b"GET" and target.rstrip("/").endswith("/v1/models"):
+        # As vLLM says its window (`max_model_len`), when it was given one.
+        model: dict[str, Any] = {"id": "mock-1", "object": "model", "owned_by": "veild"}
+        if mock.window_tokens:
+            model["max_model_len"] = mock.window_tokens
+        await conn.json_response(200, {"object": "list", "data": [model]})
+        return
+    if request.method == b"GET" and target == "/props" and mock.window_tokens:
+        # As llama.cpp's llama-server says the window of one slot.
+        await conn.json_response(200, {"default_generation_settings": {
+            "n_ctx": mock.window_tokens}, "total_slots": 1})
         return
     if request.method != b"POST" or not target.rstrip("/").endswith("/chat/completions"):
         await conn.json_response(404, {"error": {"message": f"no route {target}"}})
@@ -618,17 +627,19 @@ async def _handle(stream: trio.SocketStream, mock: _Mock) -> None:
 
 async def serve_mock_provider(
     host: str = "127.0.0.1", port: int = 0, log: list[Served] | None = None,
-    *, max_context_chars: int = 0,
+    *, max_context_chars: int = 0, window_tokens: int = 0,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled; reports the bound port through `task_status`. A request
     holding more than `max_context_chars` characters is refused for its length (0: never;
-    a script's `maxContextChars` overrides it)."""
+    a script's `maxContextChars` overrides it). `window_tokens`: the window its model
+    list (`max_model_len`) and `GET /props` (llama.cpp's `n_ctx`) say it has. Its model
+    list answers under `/v1` only (as llama-cpp-python's and vLLM's do)."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
     try:
         task_status.started(bound)
-        mock = _Mock(log, max_context_chars=max_context_chars)
+        mock = _Mock(log, max_context_chars=max_context_chars, window_tokens=window_tokens)
         await trio.serve_listeners(partial(_handle, mock=mock), listeners)
     finally:
         for listener in listeners:

@@ -286,7 +286,12 @@ class ChunkEncoder:
 
 
 def usage_wire(usage: TokenUsage) -> dict[str, Any]:
-    return {"input": usage.input, "output": usage.output, "cache": usage.cache, "cost": usage.cost}
+    """A `tokenUsage`; `estimated: true` when some of it was estimated (CONTRACT §14.1)."""
+    out: dict[str, Any] = {"input": usage.input, "output": usage.output,
+                           "cache": usage.cache, "cost": usage.cost}
+    if usage.estimated:
+        out["estimated"] = True
+    return out
 
 
 def session_wire(s: SessionRecord) -> dict[str, Any]:
@@ -363,6 +368,18 @@ def turn_wire(t: TurnHistory) -> dict[str, Any]:
         "model": t.model,
         "startSeq": t.start_seq,
         "schedule": t.schedule,  # the schedule that started it (§11), else null
+        **turn_outcome_wire(t),
+    }
+
+
+def turn_outcome_wire(t: TurnHistory) -> dict[str, Any]:
+    """How a listed turn ended (CONTRACT §14.1): `error: {code, message}` (null unless it
+    ended in `error`) and `finishReason` (a `done`'s; null otherwise, or not known)."""
+    code = t.terminal_code
+    failed = code is not None and code != "done"
+    return {
+        "error": {"code": code, "message": t.error_message or ""} if failed else None,
+        "finishReason": t.finish_reason if code == "done" else None,
     }
 
 
@@ -391,6 +408,8 @@ class TurnStats:
     duration_ms: int
     token_usage: TokenUsage
     tool_calls: tuple[ToolCallStat, ...]
+    # Why the last answer stopped (CONTRACT §14.1): `done.data.finishReason`.
+    finish_reason: str = "stop"
 
     def wire(self) -> dict[str, Any]:
         return {
@@ -404,7 +423,8 @@ class TurnStats:
 
 
 def done_data(session: SessionRecord, stats: TurnStats) -> dict[str, Any]:
-    return {"session": session_wire(session), **stats.wire(), "cancelled": False}
+    return {"session": session_wire(session), **stats.wire(), "cancelled": False,
+            "finishReason": stats.finish_reason}
 
 
 def error_data(

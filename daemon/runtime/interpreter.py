@@ -50,6 +50,8 @@ class TurnTally:
     iterations: int = 0
     content: str = ""
     tool_calls: list[ev.ToolCallStat] = field(default_factory=list)
+    # Why the last answer stopped (CONTRACT §14.1): "stop", "length", "content_filter".
+    finish_reason: str = "stop"
 
 
 class EngineEvents:
@@ -140,7 +142,7 @@ class EngineEvents:
             case eng.ModelNamed():
                 tally.model = event.model
             case eng.UsageReport():
-                tally.usage = tally.usage + event.usage
+                tally.usage = tally.usage + _marked(event)
                 tally.iterations = max(tally.iterations, event.iteration)
                 publisher.stream(ev.USAGE, {
                     "tokenUsage": ev.usage_wire(tally.usage),
@@ -204,6 +206,7 @@ class EngineEvents:
                 await self._compacted(event)
             case eng.Finished():
                 tally.content = event.content
+                tally.finish_reason = event.finish_reason
                 tally.iterations = max(tally.iterations, event.iterations)
                 if event.cost:
                     tally.usage = tally.usage + TokenUsage(cost=event.cost)
@@ -260,6 +263,13 @@ class EngineEvents:
         })
 
 
+def _marked(report: eng.UsageReport) -> TokenUsage:
+    """A call's usage as the turn counts it: an estimate stays marked (CONTRACT §14.1)."""
+    usage = report.usage
+    return replace(usage, estimated=True) if report.estimated and not usage.estimated \
+        else usage
+
+
 class EngineView:
     """The turn as an engine sees it (engines.base.EngineContext)."""
 
@@ -267,7 +277,8 @@ class EngineView:
                  workspace: Path, session: SessionState, compact_only: bool,
                  trace: TurnTrace,
                  run_tool: eng.RunTool,
-                 take_injected: Callable[[], list[MessageRecord]]) -> None:
+                 take_injected: Callable[[], list[MessageRecord]],
+                 output_cap: int | None = None) -> None:
         self.agent = agent
         self.history: Sequence[MessageRecord] = stored.messages
         self.tools: Sequence[Tool] = tools
@@ -276,6 +287,7 @@ class EngineView:
         self.engine_session_id = session.record.engine_session_id
         self.compact_only = compact_only
         self.trace = trace
+        self.output_cap = output_cap
         self.calibration: Calibration = session.calibration
         # What every call sends besides the messages counts in the estimate (§15).
         self.window = Window.stored(stored, base_bytes=base_bytes(agent, self.tools),

@@ -31,6 +31,7 @@ from daemon.store.models import (
     SessionRecord,
     StoredContext,
     TokenUsage,
+    TurnEnd,
     TurnHistory,
     TurnRecord,
 )
@@ -97,7 +98,7 @@ class Store(Protocol):
         self, turn_id: str, code: str, ended_at: int, session: SessionRecord,
         deliveries: Sequence[InboxRecord] = (), quiet: Sequence[int] = (),
         *, cancel_reason: str | None = None, usage: TokenUsage | None = None,
-        model: str | None = None,
+        model: str | None = None, outcome: TurnEnd | None = None,
     ) -> list[InboxRecord]: ...
     async def unfinished_turns(self) -> list[TurnRecord]: ...
     async def turns(self, session_id: str) -> list[TurnHistory]: ...

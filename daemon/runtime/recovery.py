@@ -117,12 +117,13 @@ class Recovery:
         turn = ended.turn
         state = await self._host.load(turn.session_id)
         record = state.record
-        stats = ev.TurnStats(record.agent_name, ended.model, 0, 0, ended.token_usage, ())
+        stats = ev.TurnStats(record.agent_name, ended.model, 0, 0, ended.token_usage, (),
+                             finish_reason=ended.outcome.finish_reason or "stop")
         log.warning("turn %s ended (%s) on node %s, which stopped before publishing its "
                     "terminal: published now from its stored end", turn.id, ended.code, node)
         self.publish_end(state, record, turn.id, (
-            ended.code, f"the turn ended ({ended.code}) on node {node}, which stopped "
-            "before publishing this terminal",
+            ended.code, ended.outcome.error_message or f"the turn ended ({ended.code}) on "
+            f"node {node}, which stopped before publishing this terminal",
             {"reason": ended.cancel_reason} if ended.cancel_reason else None), stats)
 
     def publish_end(self, state: SessionState, record: SessionRecord, turn_id: str,

@@ -65,6 +65,9 @@ class SessionState:
             r,
             status=status,
             updated_at=now_ms(),
-            token_usage=r.token_usage + usage if usage else r.token_usage,
+            # A session's totals are not marked estimated (its turns' are, §14.1): the
+            # store keeps them as numbers, and a reload must say what live said.
+            token_usage=replace(r.token_usage + usage, estimated=False) if usage
+            else r.token_usage,
             model=model or r.model,
         )

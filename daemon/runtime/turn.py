@@ -69,6 +69,7 @@ from daemon.store.models import (
     MessageRecord,
     SessionRecord,
     StoredContext,
+    TurnEnd,
     TurnRecord,
 )
 from daemon.toolproc.sandbox import Sandbox
@@ -157,6 +158,9 @@ class TurnAsk:
     reply_to: str | None = None  # the session that gets this turn's result (no-wait spawn)
     schedule: str | None = None  # the schedule that started it (trigger `schedule`, §11)
     budget_tokens: int = 0
+    # A /v1 client's max_tokens: lowers the agent's max_output_tokens for this turn, or
+    # sets it (CONTRACT §14.1). None: the agent's.
+    output_cap: int | None = None
     # The session has no stored messages before this turn's (a spawn's new child): its
     # history is then the one message this turn stores, so it is not read back.
     fresh: bool = False
@@ -385,7 +389,7 @@ class Turn:
             agent=self.agent, stored=stored, tools=list(self.toolbox.offered().values()),
             workspace=self.toolbox.workspace, session=self.session,
             compact_only=self.compact_only, trace=self.trace, run_tool=self.toolbox.run,
-            take_injected=self._take_handed)
+            take_injected=self._take_handed, output_cap=self.ask.output_cap)
         await self.interpreter.run(engine, view)
 
     def _take_handed(self) -> list[MessageRecord]:
@@ -410,7 +414,9 @@ class Turn:
             fields["error"] = outcome.message[:300]
             if outcome.cancel_reason:
                 fields["reason"] = outcome.cancel_reason
-        log.info("turn ended", extra=fields)
+        # A provider's failure is worth a look (CONTRACT §14.1): WARNING, its message in it.
+        level = logging.WARNING if code == "PROVIDER_ERROR" else logging.INFO
+        log.log(level, "turn ended", extra=fields)
         metrics = self.services.metrics
         if metrics is not None:
             metrics.turn_ended(
@@ -469,6 +475,7 @@ class Turn:
             duration_ms=int((trio.current_time() - started) * 1000),
             token_usage=tally.usage,
             tool_calls=tuple(tally.tool_calls),
+            finish_reason=tally.finish_reason,
         )
         # A compaction's model is the summariser's: the session's stays its agent's.
         record = self.session.mark("idle", usage=tally.usage,
@@ -486,7 +493,7 @@ class Turn:
         # replies, it does not wait for a store that just failed it a second time.
         if not silent and not fenced and (self.start_stored or replies or quiet):
             unstored = await self._store_end(code, details, record, replies, quiet,
-                                             stats.model)
+                                             stats.model, message)
             silent = unstored is _SWEPT
             if unstored is not None and not silent:
                 # Its terminal says so: its replies were not delivered, and the store
@@ -528,6 +535,7 @@ class Turn:
     async def _store_end(
         self, code: str | None, details: dict[str, Any] | None, record: SessionRecord,
         replies: list[InboxRecord], quiet: list[int], model: str | None,
+        message: str = "",
     ) -> str | None:
         """Close the turn's row (with its replies and quieted entries); None once
         stored, else why not."""
@@ -550,6 +558,8 @@ class Turn:
                         cancel_reason=(details or {}).get("reason")
                         if code == "CANCELLED" else None,
                         usage=usage, model=model,
+                        outcome=TurnEnd.of(code, message,
+                                           self.interpreter.tally.finish_reason),
                     ),
                     delivered, what=f"the end of turn {self.id}", to_last=True)
             return None

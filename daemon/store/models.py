@@ -12,6 +12,8 @@ class TokenUsage:
     output: int = 0
     cache: int = 0
     cost: float = 0.0
+    # Some of it was estimated: a provider reported no usage for a call (CONTRACT §14.1).
+    estimated: bool = False
 
     def __add__(self, other: TokenUsage) -> TokenUsage:
         return TokenUsage(
@@ -19,6 +21,7 @@ class TokenUsage:
             self.output + other.output,
             self.cache + other.cache,
             self.cost + other.cost,
+            self.estimated or other.estimated,
         )
 
     @property
@@ -109,6 +112,21 @@ class TurnRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """What a turn's end keeps of its terminal besides the code (CONTRACT §14.1): the
+    `error`'s message, or why a `done`'s last answer stopped. (Whether its usage was
+    estimated is the usage's own `estimated`.)"""
+
+    error_message: str | None = None
+    finish_reason: str | None = None
+
+    @classmethod
+    def of(cls, code: str | None, message: str, finish_reason: str) -> TurnEnd:
+        """`code` None: a `done`."""
+        return cls(None, finish_reason) if code is None else cls(message, None)
+
+
+@dataclass(frozen=True, slots=True)
 class EndedTurn:
     """A turn whose end is stored: its code ("done" or the error code), its cancel
     reason, model and usage (the cluster's sweep publishes a terminal from it)."""
@@ -118,6 +136,7 @@ class EndedTurn:
     cancel_reason: str | None
     model: str | None
     token_usage: TokenUsage
+    outcome: TurnEnd = TurnEnd()  # its terminal's message or finish reason (§14.1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +154,10 @@ class TurnHistory:
     model: str | None
     start_seq: int | None
     schedule: str | None = None
+    # How it ended (CONTRACT §14.1): the terminal's message (None for `done`, and for a
+    # turn stored before it was kept) and why its last answer stopped (`done` only).
+    error_message: str | None = None
+    finish_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ import psycopg
 import trio
 
 from daemon.errors import NodeIdInUse, StoreError, StoreUnavailable
-from daemon.store.models import EndedTurn, NodeRecord, TokenUsage, TurnRecord
+from daemon.store.models import EndedTurn, NodeRecord, TokenUsage, TurnEnd, TurnRecord
 from daemon.store.pg_fence import NodeLease
 from daemon.store.pg_pool import (
     CONNECT_ATTEMPT_S,
@@ -303,13 +303,14 @@ class PgCoordination:
         rows = await self._pool.rows(
             "SELECT t.id, t.session_id, t.trigger, t.started_at, t.reply_to, t.start_seq, "
             "t.terminal_code, t.cancel_reason, t.model, t.input_tokens, t.output_tokens, "
-            "t.cache_tokens, t.cost "
+            "t.cache_tokens, t.cost, t.error_message, t.finish_reason, t.usage_estimated "
             "FROM turns t JOIN sessions s ON s.id = t.session_id "
             "WHERE s.owner = %s AND t.end_stored_ms IS NOT NULL AND t.end_stored_ms >= "
             "(SELECT lease_until FROM nodes WHERE node_id = %s) - %s "
             "ORDER BY t.started_at, t.seq", (node_id, node_id, within_ms))
         return [EndedTurn(TurnRecord(r[0], r[1], r[2], r[3], r[4], start_seq=r[5]),
-                          r[6], r[7], r[8], TokenUsage(r[9], r[10], r[11], r[12]))
+                          r[6], r[7], r[8], TokenUsage(r[9], r[10], r[11], r[12], r[15]),
+                          TurnEnd(r[13], r[14]))
                 for r in rows]
 
     async def node_running_sessions(self, node_id: str) -> list[str]:

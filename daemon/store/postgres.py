@@ -37,6 +37,7 @@ from daemon.store.models import (
     SessionRecord,
     StoredContext,
     TokenUsage,
+    TurnEnd,
     TurnHistory,
     TurnRecord,
 )
@@ -375,7 +376,7 @@ class PostgresStore:
         self, turn_id: str, code: str, ended_at: int, session: SessionRecord,
         deliveries: Sequence[InboxRecord] = (), quiet: Sequence[int] = (),
         *, cancel_reason: str | None = None, usage: TokenUsage | None = None,
-        model: str | None = None,
+        model: str | None = None, outcome: TurnEnd | None = None,
     ) -> list[InboxRecord]:
         """Close the turn (its code, cancel reason, usage and model), save its session
         (status, usage), record what it delivers to other inboxes and stop the `quiet`
@@ -383,6 +384,7 @@ class PostgresStore:
         their ids. A reply owed to a session deleted since is dropped."""
         u = session.token_usage
         t = usage or TokenUsage()
+        end = outcome or TurnEnd()
 
         def _end(conn: Conn) -> list[InboxRecord]:
             # Only an open turn ends (one terminal, CONTRACT §5.2): a turn a sweeper
@@ -390,9 +392,10 @@ class PostgresStore:
             closed = conn.execute(
                 "UPDATE turns SET ended_at=%s, terminal_code=%s, cancel_reason=%s, model=%s, "
                 "input_tokens=%s, output_tokens=%s, cache_tokens=%s, cost=%s, "
+                "error_message=%s, finish_reason=%s, usage_estimated=%s, "
                 f"end_stored_ms={NOW_MS} WHERE id=%s AND ended_at IS NULL",
                 (ended_at, code, cancel_reason, model, t.input, t.output, t.cache, t.cost,
-                 turn_id)).rowcount
+                 end.error_message, end.finish_reason, t.estimated, turn_id)).rowcount
             if not closed and conn.execute("SELECT 1 FROM turns WHERE id=%s",
                                            (turn_id,)).fetchone():
                 raise TurnClosed(turn_id)

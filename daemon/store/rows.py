@@ -34,7 +34,8 @@ COMPACTION_COLUMNS = (
 )
 TURN_HISTORY_COLUMNS = (
     "id, trigger, from_session_id, started_at, ended_at, terminal_code, cancel_reason, "
-    "input_tokens, output_tokens, cache_tokens, cost, model, start_seq, schedule"
+    "input_tokens, output_tokens, cache_tokens, cost, model, start_seq, schedule, "
+    "error_message, finish_reason, usage_estimated"
 )
 SCHEDULE_COLUMNS = (
     "name, paused, last_run_at, next_run_at, last_session_id, last_turn_id, last_outcome, "
@@ -73,7 +74,8 @@ def turn_history(row: Sequence[Any]) -> TurnHistory:
     """A row of TURN_HISTORY_COLUMNS."""
     r = row
     return TurnHistory(r[0], r[1], r[2], r[3], r[4], r[5], r[6],
-                       TokenUsage(r[7], r[8], r[9], r[10]), r[11], r[12], r[13])
+                       TokenUsage(r[7], r[8], r[9], r[10], bool(r[16])), r[11], r[12], r[13],
+                       error_message=r[14], finish_reason=r[15])
 
 
 def schedule_record(row: Sequence[Any]) -> ScheduleRecord:

@@ -30,6 +30,7 @@ from daemon.store.models import (
     SessionRecord,
     StoredContext,
     TokenUsage,
+    TurnEnd,
     TurnHistory,
     TurnRecord,
 )
@@ -350,7 +351,7 @@ class Store:
         self, turn_id: str, code: str, ended_at: int, session: SessionRecord,
         deliveries: Sequence[InboxRecord] = (), quiet: Sequence[int] = (),
         *, cancel_reason: str | None = None, usage: TokenUsage | None = None,
-        model: str | None = None,
+        model: str | None = None, outcome: TurnEnd | None = None,
     ) -> list[InboxRecord]:
         """Close the turn (its code, cancel reason, usage and model), save its session
         (status, usage), record what it delivers to other inboxes and stop the `quiet`
@@ -358,16 +359,18 @@ class Store:
         their ids."""
         u = session.token_usage
         t = usage or TokenUsage()
+        end = outcome or TurnEnd()
 
         def _end(conn: sqlite3.Connection) -> list[InboxRecord]:
             # Only an open turn ends (one terminal, CONTRACT §5.2), as on PostgreSQL: a
             # turn closed already (by a recovery) is not closed a second time.
             closed = conn.execute(
                 "UPDATE turns SET ended_at=?, terminal_code=?, cancel_reason=?, model=?, "
-                "input_tokens=?, output_tokens=?, cache_tokens=?, cost=? "
+                "input_tokens=?, output_tokens=?, cache_tokens=?, cost=?, "
+                "error_message=?, finish_reason=?, usage_estimated=? "
                 "WHERE id=? AND ended_at IS NULL",
                 (ended_at, code, cancel_reason, model, t.input, t.output, t.cache, t.cost,
-                 turn_id),
+                 end.error_message, end.finish_reason, int(t.estimated), turn_id),
             ).rowcount
             if not closed and conn.execute("SELECT 1 FROM turns WHERE id=?",
                                            (turn_id,)).fetchone():

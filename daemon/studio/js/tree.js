@@ -142,7 +142,7 @@ export class Tree {
       s.usages.push([e.seq, e.turnId, d.tokenUsage]);
       this.render(s);
     } else if (type === 'done' || type === 'error') {
-      s.terminal = type === 'done' ? { terminal: 'done', code: '', reason: '' }
+      s.terminal = type === 'done' ? { terminal: 'done', code: '', reason: '', finish: d.finishReason || 'stop' }
         : { terminal: 'error', code: d.code || '', reason: (d.details && d.details.reason) || '' };
       s.terminalKnown = true;
       s.live = null;
@@ -232,7 +232,7 @@ export class Tree {
         const { turns } = await api(`/sessions/${encodeURIComponent(s.id)}/turns`);
         const last = turns.filter((t) => t.terminal).pop();
         if (last && !s.terminalKnown) {
-          s.terminal = { terminal: last.terminal, code: last.errorCode || '', reason: last.cancelReason || '' };
+          s.terminal = { terminal: last.terminal, code: last.errorCode || '', reason: last.cancelReason || '', finish: last.finishReason || '' };
           this.render(s);
         }
       } catch (err) {
@@ -336,9 +336,10 @@ export class Tree {
       badge.textContent = t.reason || t.code;
       badge.title = t.reason ? `${t.code} · ${t.reason}` : t.code;
     } else if (t) {
-      badge.className = 'badge done';
-      badge.textContent = 'done';
-      badge.title = 'last turn: done';
+      const cut = t.finish === 'length';  // CONTRACT §14.1: the answer was cut at its limit
+      badge.className = cut ? 'badge done cut' : 'badge done';
+      badge.textContent = cut ? 'cut off' : 'done';
+      badge.title = cut ? 'last turn: done, its answer cut off at the length limit' : 'last turn: done';
     } else {
       badge.className = 'badge';
       badge.textContent = '';

@@ -603,6 +603,21 @@ class Body {
   }
 }
 
+// How a `done` whose answer did not simply stop says so (CONTRACT §14.1, finishReason).
+const CUT_LABELS = { length: 'cut off', content_filter: 'filtered' };
+
+/** The mark after a cut answer's text in the transcript. */
+function markCut(bodyEl, finishReason) {
+  const label = CUT_LABELS[finishReason];
+  // The turn's own text: a sub-agent's, shown inside its tool call, is not its answer.
+  const texts = [...bodyEl.querySelectorAll('[data-testid=assistant-text]')]
+    .filter((el) => !el.closest('[data-testid=child-turn]'));
+  const last = texts[texts.length - 1];
+  if (!label || !last || last.nextElementSibling?.dataset.testid === 'cut-mark') return;
+  last.classList.add('cut');
+  last.after(h('div.cut-mark', { 'data-testid': 'cut-mark', text: `— ${label}: the answer reached its length limit` }));
+}
+
 function terminalBadge(kind, d) {
   const bits = [];
   if (d.durationMs !== undefined && d.durationMs !== null) bits.push(fmtDuration(d.durationMs));
@@ -612,7 +627,11 @@ function terminalBadge(kind, d) {
   if (d.model) bits.push(d.model);
   if (d.resumed) bits.push(resumedCount(d.resumed));
   if (kind === 'done') {
-    return h('div.terminal-badge.done', {}, h('b', { text: '✓ done' }), bits.length ? h('span.dim', { text: ` · ${bits.join(' · ')}` }) : null);
+    // CONTRACT §14.1: an answer the provider cut at its limit is said so.
+    const cut = CUT_LABELS[d.finishReason];
+    return h('div.terminal-badge.done', { 'data-finish-reason': d.finishReason || 'stop' },
+      h('b', { text: '✓ done' }), cut ? h('span.cut', { 'data-testid': 'cut-off', text: ` · ${cut}` }) : null,
+      bits.length ? h('span.dim', { text: ` · ${bits.join(' · ')}` }) : null);
   }
   const reason = d.details && d.details.reason;
   return h('div.terminal-badge.error', {}, h('b', { text: d.code || 'error' }),
@@ -667,7 +686,7 @@ class ChildTurn {
       this.el.dataset.errorCode = e.eventType === 'error' ? d.code || '' : '';
       this.el.dataset.cancelReason = (d.details && d.details.reason) || '';
       this.terminalEl.replaceChildren(e.eventType === 'done'
-        ? h('span.badge.done', { text: 'done' })
+        ? h(d.finishReason === 'length' ? 'span.badge.done.cut' : 'span.badge.done', { text: d.finishReason === 'length' ? 'cut off' : 'done' })
         : h('span.badge.error', { text: (d.details && d.details.reason) || d.code }));
       this.el.classList.add('done');
       this.el.dataset.suspended = '';
@@ -752,7 +771,9 @@ class TurnView {
     this.el.dataset.cancelReason = kind === 'error' ? (d.details && d.details.reason) || d.cancelReason || '' : '';
     this.el.dataset.suspended = '';
     if (d.resumed) this.el.dataset.resumed = String(d.resumed);
+    this.el.dataset.finishReason = kind === 'done' ? d.finishReason || 'stop' : '';
     this.footer.replaceChildren(terminalBadge(kind, d));
+    if (kind === 'done') markCut(this.bodyEl, d.finishReason);
     this.el.classList.add('ended', 'done');
   }
 
@@ -832,7 +853,8 @@ export class View {
       if (t.terminal) {
         const turn = new TurnView(this, this.el, t.turnId, t);
         turn.body.past(byTurn.get(t.turnId) || [], t);
-        turn.terminal(t.terminal, { code: t.errorCode, cancelReason: t.cancelReason, details: t.cancelReason ? { reason: t.cancelReason } : null, tokenUsage: t.tokenUsage, model: t.model, resumed: t.resumed });
+        // What the live terminal said, as the turns list keeps it (CONTRACT §14.1).
+        turn.terminal(t.terminal, { code: t.errorCode, cancelReason: t.cancelReason, details: t.cancelReason ? { reason: t.cancelReason } : null, tokenUsage: t.tokenUsage, model: t.model, message: t.error ? t.error.message : '', finishReason: t.finishReason, resumed: t.resumed });
         turn.el.classList.add('done');
         this.pastTurns.add(t.turnId);
       } else if (t.startSeq) {
