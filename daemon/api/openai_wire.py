@@ -79,12 +79,15 @@ def error_body(err: ApiError) -> dict[str, Any]:
 
 _PART = obj(["type", "text"], type={"const": "text"}, text=STR)
 _CONTENT = {"anyOf": [STR, {"type": "null"}, array(_PART)]}
-_MESSAGE = obj(["role"], role={"enum": ["system", "developer", "user", "assistant"]},
-               content=_CONTENT)
+_MESSAGE = obj(["role"], role={"enum": ["system", "developer", "user", "assistant", "tool"]},
+               content=_CONTENT, tool_call_id=STR,
+               tool_calls=array(obj(["id", "type", "function"], id=STR,
+                                    type={"const": "function"},
+                                    function=obj(["name"], name=STR, arguments=STR))))
 SYSTEM_ROLES = frozenset({"system", "developer"})
 
 
-def _text(content: Any, where: str) -> str:
+def message_text(content: Any, where: str) -> str:
     """A message's text: a string, null (no text), or text parts (joined)."""
     if content is None or isinstance(content, str):
         return content or ""
@@ -112,6 +115,8 @@ class CompletionRequest:
     messages: tuple[tuple[str, str], ...]  # (role, text), system roles as "system"
     stream: bool
     include_usage: bool
+    # The body as it came (api/openai_tools.py reads its tools and tool messages).
+    body: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     SCHEMA: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -151,11 +156,10 @@ class CompletionRequest:
             if not isinstance(m, dict):
                 raise invalid(f"`{where}` must be an object", "messages")
             role = m.get("role")
-            if role not in ("system", "developer", "user", "assistant"):
-                raise invalid(f"`{where}.role` must be system, developer, user or assistant "
-                              "(veild runs the agent's own tools: no tool messages)",
-                              f"{where}.role")
-            text = _text(m.get("content"), where)
+            if role not in ("system", "developer", "user", "assistant", "tool"):
+                raise invalid(f"`{where}.role` must be system, developer, user, assistant "
+                              "or tool", f"{where}.role")
+            text = message_text(m.get("content"), where)
             messages.append(("system" if role in SYSTEM_ROLES else str(role), text))
         stream = body.get("stream")
         if stream is not None and not isinstance(stream, bool):
@@ -167,7 +171,7 @@ class CompletionRequest:
         if include is not None and not isinstance(include, bool):
             raise invalid("`stream_options.include_usage` must be a boolean",
                           "stream_options")
-        return cls(model, tuple(messages), bool(stream), bool(include))
+        return cls(model, tuple(messages), bool(stream), bool(include), body)
 
     def last_user(self) -> str:
         """The message the turn is asked (400 unless the last message is a user's with
@@ -208,6 +212,7 @@ class Reply:
     content: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     terminal: dict[str, Any] | None = None  # the terminal event's envelope
+    calls: list[dict[str, Any]] = field(default_factory=list)  # the last answer's calls
     # The channels whose next text starts a new LLM call's (one ended since their last).
     _new_call: set[str] = field(default_factory=set)
 
@@ -220,6 +225,7 @@ class Reply:
         if kind == ev.MESSAGE:
             if data.get("role") == "assistant":
                 self._new_call = {"content", "reasoning_content"}
+                self.calls = list(data.get("toolCalls") or ())
             return []
         text = data.get("content")
         if kind not in (ev.INFERENCE_CHUNK, ev.THINKING_CHUNK) or not isinstance(text, str) \
@@ -287,11 +293,15 @@ def completion_id(turn_id: str) -> str:
 
 
 def completion(turn_id: str, created: int, model: str, reply: Reply,
-               finish_reason: str, terminal: dict[str, Any]) -> dict[str, Any]:
-    """A `chat.completion` object (stream false)."""
+               finish_reason: str, terminal: dict[str, Any],
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A `chat.completion` object (stream false); `tool_calls`: the client's calls
+    that end it (OpenAI's shape, §17.1)."""
     message: dict[str, Any] = {"role": "assistant", "content": reply.text}
     if reply.reasoning:
         message["reasoning_content"] = "".join(reply.reasoning)
+    if tool_calls:
+        message["tool_calls"] = tool_calls
     return {"id": completion_id(turn_id), "object": "chat.completion", "created": created,
             "model": model, "choices": [{"index": 0, "message": message,
                                          "finish_reason": finish_reason, "logprobs": None}],
@@ -337,7 +347,7 @@ COMPLETION_SCHEMA = obj(
     choices=array(obj(["index", "message", "finish_reason"], index=INT,
                       message=obj(["role", "content"], role={"const": "assistant"},
                                   content=STR, reasoning_content=STR),
-                      finish_reason={"enum": ["stop", "length"]})),
+                      finish_reason={"enum": ["stop", "length", "tool_calls"]})),
     usage=USAGE_SCHEMA)
 CHUNK_FRAME_SCHEMA = obj(["data"], data={
     "type": "string", "description": "a chat.completion.chunk as JSON, an "

@@ -14,7 +14,7 @@ turn's lifecycle: the turn (runtime/turn.py) hands it what it writes to and how 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -267,8 +267,10 @@ class EngineView:
                  workspace: Path, session: SessionState, compact_only: bool,
                  trace: TurnTrace,
                  run_tool: eng.RunTool,
-                 take_injected: Callable[[], list[MessageRecord]]) -> None:
+                 take_injected: Callable[[], list[MessageRecord]],
+                 client_options: Mapping[str, Any] | None = None) -> None:
         self.agent = agent
+        self.client_options: Mapping[str, Any] = client_options or {}
         self.history: Sequence[MessageRecord] = stored.messages
         self.tools: Sequence[Tool] = tools
         self.workspace = workspace

@@ -54,6 +54,7 @@ from daemon.store.models import (
     SessionRecord,
     TurnRecord,
 )
+from daemon.tools.client import ClientOffer
 
 # Named here for the API and the cluster, which import them from this module.
 __all__ = ["CancelReceipt", "ChatClaim", "SessionManager", "inbox_full", "inbox_record",
@@ -315,7 +316,8 @@ class SessionManager:
         self, state: SessionState, message: str, trigger: str, *, turn_id: str | None = None,
         budget_tokens: int | None = None, from_session_id: str | None = None,
         inside: Turn | None = None, reply_to: str | None = None, schedule: str | None = None,
-        fresh: bool = False,
+        fresh: bool = False, client: ClientOffer | None = None,
+        results: tuple[MessageRecord, ...] = (),
     ) -> Turn:
         """Claim the session for a new turn, or raise (Conflict: a turn runs; Unavailable:
         shutting down). Synchronous, so nothing can start a turn on the session between
@@ -327,7 +329,7 @@ class SessionManager:
         return self._new_turn(
             state, agent, state.inbox.start_turn(turn_id), message, trigger, turn_id=turn_id,
             budget_tokens=budget_tokens, from_session_id=from_session_id, parent=inside,
-            reply_to=reply_to, schedule=schedule, fresh=fresh,
+            reply_to=reply_to, schedule=schedule, fresh=fresh, client=client, results=results,
         )
 
     def _claim_drain(self, state: SessionState) -> Turn:
@@ -357,10 +359,11 @@ class SessionManager:
                   trigger: str, *, turn_id: str, budget_tokens: int | None = None,
                   from_session_id: str | None = None, parent: Turn | None = None,
                   reply_to: str | None = None, schedule: str | None = None,
-                  fresh: bool = False) -> Turn:
+                  fresh: bool = False, client: ClientOffer | None = None,
+                  results: tuple[MessageRecord, ...] = ()) -> Turn:
         ask = TurnAsk(
             message, trigger, from_session_id=from_session_id, reply_to=reply_to,
-            schedule=schedule, fresh=fresh,
+            schedule=schedule, fresh=fresh, client=client, results=results,
             budget_tokens=agent.budget_tokens if budget_tokens is None else budget_tokens)
         turn = Turn(id=turn_id, session=state, agent=agent, ask=ask, services=self.services,
                     inbox_hold=hold, parent=parent)
@@ -369,13 +372,16 @@ class SessionManager:
 
     def claim_chat(self, state: SessionState, message: str, *, sse: bool,
                    budget_tokens: int | None = None, turn_id: str | None = None,
-                   subscribe: bool = True, trigger: str | None = None) -> ChatClaim | None:
+                   subscribe: bool = True, trigger: str | None = None,
+                   client: ClientOffer | None = None,
+                   results: tuple[MessageRecord, ...] = ()) -> ChatClaim | None:
         """A chat's turn on `state`, claimed and scheduled in the manager's nursery, in
         one synchronous step; None when the session is mid-turn (the chat is then an
         injection through the inbox). In SSE mode the turn's subscription is taken
         first, so it holds every event of the turn. A chat routed from another node
         (`subscribe=False`) names its turn: that node subscribed before it asked.
-        `trigger`: the turn's (default `sse` / `http`; `openai` for /v1, §17)."""
+        `trigger`: the turn's (default `sse` / `http`; `openai` for /v1, §17); `client`
+        and `results`: a /v1 client's tools and the results it answers them with (§17.1)."""
         if state.running is not None:
             return None
         self._claimable(state)  # before subscribing, so a refusal leaves nothing open
@@ -385,7 +391,8 @@ class SessionManager:
         ) if sse and subscribe else None
         try:
             turn = self.claim_turn(state, message, trigger or ("sse" if sse else "http"),
-                                   turn_id=turn_id, budget_tokens=budget_tokens)
+                                   turn_id=turn_id, budget_tokens=budget_tokens,
+                                   client=client, results=results)
             assert self._nursery is not None
             # The turn belongs to the daemon, not to the request (CONTRACT §3). Started
             # without waiting, so that the claim stays one synchronous step: a turn that
