@@ -195,6 +195,32 @@ class CompletionRequest:
         return out
 
 
+def check_body(raw: bytes) -> dict[str, Any]:
+    """A /v1 request's JSON object body, or a 400 (nothing changes)."""
+    try:
+        body = json.loads(raw) if raw.strip() else None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise invalid(f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    try:
+        check_unicode(body)
+    except BadRequest as exc:
+        raise invalid(exc.message, (exc.details or {}).get("field")) from exc
+    return body
+
+
+# What /v1 serves (a 404 elsewhere under /v1 names it, CONTRACT §17.2).
+SERVED = ("GET /v1/models", "GET /v1/models/{model}", "POST /v1/chat/completions",
+          "POST /v1/responses", "GET /v1/responses/{id}")
+
+
+def not_served(method: str, path: str) -> OpenAIError:
+    return OpenAIError(f"{method} {path} is not served by veild: its /v1 serves "
+                       f"{', '.join(SERVED)} (docs/openai.md)", status=404,
+                       type="invalid_request_error", code="unknown_url")
+
+
 # -- the answer -------------------------------------------------------------------------
 
 # The bus events a /v1 turn's subscription takes (no tool output: it is not the answer).
