@@ -142,7 +142,8 @@ async def tool_loop(
         try:
             # The call's span (CONTRACT §12.1): its model, usage and retries are
             # recorded on it as their events pass.
-            with ctx.trace.chat(first.provider.name, first.model, request.messages) as span:
+            with ctx.trace.chat(first.provider.gen_ai_provider, first.model,
+                                request.messages) as span:
                 async with aclosing(call.stream(partial(conversation.stream, iteration,
                                                         answer, request=request))) as deltas:
                     async for event in deltas:
@@ -151,7 +152,7 @@ async def tool_loop(
                                 compactor.calibration.reported(event.prompt_tokens, sent)
                             trace_call_event(span, event)
                         yield event
-                span.answer(answer.text, answer.calls)
+                span.answer(answer.text, answer.calls, answer.finish)
         except ModelCallFailed as exc:
             if not exc.too_long:
                 raise

@@ -77,7 +77,8 @@ class ChatSpan(Protocol):
     def __enter__(self) -> ChatSpan: ...
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None: ...
-    def answer(self, text: str, calls: Sequence[Mapping[str, Any]]) -> None: ...
+    def answer(self, text: str, calls: Sequence[Mapping[str, Any]],
+               finish_reason: str = "stop") -> None: ...
     def model_named(self, model: str) -> None: ...
     def usage(self, input_tokens: int, output_tokens: int) -> None: ...
     def retried(self, provider: str, model: str, attempt: int, max_retries: int,
@@ -124,7 +125,8 @@ class _NoSpan:
     def result(self, content: str, is_error: bool) -> None:
         pass
 
-    def answer(self, text: str, calls: Sequence[Mapping[str, Any]]) -> None:
+    def answer(self, text: str, calls: Sequence[Mapping[str, Any]],
+               finish_reason: str = "stop") -> None:
         pass
 
     def model_named(self, model: str) -> None:
@@ -511,9 +513,12 @@ class _OtelTurn:
         span.set_attribute("gen_ai.usage.output_tokens", output_tokens)
         if model:
             span.set_attribute("gen_ai.response.model", model)
+        finish = "stop" if code is None else (
+            "length" if code == "MAX_ITERATIONS" else "error")
         if self._t.content and content:
             span.set_attribute("gen_ai.output.messages", _json(
-                [{"role": "assistant", "parts": [{"type": "text", "content": content}]}]))
+                [{"role": "assistant", "parts": [{"type": "text", "content": content}],
+                  "finish_reason": finish}]))
         if code is not None:
             if cancel_reason:
                 span.set_attribute("veild.cancel_reason", cancel_reason)
@@ -559,19 +564,23 @@ class _OtelChat:
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
 
-    def answer(self, text: str, calls: Sequence[Mapping[str, Any]]) -> None:
+    def answer(self, text: str, calls: Sequence[Mapping[str, Any]],
+               finish_reason: str = "stop") -> None:
+        finish = gen_ai_finish(finish_reason)
+        self.span.set_attribute("gen_ai.response.finish_reasons", (finish,))
         if not self._turn._t.content:
             return
         parts: list[dict[str, Any]] = [{"type": "text", "content": text}] if text else []
         parts += [{"type": "tool_call", "id": c.get("id"), "name": c.get("name"),
                    "arguments": c.get("arguments")} for c in calls]
         self.span.set_attribute("gen_ai.output.messages", _json(
-            [{"role": "assistant", "parts": parts}]))
+            [{"role": "assistant", "parts": parts, "finish_reason": finish}]))
 
     def retried(self, provider: str, model: str, attempt: int, max_retries: int,
                 wait_ms: int, status: int | None, error: str, fallback: bool) -> None:
+        # `provider` is the config's key: never `gen_ai.provider.name` (CONTRACT §12.1).
         attributes: dict[str, Any] = {
-            "gen_ai.provider.name": provider, "gen_ai.request.model": model,
+            "veild.provider": provider, "gen_ai.request.model": model,
             "veild.retry.attempt": attempt, "veild.retry.max_retries": max_retries,
             "veild.retry.wait_ms": wait_ms, "error.type": str(status) if status else "error",
             "veild.retry.error": error[:300],
@@ -581,7 +590,7 @@ class _OtelChat:
         if fallback:
             # The call goes on elsewhere: the span names where it went.
             self.span.add_event("provider.fallback", attributes)
-            self.span.set_attribute("gen_ai.provider.name", provider)
+            self.span.set_attribute("veild.provider", provider)
             self.span.set_attribute("gen_ai.request.model", model)
             self.span.set_attribute("veild.fallback", True)
             self.span.update_name(f"chat {model}")
@@ -624,6 +633,15 @@ class _OtelTool:
             self.span.set_attribute("gen_ai.tool.call.result", _clip(content))
         if is_error:
             t.failed(self.span, "tool_error", "")
+
+
+# veild's finish reasons (engines/request.py) in the GenAI conventions' words.
+_GEN_AI_FINISH = {"stop": "stop", "length": "length", "content_filter": "content_filter",
+                  "tool_calls": "tool_call"}
+
+
+def gen_ai_finish(reason: str) -> str:
+    return _GEN_AI_FINISH.get(reason, "stop")
 
 
 def _error_type(exc: BaseException) -> str:
