@@ -198,15 +198,20 @@ class _Follow:
         self.reply = wire.Reply()
 
     def _feed(self, batch: list[Any]) -> bytes:
-        frames = []
+        """The events of a batch, runs of the same kind of delta merged (one event, not
+        one per token: the bus may hand over hundreds of chunks at once)."""
+        deltas: list[tuple[str, str]] = []
         for item in batch:
             if not isinstance(item, Envelope):
                 continue
             for name, text in self.reply.feed(json.loads(item.data)):
-                frames.append(self.out.feed(name, text))
+                if deltas and deltas[-1][0] == name:
+                    deltas[-1] = (name, deltas[-1][1] + text)
+                else:
+                    deltas.append((name, text))
             if self.reply.terminal is not None:
                 break
-        return b"".join(frames)
+        return b"".join(self.out.feed(name, text) for name, text in deltas)
 
     async def follow(self, sub: Subscription) -> None:
         while self.reply.terminal is None:
