@@ -11,17 +11,20 @@ proves:
 - an answer calling bash and a client tool: bash runs in the daemon (its result on the
   bus and stored), only the client's call goes out;
 - `tool_choice`, `response_format` and `parallel_tool_calls` reach the provider; a
-  client tool named like one of the agent's is a 400 naming `tools`.
+  client tool named like one of the agent's is a 400 naming `tools`;
+- the anthropic engine takes client tools through the same tool round, and refuses the
+  options it cannot honour with a 400 naming each (`text.format` on Responses).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import openai
 
-from tests.harness import Provider, Running, mock, open_recorder
+from tests.harness import Provider, Running, mock, open_daemon, open_recorder
 from tests.test_openai_endpoint import HEADER, user, with_client
 
 WEATHER = {"type": "function", "function": {
@@ -142,3 +145,46 @@ async def test_a_name_collision_is_400(daemon: Running) -> None:
     assert answer.status_code == 400
     assert answer.json()["error"]["param"] == "tools"
     assert "bash" in answer.json()["error"]["message"]
+
+
+MESSAGES_AGENT = """
+[providers.messages]
+type = "anthropic"
+base_url = "{root}"
+
+[agents.claudeapi]
+engine = "anthropic"
+provider = "messages"
+model = "claude-test"
+tools = ["bash"]
+"""
+
+
+async def test_the_anthropic_engine_takes_client_tools_not_options(
+        tmp_path: Path, provider: Provider) -> None:
+    extra = MESSAGES_AGENT.replace("{root}", provider.url.removesuffix("/v1"))
+    async with open_daemon(tmp_path, provider, extra=extra) as d:
+        def use(c: openai.OpenAI) -> tuple[Any, Any]:
+            first = c.chat.completions.with_raw_response.create(
+                model="claudeapi", messages=[user(SCRIPT)],
+                tools=[WEATHER])  # type: ignore[list-item]
+            parsed = first.parse()
+            call = parsed.choices[0].message.tool_calls[0]
+            second = c.chat.completions.create(
+                model="claudeapi", tools=[WEATHER],  # type: ignore[list-item]
+                extra_headers={HEADER: first.headers[HEADER]},
+                messages=[{"role": "tool", "tool_call_id": call.id, "content": "sun"}])
+            return parsed, second
+        first, second = await with_client(d, use)
+        assert first.choices[0].finish_reason == "tool_calls"
+        assert second.choices[0].message.content == "sunny in Paris"
+        for key, value in (("tool_choice", "none"), ("parallel_tool_calls", False),
+                           ("response_format", {"type": "json_object"})):
+            answer = await d.http.post("/v1/chat/completions", json={
+                "model": "claudeapi", "messages": [user("hi")], key: value})
+            assert answer.status_code == 400
+            assert answer.json()["error"]["param"] == key
+        answer = await d.http.post("/v1/responses", json={
+            "model": "claudeapi", "input": "hi", "text": {"format": {"type": "json_object"}}})
+        assert answer.status_code == 400
+        assert answer.json()["error"]["param"] == "text.format"
