@@ -89,3 +89,27 @@ async def test_otel_provider_name_overrides(tmp_path: Path, provider: Provider) 
 def test_well_known_provider_names(kind: str, url: str, name: str) -> None:
     assert ProviderConfig("demo", kind, url).gen_ai_provider == name
     assert ProviderConfig("demo", kind, url, otel_provider_name="x").gen_ai_provider == "x"
+
+
+async def test_a_clients_traceparent_is_the_turns_parent(tmp_path: Path,
+                                                         provider: Provider) -> None:
+    trace_id, span_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    header = {"traceparent": f"00-{trace_id}-{span_id}-01"}
+    async with open_receiver() as receiver, open_daemon(
+            tmp_path, provider, server=server_keys(receiver)) as d:
+        chat = (await d.http.post("/agents/plain/chat", json={"message": mock(say="a")},
+                                  headers=header)).json()
+        v1 = await d.http.post("/v1/chat/completions", headers=header, json={
+            "model": "plain", "messages": [{"role": "user", "content": mock(say="b")}]})
+        resp = await d.http.post("/v1/responses", headers=header, json={
+            "model": "plain", "input": mock(say="c")})
+        turn_ids = {chat["turnId"], v1.json()["id"].removeprefix("chatcmpl-"),
+                    resp.json()["id"].partition("__")[2]}
+        bad = (await d.http.post("/agents/plain/chat", json={"message": mock(say="d")},
+                                 headers={"traceparent": "00-nonsense"})).json()
+        spans = await exported(d, receiver, turn_ids | {bad["turnId"]})
+    turns = turn_spans(spans)
+    for turn_id in turn_ids:
+        assert turns[turn_id]["traceId"] == trace_id
+        assert turns[turn_id]["parentSpanId"] == span_id
+    assert turns[bad["turnId"]]["traceId"] != trace_id  # an invalid one starts a trace

@@ -159,14 +159,14 @@ def openai_routes(rt: Runtime, connections: Connections) -> Blueprint:
                               "wait for its end (or cancel it), then send again")
 
     def claim(state: SessionState, chat: tools.ChatTurn, offer: ClientOffer | None,
-              turn_id: str) -> tuple[Turn, Subscription]:
+              turn_id: str, traceparent: str | None) -> tuple[Turn, Subscription]:
         """The turn, claimed and scheduled, with its subscription (taken first)."""
         sub = rt.bus.subscribe(Filter(session_ids=frozenset({state.id}), turn_id=turn_id,
                                       stream_only=True, types=wire.REPLY_TYPES))
         try:
             claimed = sessions.claim_chat(state, chat.message, sse=False, turn_id=turn_id,
                                           trigger=TRIGGER, client=offer,
-                                          results=chat.results)
+                                          results=chat.results, traceparent=traceparent)
         except BaseException:
             sub.close()
             raise
@@ -211,6 +211,7 @@ def openai_routes(rt: Runtime, connections: Connections) -> Blueprint:
         state = await open_session(agent, chat.history,
                                    request.headers.get(wire.SESSION_HEADER))
         turn_id = new_id("turn")
+        parent = request.headers.get("traceparent")  # CONTRACT §12.1: the client's trace
         answer = _Answer(turn_id, int(time.time()), agent.name,
                          offer.names if offer is not None else frozenset())
         if req.stream:
@@ -218,14 +219,15 @@ def openai_routes(rt: Runtime, connections: Connections) -> Blueprint:
             on_lagged = partial(connections.abort_after, request.scope.get("client"),
                                 rt.config.server.client_close_grace_s)
             response = Response(
-                answer.stream(partial(claim, state, chat, offer, turn_id), req.include_usage,
+                answer.stream(partial(claim, state, chat, offer, turn_id, parent),
+                              req.include_usage,
                               on_lagged),
                 status=200, content_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                          wire.SESSION_HEADER: state.id})
             response.timeout = None  # Quart's RESPONSE_TIMEOUT would cut a long stream
             return response
-        turn, sub = claim(state, chat, offer, turn_id)
+        turn, sub = claim(state, chat, offer, turn_id, parent)
         try:
             with sub:
                 await answer.follow(sub)

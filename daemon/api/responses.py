@@ -80,13 +80,14 @@ def responses_routes(rt: Runtime, connections: Connections) -> Blueprint:
         return state
 
     def claim(state: SessionState, req: rw.ResponseRequest, offer: ClientOffer | None,
-              turn_id: str) -> tuple[Turn, Subscription]:
+              turn_id: str, traceparent: str | None) -> tuple[Turn, Subscription]:
         sub = rt.bus.subscribe(Filter(session_ids=frozenset({state.id}), turn_id=turn_id,
                                       stream_only=True, types=wire.REPLY_TYPES))
         try:
             claimed = sessions.claim_chat(state, req.turn.message, sse=False,
                                           turn_id=turn_id, trigger=TRIGGER, client=offer,
-                                          results=req.turn.results)
+                                          results=req.turn.results,
+                                          traceparent=traceparent)
         except BaseException:
             sub.close()
             raise
@@ -130,17 +131,18 @@ def responses_routes(rt: Runtime, connections: Connections) -> Blueprint:
         out = rw.Output(rid, rw.shell(rid, int(time.time()), agent.name, req, req.previous))
         follow = _Follow(out, offer.names if offer is not None else frozenset())
         headers = {wire.SESSION_HEADER: state.id}
+        parent = request.headers.get("traceparent")  # CONTRACT §12.1: the client's trace
         if req.stream:
             on_lagged = partial(connections.abort_after, request.scope.get("client"),
                                 rt.config.server.client_close_grace_s)
-            response = Response(follow.stream(partial(claim, state, req, offer, turn_id),
+            response = Response(follow.stream(partial(claim, state, req, offer, turn_id, parent),
                                               on_lagged),
                                 status=200, content_type="text/event-stream",
                                 headers={"Cache-Control": "no-cache",
                                          "X-Accel-Buffering": "no", **headers})
             response.timeout = None
             return response
-        turn, sub = claim(state, req, offer, turn_id)
+        turn, sub = claim(state, req, offer, turn_id, parent)
         try:
             with sub:
                 await follow.follow(sub)

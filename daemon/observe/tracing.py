@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -103,7 +104,7 @@ class Tracing(Protocol):
 
     def turn(self, *, agent: str, session_id: str, root_session_id: str, turn_id: str,
              trigger: str, message: str, waited: bool, from_session_id: str | None,
-             drained: Sequence[int]) -> TurnTrace: ...
+             drained: Sequence[int], traceparent: str | None = None) -> TurnTrace: ...
     def dropped(self) -> int: ...
     async def flush(self) -> bool: ...
     async def aclose(self, timeout_s: float) -> None: ...
@@ -172,7 +173,7 @@ class NoTracing:
 
     def turn(self, *, agent: str, session_id: str, root_session_id: str, turn_id: str,
              trigger: str, message: str, waited: bool, from_session_id: str | None,
-             drained: Sequence[int]) -> TurnTrace:
+             drained: Sequence[int], traceparent: str | None = None) -> TurnTrace:
         return NO_TURN_TRACE
 
     def dropped(self) -> int:
@@ -241,6 +242,22 @@ class _Origin:
 
 _ORIGIN: ContextVar[_Origin | None] = ContextVar("veild_trace_origin", default=None)
 _CALLER_TRIGGERS = frozenset({"agent_spawn", "agent_message", "async_inform"})
+_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+
+def remote_parent(traceparent: str) -> Any:
+    """A W3C `traceparent` (a client's, or a routing node's, CONTRACT §12.1 v4) as the
+    span context a turn span descends from; None when it is not a valid one."""
+    from opentelemetry import trace
+
+    match = _TRACEPARENT.match(traceparent.strip().lower())
+    if match is None:
+        return None
+    trace_id, span_id = int(match[1], 16), int(match[2], 16)
+    if not trace_id or not span_id:
+        return None
+    return trace.SpanContext(trace_id, span_id, is_remote=True,
+                             trace_flags=trace.TraceFlags(int(match[3], 16)))
 
 
 def _clip(text: str) -> str:
@@ -325,7 +342,7 @@ class OtelTracing:
 
     def turn(self, *, agent: str, session_id: str, root_session_id: str, turn_id: str,
              trigger: str, message: str, waited: bool, from_session_id: str | None,
-             drained: Sequence[int]) -> TurnTrace:
+             drained: Sequence[int], traceparent: str | None = None) -> TurnTrace:
         parent, links = None, []
         origin = _ORIGIN.get()
         if (origin is not None and trigger in _CALLER_TRIGGERS
@@ -342,6 +359,8 @@ class OtelTracing:
                     parent = parent or found[0]
                     links.append(self.Link(found[1], {"veild.link": "wake",
                                                       "veild.inbox_id": inbox_id}))
+        if parent is None and traceparent is not None:
+            parent = remote_parent(traceparent)
         return _OtelTurn(self, agent, session_id, root_session_id, turn_id, trigger,
                          message, parent, links)
 

@@ -165,6 +165,9 @@ class TurnAsk:
     # results of its tools that the turn starts from (stored instead of a user message).
     client: ClientOffer | None = None
     results: tuple[MessageRecord, ...] = ()
+    # CONTRACT §12.1 (v4): the W3C trace context the request carried (a client's, or
+    # the node that routed it here): the turn's span descends from it.
+    traceparent: str | None = None
 
 
 @dataclass(eq=False)
@@ -217,7 +220,7 @@ class Turn:
             agent=self.agent.name, session_id=record.id, root_session_id=record.root_session_id,
             turn_id=self.id, trigger=ask.trigger, message=ask.message,
             waited=self.parent is not None, from_session_id=ask.from_session_id,
-            drained=[i.id for i in self.inbox_hold.drained])
+            drained=[i.id for i in self.inbox_hold.drained], traceparent=ask.traceparent)
         sub_agents = services.sub_agents
         self.toolbox = TurnTools(ToolSite(
             turn_id=self.id, session_id=record.id, ref=self.session.ref, agent=self.agent,
