@@ -110,16 +110,18 @@ def responses_routes(rt: Runtime, connections: Connections) -> Blueprint:
             404: Resp("no agent named `model`", _ERR),
             409: Resp("the session is running a turn or is owned by another node", _ERR),
         }, tags=("openai",), error_schema="OpenAIError",
+        body=rw.ResponseRequest.SCHEMA,
         description="Client `tools`, `tool_choice`, `text.format` and "
         "`parallel_tool_calls` as CONTRACT §17.1; sampling parameters are ignored.",
     ))
     async def create() -> Response:
         raw = await request.get_data(as_text=False)
         assert isinstance(raw, bytes)
-        req = rw.ResponseRequest.parse(raw, now_ms())
-        agent = rt.config.agents.get(req.model)
+        body = rw.ResponseRequest.check(raw)
+        agent = rt.config.agents.get(body["model"])
         if agent is None:
-            raise model_not_found(req.model)
+            raise model_not_found(body["model"])
+        req = rw.ResponseRequest.of(body, now_ms())
         offer = client_offer(rt, agent, req.tools, req.options, rw.ResponseRequest.PARAMS)
         rt.directory.check_writable()
         if req.previous is not None:

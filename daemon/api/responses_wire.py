@@ -16,10 +16,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from daemon.api import openai_tools as tools
 from daemon.api.openai_wire import OpenAIError, check_body, invalid
+from daemon.api.spec import BOOL, STR, array, nullable
 from daemon.store.models import MessageRecord, TokenUsage
 from daemon.tools.client import ClientTool
 
@@ -134,35 +135,67 @@ class ResponseRequest:
     instructions: str | None
 
     # What the options were called in this API (a 400 names it so).
-    PARAMS = {"response_format": "text.format"}
+    PARAMS: ClassVar[dict[str, str]] = {"response_format": "text.format"}
 
-    @classmethod
-    def parse(cls, raw: bytes, now: int) -> ResponseRequest:
+    SCHEMA: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1,
+                      "description": "the agent's name (GET /v1/models)"},
+            "input": {"anyOf": [STR, array({"type": "object"})],
+                      "description": "the user's message, or message, function_call and "
+                      "function_call_output items"},
+            "instructions": nullable(STR),
+            "previous_response_id": nullable({"type": "string", "minLength": 1}),
+            "stream": nullable(BOOL),
+            "parallel_tool_calls": nullable(BOOL),
+            "tools": nullable(array({"type": "object"})),
+            "text": nullable({"type": "object"}),
+        },
+    }
+
+    @staticmethod
+    def check(raw: bytes) -> dict[str, Any]:
+        """The body, if SCHEMA holds for it (400 otherwise); what it asks is read by
+        `of` once the model is known to be an agent."""
         body = check_body(raw)
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise invalid("`model` is required: the name of an agent (GET /v1/models)",
                           "model")
-        instructions = body.get("instructions")
-        if instructions is not None and not isinstance(instructions, str):
-            raise invalid("`instructions` must be a string", "instructions")
-        previous = body.get("previous_response_id")
-        if previous is not None and (not isinstance(previous, str) or not previous):
-            raise invalid("`previous_response_id` must be a response id",
-                          "previous_response_id")
-        stream = body.get("stream")
-        if stream is not None and not isinstance(stream, bool):
-            raise invalid("`stream` must be a boolean", "stream")
-        text = body.get("text")
-        if text is not None and not isinstance(text, dict):
+        raw_input = body.get("input")
+        if not isinstance(raw_input, str | list):
+            raise invalid("`input` is required: a string or an array of items", "input")
+        if isinstance(raw_input, list) and not all(isinstance(i, dict) for i in raw_input):
+            raise invalid("`input` items must be objects", "input")
+        for key in ("instructions", "previous_response_id"):
+            value = body.get(key)
+            if value is not None and (not isinstance(value, str)
+                                      or (key != "instructions" and not value)):
+                raise invalid(f"`{key}` must be a non-empty string", key)
+        for key in ("stream", "parallel_tool_calls"):
+            if body.get(key) is not None and not isinstance(body[key], bool):
+                raise invalid(f"`{key}` must be a boolean", key)
+        tools_ = body.get("tools")
+        if tools_ is not None and (not isinstance(tools_, list)
+                                   or not all(isinstance(t, dict) for t in tools_)):
+            raise invalid("`tools` must be an array of tools", "tools")
+        if body.get("text") is not None and not isinstance(body["text"], dict):
             raise invalid("`text` must be an object", "text")
-        fmt = (text or {}).get("format")
+        return body
+
+    @classmethod
+    def of(cls, body: dict[str, Any], now: int) -> ResponseRequest:
+        """What a checked body asks (400 for what SCHEMA cannot say)."""
+        instructions = body.get("instructions")
+        fmt = (body.get("text") or {}).get("format")
         options = tools.options_of({k: v for k, v in body.items()
                                     if k != "response_format"},
                                    format_param="text.format", raw_format=fmt)
-        return cls(model, input_turn(body.get("input"), instructions, now),
-                   tools.client_tools(body.get("tools")), options, bool(stream),
-                   previous, instructions)
+        return cls(str(body["model"]), input_turn(body.get("input"), instructions, now),
+                   tools.client_tools(body.get("tools")), options,
+                   bool(body.get("stream")), body.get("previous_response_id"), instructions)
 
 
 # -- the answer -------------------------------------------------------------------------
