@@ -113,3 +113,26 @@ async def test_a_clients_traceparent_is_the_turns_parent(tmp_path: Path,
         assert turns[turn_id]["traceId"] == trace_id
         assert turns[turn_id]["parentSpanId"] == span_id
     assert turns[bad["turnId"]]["traceId"] != trace_id  # an invalid one starts a trace
+
+
+async def test_claude_cli_calls_and_tools_are_spans(tmp_path: Path, provider: Provider) -> None:
+    from tests.test_claude_cli import TOOL_CALLS, claude_agent
+
+    async with open_receiver() as receiver, open_daemon(
+            tmp_path, provider, server=server_keys(receiver, content=True),
+            extra=claude_agent()) as d:
+        body = (await d.chat(TOOL_CALLS, agent="claude")).json()
+        spans = await exported(d, receiver, {body["turnId"]})
+    turn = turn_spans(spans)[body["turnId"]]
+    first, second = under(spans, turn, "chat ")
+    (tool,) = under(spans, turn, "execute_tool Bash")
+    assert first["attributes"]["gen_ai.provider.name"] == "anthropic"
+    assert first["attributes"]["gen_ai.response.model"] == "claude-fake-9"
+    assert first["attributes"]["gen_ai.response.finish_reasons"] == ["tool_call"]
+    assert second["attributes"]["gen_ai.response.finish_reasons"] == ["stop"]
+    assert (first["attributes"]["gen_ai.usage.output_tokens"],
+            second["attributes"]["gen_ai.usage.output_tokens"]) == (4 + 5 + 2, 3)
+    valid_output_messages(first["attributes"]["gen_ai.output.messages"])
+    assert first["end"] <= tool["start"] <= tool["end"] <= second["start"]
+    assert "out" in tool["attributes"]["gen_ai.tool.call.result"]
+    assert [e["name"] for e in first["events"]] == ["provider.retry", "provider.retry"]
