@@ -11,7 +11,9 @@ daemon on port 0 and the scripted mock provider. What it proves:
 - `GET /v1/responses/{id}` returns the past response; an unknown one is 404, an
   unknown `previous_response_id` a 400 naming it that creates nothing;
 - any other /v1 path is a 404 in OpenAI's shape naming what is served;
-- `text.format` reaches the provider as `response_format`.
+- `text.format` reaches the provider as `response_format`;
+- a provider failure is a `failed` response (200, `error`; streamed `response.failed`),
+  MAX_ITERATIONS an `incomplete` one (`max_output_tokens`).
 """
 
 from __future__ import annotations
@@ -147,3 +149,23 @@ async def test_unknown_ids_and_paths(daemon: Running) -> None:
         error = answer.json()["error"]
         assert error["type"] == "invalid_request_error"
         assert "POST /v1/responses" in error["message"] and path in error["message"]
+
+
+async def test_a_failed_and_an_incomplete_turn(daemon: Running) -> None:
+    failing = mock(status=400)
+    looping = mock(calls=[{"say": "again", "tools": [
+        {"name": "bash", "arguments": {"command": "true"}}]}], loop=True)
+
+    def use(c: openai.OpenAI) -> tuple[Any, list[Any], Any]:
+        whole = c.responses.create(model="plain", input=failing)
+        with c.responses.create(model="plain", input=failing, stream=True) as s:
+            events = list(s)
+        return whole, events, c.responses.create(model="assistant", input=looping)
+    whole, events, cut = await with_client(daemon, use)
+    assert whole.status == "failed" and whole.error is not None
+    assert whole.error.code == "provider_error"
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error.code == "provider_error"
+    assert cut.status == "incomplete"
+    assert cut.incomplete_details is not None
+    assert cut.incomplete_details.reason == "max_output_tokens"

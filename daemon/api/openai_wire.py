@@ -372,7 +372,12 @@ COMPLETION_SCHEMA = obj(
     object={"const": "chat.completion"}, created=INT, model=STR,
     choices=array(obj(["index", "message", "finish_reason"], index=INT,
                       message=obj(["role", "content"], role={"const": "assistant"},
-                                  content=STR, reasoning_content=STR),
+                                  content=STR, reasoning_content=STR,
+                                  tool_calls=array(obj(
+                                      ["id", "type", "function"], id=STR,
+                                      type={"const": "function"},
+                                      function=obj(["name", "arguments"], name=STR,
+                                                   arguments=STR)))),
                       finish_reason={"enum": ["stop", "length", "tool_calls"]})),
     usage=USAGE_SCHEMA)
 CHUNK_FRAME_SCHEMA = obj(["data"], data={
