@@ -134,10 +134,40 @@ class ProviderConfig:
     # A mock provider only: it refuses, as a real API does for its length (CONTRACT
     # §15), a request whose messages hold more than this many characters (0: never).
     max_context_chars: int = 0
+    # CONTRACT §12.1 (v4): the `gen_ai.provider.name` its calls' spans carry; "": the
+    # convention's well-known value for its type and host (`gen_ai_provider`).
+    otel_provider_name: str = ""
 
     @property
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    @property
+    def gen_ai_provider(self) -> str:
+        """The GenAI semantic conventions' `gen_ai.provider.name` for this provider:
+        `otel_provider_name` when set, else the well-known value its host or type
+        says (`openai` for any other server speaking Chat Completions)."""
+        if self.otel_provider_name:
+            return self.otel_provider_name
+        if self.type == "anthropic":
+            return "anthropic"
+        host = urlsplit(self.base_url).hostname or ""
+        for suffix, name in _GEN_AI_HOSTS:
+            if host == suffix or host.endswith("." + suffix):
+                return name
+        return "openai"
+
+
+# Hosts whose API has its own well-known `gen_ai.provider.name` (GenAI conventions).
+_GEN_AI_HOSTS = (
+    ("openai.azure.com", "azure.ai.openai"), ("services.ai.azure.com", "azure.ai.inference"),
+    ("generativelanguage.googleapis.com", "gcp.gemini"), ("aiplatform.googleapis.com",
+                                                          "gcp.vertex_ai"),
+    ("amazonaws.com", "aws.bedrock"), ("mistral.ai", "mistral_ai"),
+    ("deepseek.com", "deepseek"), ("groq.com", "groq"), ("x.ai", "x_ai"),
+    ("perplexity.ai", "perplexity"), ("cohere.com", "cohere"), ("cohere.ai", "cohere"),
+    ("anthropic.com", "anthropic"),
+)
 
 
 @dataclass(frozen=True)
@@ -566,6 +596,7 @@ def _provider(file: str, name: str, table: Any) -> ProviderConfig:
         **_transport(r),
         **_retries(r),
         max_tokens_key=_one_of(r, "max_tokens_key", MAX_TOKENS_KEYS),
+        otel_provider_name=r.get("otel_provider_name", str, ""),
     )
     if kind == "mock":
         cfg = replace(cfg, max_context_chars=r.positive_int("max_context_chars", 0, minimum=0))

@@ -47,6 +47,7 @@ class _Context:
         self.window = Window.stored(StoredContext(None, None, list(self.history)))
         self.calibration = Calibration()
         self.compact_only = False
+        self.client_options: dict[str, Any] = {}
         self.trace = NO_TURN_TRACE
         self.output_cap: int | None = None
 

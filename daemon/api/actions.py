@@ -187,7 +187,8 @@ async def _chat(rt: Runtime, body: dict[str, Any]) -> Result:
     state = await sessions.session_for_chat(agent, body["sessionId"])
     claim = sessions.claim_chat(state, body["message"], sse=bool(body["sse"]),
                                 budget_tokens=body.get("budgetTokens"),
-                                turn_id=body.get("turnId"), subscribe=False)
+                                turn_id=body.get("turnId"), subscribe=False,
+                                traceparent=body.get("traceparent"))
     if claim is None:
         await sessions.deliver(state.id, body["message"])
         return 202, {"injected": True, "sessionId": state.id}

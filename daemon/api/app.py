@@ -15,8 +15,9 @@ from daemon.api.guard import HostOriginGuard, HostPolicy
 from daemon.api.http import http_routes
 from daemon.api.metrics import metrics_routes
 from daemon.api.openai_compat import openai_routes
-from daemon.api.openai_wire import error_body, is_openai_path
+from daemon.api.openai_wire import error_body, is_openai_path, not_served
 from daemon.api.openapi import openapi_routes
+from daemon.api.responses import responses_routes
 from daemon.api.runtime import Runtime
 from daemon.api.schedules import schedule_routes
 from daemon.api.studio import studio_routes
@@ -84,6 +85,7 @@ def build_app(rt: Runtime, connections: Connections, metrics: Metrics) -> QuartT
     app.register_blueprint(studio_routes())
     app.register_blueprint(metrics_routes(metrics))
     app.register_blueprint(openai_routes(rt, connections))
+    app.register_blueprint(responses_routes(rt, connections))
     app.register_blueprint(openapi_routes(auth=rt.config.server.auth_token is not None))
     server = rt.config.server
     # CONTRACT §3.1, in front of everything (HTTP, SSE, the WebSocket upgrade): a
@@ -113,6 +115,9 @@ def build_app(rt: Runtime, connections: Connections, metrics: Metrics) -> QuartT
         if isinstance(err, WebsocketMismatch):
             return _websocket_mismatch()
         status = err.code or 500
+        if status == 404 and has_request_context() and is_openai_path(request.path):
+            # CONTRACT §17.2: what /v1 serves, in OpenAI's shape (not Werkzeug's text).
+            return _error(not_served(request.method, request.path))
         if status == 413:
             response = _error(PayloadTooLarge(f"the request body is over {MAX_BODY} bytes"))
             # The unread rest of the body makes this connection unusable: close it.

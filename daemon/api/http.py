@@ -185,7 +185,8 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         # synchronous, the turn runs later); the body replays from it (CONTRACT §5.4).
         before = rt.bus.latest_seq
         claim = sessions.claim_chat(state, req.message, sse=req.sse, subscribe=False,
-                                    budget_tokens=req.budget_tokens)
+                                    budget_tokens=req.budget_tokens,
+                                    traceparent=request.headers.get("traceparent"))
         if claim is None:
             # Mid-turn: through the inbox (stored first), steered into the running turn;
             # 409 when that inbox is full.
@@ -209,7 +210,9 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         assert req.session_id is not None
         body: dict[str, Any] = {"agent": agent, "sessionId": req.session_id,
                                 "message": req.message, "sse": req.sse,
-                                "budgetTokens": req.budget_tokens}
+                                "budgetTokens": req.budget_tokens,
+                                # CONTRACT §12.1 (v4): the turn stays in the caller's trace.
+                                "traceparent": request.headers.get("traceparent")}
         if not req.sse:
             status, out = await rt.directory.call(node, "chat", body,
                                                   timeout_s=TURN_TIMEOUT_S)

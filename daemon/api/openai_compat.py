@@ -32,6 +32,7 @@ from typing import Any
 import trio
 from quart import Blueprint, Response, request
 
+from daemon.api import openai_tools as tools
 from daemon.api import openai_wire as wire
 from daemon.api.connections import Connections
 from daemon.api.runtime import Runtime
@@ -42,7 +43,10 @@ from daemon.errors import ApiError, NotFound
 from daemon.runtime.bus import Filter, Subscription
 from daemon.runtime.events import Envelope
 from daemon.runtime.state import SessionState
+from daemon.runtime.toolrunner import offered_tools
 from daemon.runtime.turn import Turn
+from daemon.store.models import MessageRecord
+from daemon.tools.client import ClientOffer, ClientTool
 
 log = logging.getLogger(__name__)
 
@@ -120,12 +124,12 @@ def openai_routes(rt: Runtime, connections: Connections) -> Blueprint:
             raise model_not_found(model)
         return _json(model_wire(agent))
 
-    async def open_session(agent: AgentConfig, req: wire.CompletionRequest,
+    async def open_session(agent: AgentConfig, history: list[MessageRecord],
                            header: str | None) -> SessionState:
         """The session the turn runs in: a new one seeded with the request's earlier
         messages, or the idle session the header names (nothing is created then)."""
         if header is None:
-            return await sessions.create_seeded_session(agent, req.history(now_ms()))
+            return await sessions.create_seeded_session(agent, history)
         sid = header.strip()
         if not sid:
             raise wire.invalid(f"`{wire.SESSION_HEADER}` must not be empty",
@@ -154,15 +158,18 @@ def openai_routes(rt: Runtime, connections: Connections) -> Blueprint:
         return _session_error(409, "session_busy", f"session {sid!r} is running a turn: "
                               "wait for its end (or cancel it), then send again")
 
-    def claim(state: SessionState, message: str, turn_id: str,
+    def claim(state: SessionState, chat: tools.ChatTurn, offer: ClientOffer | None,
+              turn_id: str, traceparent: str | None,
               output_cap: int | None = None) -> tuple[Turn, Subscription]:
         """The turn, claimed and scheduled, with its subscription (taken first);
         `output_cap`: the client's max_tokens (CONTRACT §14.1)."""
         sub = rt.bus.subscribe(Filter(session_ids=frozenset({state.id}), turn_id=turn_id,
                                       stream_only=True, types=wire.REPLY_TYPES))
         try:
-            claimed = sessions.claim_chat(state, message, sse=False, turn_id=turn_id,
-                                          trigger=TRIGGER, output_cap=output_cap)
+            claimed = sessions.claim_chat(state, chat.message, sse=False, turn_id=turn_id,
+                                          trigger=TRIGGER, client=offer,
+                                          results=chat.results, traceparent=traceparent,
+                                          output_cap=output_cap)
         except BaseException:
             sub.close()
             raise
@@ -188,10 +195,11 @@ def openai_routes(rt: Runtime, connections: Connections) -> Blueprint:
                         "its turn was cancelled"),
             502: _error("the provider failed"),
         }, body=wire.CompletionRequest.SCHEMA, params=(_SESSION_PARAM,), tags=("openai",),
-        description="`tools`, `tool_choice` and sampling parameters are accepted and "
-        "ignored: the agent runs with its own tools and provider settings "
-        "(docs/openai.md); `max_tokens` / `max_completion_tokens` lower the agent's "
-        "output cap for the turn (CONTRACT §14.1).", error_schema=_OPENAI_ERROR,
+        description="`tools` are offered beside the agent's own, `tool_choice`, "
+        "`response_format` and `parallel_tool_calls` passed to the provider (CONTRACT "
+        "§17.1); `max_tokens` / `max_completion_tokens` lower the agent's output cap for "
+        "the turn (§14.1); sampling parameters are ignored (docs/openai.md).",
+        error_schema=_OPENAI_ERROR,
     ))
     async def completions() -> Response:
         raw = await request.get_data(as_text=False)
@@ -200,17 +208,23 @@ def openai_routes(rt: Runtime, connections: Connections) -> Blueprint:
         agent = rt.config.agents.get(req.model)
         if agent is None:
             raise model_not_found(req.model)
-        message = req.last_user()
+        chat = tools.chat_turn(req.body["messages"], now_ms(), wire.message_text)
+        offer = client_offer(rt, agent, tools.client_tools(req.body.get("tools")),
+                             tools.options_of(req.body))
         rt.directory.check_writable()
-        state = await open_session(agent, req, request.headers.get(wire.SESSION_HEADER))
+        state = await open_session(agent, chat.history,
+                                   request.headers.get(wire.SESSION_HEADER))
         turn_id = new_id("turn")
-        answer = _Answer(turn_id, int(time.time()), agent.name)
+        parent = request.headers.get("traceparent")  # CONTRACT §12.1: the client's trace
+        answer = _Answer(turn_id, int(time.time()), agent.name,
+                         offer.names if offer is not None else frozenset())
         if req.stream:
             # A client that cannot take what its turn streams must not pin the daemon.
             on_lagged = partial(connections.abort_after, request.scope.get("client"),
                                 rt.config.server.client_close_grace_s)
             response = Response(
-                answer.stream(partial(claim, state, message, turn_id, req.max_tokens),
+                answer.stream(partial(claim, state, chat, offer, turn_id, parent,
+                                      req.max_tokens),
                               req.include_usage,
                               on_lagged),
                 status=200, content_type="text/event-stream",
@@ -218,7 +232,7 @@ def openai_routes(rt: Runtime, connections: Connections) -> Blueprint:
                          wire.SESSION_HEADER: state.id})
             response.timeout = None  # Quart's RESPONSE_TIMEOUT would cut a long stream
             return response
-        turn, sub = claim(state, message, turn_id, req.max_tokens)
+        turn, sub = claim(state, chat, offer, turn_id, parent, req.max_tokens)
         try:
             with sub:
                 await answer.follow(sub)
@@ -229,8 +243,11 @@ def openai_routes(rt: Runtime, connections: Connections) -> Blueprint:
         if ending.error is not None:
             return _failed(ending.error, state.id)
         assert ending.finish_reason is not None and answer.reply.terminal is not None
+        calls = answer.client_calls()
         return _json(wire.completion(turn_id, answer.created, agent.name, answer.reply,
-                                     ending.finish_reason, answer.reply.terminal),
+                                     tools.FINISH_TOOL_CALLS if calls else ending.finish_reason,
+                                     answer.reply.terminal,
+                                     [wire_call(c) for c in calls]),
                      headers={wire.SESSION_HEADER: state.id})
 
     return bp
@@ -242,14 +259,39 @@ _LAGGED = wire.OpenAIError("the answer fell behind its turn by more than the dae
                            code="lagged")
 
 
+def client_offer(rt: Runtime, agent: AgentConfig, client: tuple[ClientTool, ...],
+                 options: dict[str, Any], params: dict[str, str] | None = None
+                 ) -> ClientOffer | None:
+    """The turn's client tools and options (CONTRACT §17.1), or a 400."""
+    own = offered_tools(agent, rt.sessions.services.tools, rt.sessions.services.mcp)
+    return tools.offer_for(agent, own, client, options, params=params)
+
+
+def wire_call(call: dict[str, Any], index: int | None = None) -> dict[str, Any]:
+    """A client tool call in Chat Completions' shape (`index`: a streamed delta's)."""
+    out: dict[str, Any] = {"id": str(call.get("id") or ""), "type": "function",
+                           "function": {"name": str(call.get("name") or ""),
+                                        "arguments": tools.arguments_json(call)}}
+    return out if index is None else {"index": index, **out}
+
+
 class _Answer:
     """One completion's reply, read from its turn's subscription."""
 
-    def __init__(self, turn_id: str, created: int, model: str) -> None:
+    def __init__(self, turn_id: str, created: int, model: str,
+                 client: frozenset[str] = frozenset()) -> None:
         self.turn_id = turn_id
         self.created = created
         self.model = model
         self.reply = wire.Reply()
+        self.client = client  # the client's tool names (§17.1)
+
+    def client_calls(self) -> list[dict[str, Any]]:
+        """The client's calls that ended the turn (none unless it ended `done`)."""
+        terminal = self.reply.terminal
+        if terminal is None or terminal.get("eventType") != "done" or not self.client:
+            return []
+        return tools.client_calls(self.reply.calls, self.client)
 
     def _feed(self, batch: list[Any]) -> list[tuple[str, str]]:
         """The deltas of a batch, runs of the same kind merged (one frame, not one per
@@ -322,7 +364,13 @@ class _Answer:
                 yield wire.stream_error(ending.error) + wire.DONE_FRAME
                 return
             assert self.reply.terminal is not None
-            tail = self._chunk({}, ending.finish_reason)
+            calls = self.client_calls()
+            tail = b""
+            if calls:  # OpenAI's deltas: one per call, its arguments whole (§17.1)
+                tail = b"".join(self._chunk({"tool_calls": [wire_call(c, i)]})
+                                for i, c in enumerate(calls))
+            tail += self._chunk({}, tools.FINISH_TOOL_CALLS if calls
+                                else ending.finish_reason)
             if include_usage:
                 tail += wire.chunk(self.turn_id, self.created, self.model, None,
                                    usage_of=self.reply.terminal)

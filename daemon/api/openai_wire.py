@@ -79,12 +79,15 @@ def error_body(err: ApiError) -> dict[str, Any]:
 
 _PART = obj(["type", "text"], type={"const": "text"}, text=STR)
 _CONTENT = {"anyOf": [STR, {"type": "null"}, array(_PART)]}
-_MESSAGE = obj(["role"], role={"enum": ["system", "developer", "user", "assistant"]},
-               content=_CONTENT)
+_MESSAGE = obj(["role"], role={"enum": ["system", "developer", "user", "assistant", "tool"]},
+               content=_CONTENT, tool_call_id=STR,
+               tool_calls=array(obj(["id", "type", "function"], id=STR,
+                                    type={"const": "function"},
+                                    function=obj(["name"], name=STR, arguments=STR))))
 SYSTEM_ROLES = frozenset({"system", "developer"})
 
 
-def _text(content: Any, where: str) -> str:
+def message_text(content: Any, where: str) -> str:
     """A message's text: a string, null (no text), or text parts (joined)."""
     if content is None or isinstance(content, str):
         return content or ""
@@ -106,7 +109,7 @@ def _text(content: Any, where: str) -> str:
 _CAP = {"type": "integer", "minimum": 1}
 
 
-def _cap(body: dict[str, Any], key: str) -> int | None:
+def output_cap(body: dict[str, Any], key: str) -> int | None:
     """`body[key]` as an output cap (None: not given); 400 naming `key` unless it is a
     positive integer."""
     value = body.get(key)
@@ -134,6 +137,8 @@ class CompletionRequest:
     # The client's `max_tokens` / `max_completion_tokens` (the lower of both): lowers the
     # agent's `max_output_tokens` for this turn, or sets it (CONTRACT §14.1).
     max_tokens: int | None = None
+    # The body as it came (api/openai_tools.py reads its tools and tool messages).
+    body: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     SCHEMA: ClassVar[dict[str, Any]] = {
         "type": "object",
@@ -175,11 +180,10 @@ class CompletionRequest:
             if not isinstance(m, dict):
                 raise invalid(f"`{where}` must be an object", "messages")
             role = m.get("role")
-            if role not in ("system", "developer", "user", "assistant"):
-                raise invalid(f"`{where}.role` must be system, developer, user or assistant "
-                              "(veild runs the agent's own tools: no tool messages)",
-                              f"{where}.role")
-            text = _text(m.get("content"), where)
+            if role not in ("system", "developer", "user", "assistant", "tool"):
+                raise invalid(f"`{where}.role` must be system, developer, user, assistant "
+                              "or tool", f"{where}.role")
+            text = message_text(m.get("content"), where)
             messages.append(("system" if role in SYSTEM_ROLES else str(role), text))
         stream = body.get("stream")
         if stream is not None and not isinstance(stream, bool):
@@ -191,10 +195,10 @@ class CompletionRequest:
         if include is not None and not isinstance(include, bool):
             raise invalid("`stream_options.include_usage` must be a boolean",
                           "stream_options")
-        caps = [c for c in (_cap(body, "max_tokens"), _cap(body, "max_completion_tokens"))
+        caps = [c for c in (output_cap(body, "max_tokens"), output_cap(body, "max_completion_tokens"))
                 if c is not None]
         return cls(model, tuple(messages), bool(stream), bool(include),
-                   min(caps) if caps else None)
+                   min(caps) if caps else None, body)
 
     def last_user(self) -> str:
         """The message the turn is asked (400 unless the last message is a user's with
@@ -218,6 +222,32 @@ class CompletionRequest:
         return out
 
 
+def check_body(raw: bytes) -> dict[str, Any]:
+    """A /v1 request's JSON object body, or a 400 (nothing changes)."""
+    try:
+        body = json.loads(raw) if raw.strip() else None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise invalid(f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    try:
+        check_unicode(body)
+    except BadRequest as exc:
+        raise invalid(exc.message, (exc.details or {}).get("field")) from exc
+    return body
+
+
+# What /v1 serves (a 404 elsewhere under /v1 names it, CONTRACT §17.2).
+SERVED = ("GET /v1/models", "GET /v1/models/{model}", "POST /v1/chat/completions",
+          "POST /v1/responses", "GET /v1/responses/{id}")
+
+
+def not_served(method: str, path: str) -> OpenAIError:
+    return OpenAIError(f"{method} {path} is not served by veild: its /v1 serves "
+                       f"{', '.join(SERVED)} (docs/openai.md)", status=404,
+                       type="invalid_request_error", code="unknown_url")
+
+
 # -- the answer -------------------------------------------------------------------------
 
 # The bus events a /v1 turn's subscription takes (no tool output: it is not the answer).
@@ -235,6 +265,7 @@ class Reply:
     content: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     terminal: dict[str, Any] | None = None  # the terminal event's envelope
+    calls: list[dict[str, Any]] = field(default_factory=list)  # the last answer's calls
     # The channels whose next text starts a new LLM call's (one ended since their last).
     _new_call: set[str] = field(default_factory=set)
 
@@ -247,6 +278,7 @@ class Reply:
         if kind == ev.MESSAGE:
             if data.get("role") == "assistant":
                 self._new_call = {"content", "reasoning_content"}
+                self.calls = list(data.get("toolCalls") or ())
             return []
         text = data.get("content")
         if kind not in (ev.INFERENCE_CHUNK, ev.THINKING_CHUNK) or not isinstance(text, str) \
@@ -317,11 +349,15 @@ def completion_id(turn_id: str) -> str:
 
 
 def completion(turn_id: str, created: int, model: str, reply: Reply,
-               finish_reason: str, terminal: dict[str, Any]) -> dict[str, Any]:
-    """A `chat.completion` object (stream false)."""
+               finish_reason: str, terminal: dict[str, Any],
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A `chat.completion` object (stream false); `tool_calls`: the client's calls
+    that end it (OpenAI's shape, §17.1)."""
     message: dict[str, Any] = {"role": "assistant", "content": reply.text}
     if reply.reasoning:
         message["reasoning_content"] = "".join(reply.reasoning)
+    if tool_calls:
+        message["tool_calls"] = tool_calls
     return {"id": completion_id(turn_id), "object": "chat.completion", "created": created,
             "model": model, "choices": [{"index": 0, "message": message,
                                          "finish_reason": finish_reason, "logprobs": None}],
@@ -366,8 +402,14 @@ COMPLETION_SCHEMA = obj(
     object={"const": "chat.completion"}, created=INT, model=STR,
     choices=array(obj(["index", "message", "finish_reason"], index=INT,
                       message=obj(["role", "content"], role={"const": "assistant"},
-                                  content=STR, reasoning_content=STR),
-                      finish_reason={"enum": ["stop", "length", "content_filter"]})),
+                                  content=STR, reasoning_content=STR,
+                                  tool_calls=array(obj(
+                                      ["id", "type", "function"], id=STR,
+                                      type={"const": "function"},
+                                      function=obj(["name", "arguments"], name=STR,
+                                                   arguments=STR)))),
+                      finish_reason={"enum": ["stop", "length", "content_filter",
+                                                     "tool_calls"]})),
     usage=USAGE_SCHEMA)
 CHUNK_FRAME_SCHEMA = obj(["data"], data={
     "type": "string", "description": "a chat.completion.chunk as JSON, an "

@@ -8,7 +8,7 @@ MaxIterationsError on failure; the turn classifies and publishes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -228,6 +228,9 @@ class EngineContext(Protocol):
     # The turn's own output cap (a /v1 client's max_tokens), lowering the agent's
     # max_output_tokens for each of its calls (CONTRACT §14.1); None: the agent's.
     output_cap: int | None
+    # CONTRACT §17.1: the Chat Completions request fields a /v1 client set for this
+    # turn's calls (tool_choice, response_format, parallel_tool_calls); empty: none.
+    client_options: Mapping[str, Any]
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         """Run one tool call; returns its outcome and duration in ms."""

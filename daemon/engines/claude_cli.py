@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import subprocess
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -62,9 +62,11 @@ from daemon.engines.base import (
     ToolStarted,
     UsageReport,
     merge_text_runs,
+    trace_call_event,
 )
 from daemon.errors import MaxIterationsError, ProviderError
 from daemon.llm.jsonload import load_object
+from daemon.observe.tracing import ChatSpan, ToolSpan, TurnTrace
 from daemon.store.models import MessageRecord, TokenUsage
 from daemon.toolproc.env import tool_environment
 from daemon.toolproc.procgroup import stop_group
@@ -388,6 +390,7 @@ class ClaudeCliEngine:
             # a close that outlasts the grace finishes on its thread, unwaited.
             with trio.move_on_after(CLOSE_GRACE_S, shield=True):
                 await trio.to_thread.run_sync(stderr.close, abandon_on_cancel=True)
+        spans = _CliSpans(ctx.trace, self.agent.model, ctx.history[-1:])
         try:
             assert process.stdin is not None and process.stdout is not None
             try:
@@ -418,6 +421,7 @@ class ClaudeCliEngine:
                 except ProviderError as exc:
                     failure = exc  # what came before the bad line is still out first
                 for event in merge_text_runs(events):
+                    spans.see(event)
                     yield event
                 if failure is not None:
                     raise failure
@@ -431,7 +435,11 @@ class ClaudeCliEngine:
                 # start a new one instead of failing on it forever.
                 yield EngineSessionNamed(None)
             yield mapper.finish(self.agent.max_iterations, code, stderr_tail)
+        except BaseException as exc:
+            spans.close(exc)
+            raise
         finally:
+            spans.close(None)
             await stop_group(process, KILL_GRACE_S)
 
 
@@ -446,3 +454,52 @@ def _tail(path: Path) -> str:
         return ""
     lines = deque(data.decode("utf-8", "replace").strip().splitlines(), maxlen=5)
     return " | ".join(lines)
+
+
+class _CliSpans:
+    """CONTRACT §12.1 (v4): the CLI's own LLM calls and tool calls as `chat` and
+    `execute_tool` spans of the turn, each opened and closed as its stream-json says
+    the call started and ended (the CLI talks to Anthropic's API)."""
+
+    PROVIDER = "anthropic"
+
+    def __init__(self, trace: TurnTrace, model: str, asked: Sequence[MessageRecord]) -> None:
+        self._trace = trace
+        self._model = model
+        self._asked = asked  # the first call's input: the turn's message
+        self._chat: ChatSpan | None = None
+        self._tools: dict[str, ToolSpan] = {}
+
+    def _call(self) -> ChatSpan:
+        if self._chat is None:
+            self._chat = self._trace.chat(self.PROVIDER, self._model, self._asked)
+            self._asked = ()
+        return self._chat
+
+    def see(self, event: EngineEvent) -> None:
+        if isinstance(event, ContentDelta | ThinkingDelta):
+            self._call()
+        elif isinstance(event, ModelNamed | UsageReport | ProviderRetried):
+            trace_call_event(self._call(), event)
+        elif isinstance(event, MessageAppended) and event.message.role == "assistant":
+            chat, calls = self._call(), event.message.tool_calls or []
+            chat.answer(event.message.content, calls, "tool_calls" if calls else "stop")
+            self._chat = None
+            chat.__exit__(None, None, None)
+        elif isinstance(event, ToolStarted):
+            self._tools[event.call_id] = self._trace.tool(event.call_id, event.name,
+                                                          event.arguments)
+        elif isinstance(event, ToolFinished):
+            span = self._tools.pop(event.call_id, None)
+            if span is not None:
+                span.result(event.outcome.content, event.outcome.is_error)
+                span.__exit__(None, None, None)
+
+    def close(self, exc: BaseException | None) -> None:
+        """End what is still open (the CLI stopped mid-call), as failed by `exc`."""
+        open_spans: list[ChatSpan | ToolSpan] = [*self._tools.values()]
+        if self._chat is not None:
+            open_spans.append(self._chat)
+        self._chat, self._tools = None, {}
+        for span in open_spans:
+            span.__exit__(type(exc) if exc is not None else None, exc, None)

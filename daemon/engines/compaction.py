@@ -140,7 +140,7 @@ class Compactor:
             texts: list[str] = []
             first = self.summary_call.routes[0]
             try:
-                with self.trace.chat(first.provider.name, first.model,
+                with self.trace.chat(first.provider.gen_ai_provider, first.model,
                                      request.messages) as span:
                     async with aclosing(self.summary_call.stream(
                             partial(self._attempt, iteration, request, texts))) as events:

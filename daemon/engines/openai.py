@@ -114,6 +114,7 @@ class _ChatConversation:
     def __init__(self, agent: AgentConfig, ctx: EngineContext) -> None:
         self.agent = agent
         self.tools = [schema(t) for t in ctx.tools]
+        self.options = dict(ctx.client_options)  # CONTRACT §17.1, as the client set them
 
     async def stream(self, iteration: int, answer: Answer, route: Route[llm.OpenAIClient],
                      request: CallRequest) -> AsyncGenerator[EngineEvent, None]:
@@ -123,6 +124,8 @@ class _ChatConversation:
         }
         if self.tools and request.tools:
             body["tools"] = self.tools
+        if request.tools:  # not the summarising call's
+            body.update(self.options)
         if request.max_tokens is not None:
             body[route.provider.max_tokens_key] = request.max_tokens
         answer.cap = request.max_tokens

@@ -35,10 +35,11 @@ from daemon.engines.base import (
 )
 from daemon.engines.compaction import Compactor, overflow_error
 from daemon.engines.modelcall import ModelCall
-from daemon.engines.request import Answer, Conversation
+from daemon.engines.request import TOOL_CALLS, Answer, Conversation
 from daemon.errors import MaxIterationsError, ModelCallFailed
 from daemon.store.models import MessageRecord
 from daemon.tools.base import ToolOutcome
+from daemon.tools.client import client_names
 
 
 def over_limit(asked: int, limit: int) -> ToolOutcome:
@@ -141,7 +142,8 @@ async def tool_loop(
         try:
             # The call's span (CONTRACT §12.1): its model, usage and retries are
             # recorded on it as their events pass.
-            with ctx.trace.chat(first.provider.name, first.model, request.messages) as span:
+            with ctx.trace.chat(first.provider.gen_ai_provider, first.model,
+                                request.messages) as span:
                 async with aclosing(call.stream(partial(conversation.stream, iteration,
                                                         answer, request=request))) as deltas:
                     async for event in deltas:
@@ -150,7 +152,7 @@ async def tool_loop(
                                 compactor.calibration.reported(event.prompt_tokens, sent)
                             trace_call_event(span, event)
                         yield event
-                span.answer(answer.text, answer.calls)
+                span.answer(answer.text, answer.calls, answer.finish)
         except ModelCallFailed as exc:
             if not exc.too_long:
                 raise
@@ -185,12 +187,19 @@ async def tool_loop(
             yield Finished(answer.text, iteration,
                            finish_reason=answer.finish if answer.cut else "stop")
             return
+        # CONTRACT §17.1: a call of a /v1 client's own tool ends the turn here, once the
+        # agent's own calls of the same answer have run; the client runs it.
+        theirs = client_names(ctx.tools)
+        own = [c for c in calls if c["name"] not in theirs] if theirs else calls
         results: list[ToolFinished] = []
-        async with aclosing(run_tool_calls(ctx, calls, iteration)) as round_:
+        async with aclosing(run_tool_calls(ctx, own, iteration)) as round_:
             async for step in round_:
                 if isinstance(step, ToolResults):
                     results.extend(step.finished)
                     for message in step.messages:
                         compactor.window.append(message)
                 yield step
+        if len(own) < len(calls):
+            yield Finished(answer.text, iteration, finish_reason=TOOL_CALLS)
+            return
         conversation.add_results(results)

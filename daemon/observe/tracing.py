@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -77,7 +78,8 @@ class ChatSpan(Protocol):
     def __enter__(self) -> ChatSpan: ...
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None: ...
-    def answer(self, text: str, calls: Sequence[Mapping[str, Any]]) -> None: ...
+    def answer(self, text: str, calls: Sequence[Mapping[str, Any]],
+               finish_reason: str = "stop") -> None: ...
     def model_named(self, model: str) -> None: ...
     def usage(self, input_tokens: int, output_tokens: int) -> None: ...
     def retried(self, provider: str, model: str, attempt: int, max_retries: int,
@@ -102,7 +104,7 @@ class Tracing(Protocol):
 
     def turn(self, *, agent: str, session_id: str, root_session_id: str, turn_id: str,
              trigger: str, message: str, waited: bool, from_session_id: str | None,
-             drained: Sequence[int]) -> TurnTrace: ...
+             drained: Sequence[int], traceparent: str | None = None) -> TurnTrace: ...
     def dropped(self) -> int: ...
     async def flush(self) -> bool: ...
     async def aclose(self, timeout_s: float) -> None: ...
@@ -124,7 +126,8 @@ class _NoSpan:
     def result(self, content: str, is_error: bool) -> None:
         pass
 
-    def answer(self, text: str, calls: Sequence[Mapping[str, Any]]) -> None:
+    def answer(self, text: str, calls: Sequence[Mapping[str, Any]],
+               finish_reason: str = "stop") -> None:
         pass
 
     def model_named(self, model: str) -> None:
@@ -170,7 +173,7 @@ class NoTracing:
 
     def turn(self, *, agent: str, session_id: str, root_session_id: str, turn_id: str,
              trigger: str, message: str, waited: bool, from_session_id: str | None,
-             drained: Sequence[int]) -> TurnTrace:
+             drained: Sequence[int], traceparent: str | None = None) -> TurnTrace:
         return NO_TURN_TRACE
 
     def dropped(self) -> int:
@@ -239,6 +242,22 @@ class _Origin:
 
 _ORIGIN: ContextVar[_Origin | None] = ContextVar("veild_trace_origin", default=None)
 _CALLER_TRIGGERS = frozenset({"agent_spawn", "agent_message", "async_inform"})
+_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+
+def remote_parent(traceparent: str) -> Any:
+    """A W3C `traceparent` (a client's, or a routing node's, CONTRACT §12.1 v4) as the
+    span context a turn span descends from; None when it is not a valid one."""
+    from opentelemetry import trace
+
+    match = _TRACEPARENT.match(traceparent.strip().lower())
+    if match is None:
+        return None
+    trace_id, span_id = int(match[1], 16), int(match[2], 16)
+    if not trace_id or not span_id:
+        return None
+    return trace.SpanContext(trace_id, span_id, is_remote=True,
+                             trace_flags=trace.TraceFlags(int(match[3], 16)))
 
 
 def _clip(text: str) -> str:
@@ -323,7 +342,7 @@ class OtelTracing:
 
     def turn(self, *, agent: str, session_id: str, root_session_id: str, turn_id: str,
              trigger: str, message: str, waited: bool, from_session_id: str | None,
-             drained: Sequence[int]) -> TurnTrace:
+             drained: Sequence[int], traceparent: str | None = None) -> TurnTrace:
         parent, links = None, []
         origin = _ORIGIN.get()
         if (origin is not None and trigger in _CALLER_TRIGGERS
@@ -340,6 +359,8 @@ class OtelTracing:
                     parent = parent or found[0]
                     links.append(self.Link(found[1], {"veild.link": "wake",
                                                       "veild.inbox_id": inbox_id}))
+        if parent is None and traceparent is not None:
+            parent = remote_parent(traceparent)
         return _OtelTurn(self, agent, session_id, root_session_id, turn_id, trigger,
                          message, parent, links)
 
@@ -511,9 +532,12 @@ class _OtelTurn:
         span.set_attribute("gen_ai.usage.output_tokens", output_tokens)
         if model:
             span.set_attribute("gen_ai.response.model", model)
+        finish = "stop" if code is None else (
+            "length" if code == "MAX_ITERATIONS" else "error")
         if self._t.content and content:
             span.set_attribute("gen_ai.output.messages", _json(
-                [{"role": "assistant", "parts": [{"type": "text", "content": content}]}]))
+                [{"role": "assistant", "parts": [{"type": "text", "content": content}],
+                  "finish_reason": finish}]))
         if code is not None:
             if cancel_reason:
                 span.set_attribute("veild.cancel_reason", cancel_reason)
@@ -559,19 +583,23 @@ class _OtelChat:
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
 
-    def answer(self, text: str, calls: Sequence[Mapping[str, Any]]) -> None:
+    def answer(self, text: str, calls: Sequence[Mapping[str, Any]],
+               finish_reason: str = "stop") -> None:
+        finish = gen_ai_finish(finish_reason)
+        self.span.set_attribute("gen_ai.response.finish_reasons", (finish,))
         if not self._turn._t.content:
             return
         parts: list[dict[str, Any]] = [{"type": "text", "content": text}] if text else []
         parts += [{"type": "tool_call", "id": c.get("id"), "name": c.get("name"),
                    "arguments": c.get("arguments")} for c in calls]
         self.span.set_attribute("gen_ai.output.messages", _json(
-            [{"role": "assistant", "parts": parts}]))
+            [{"role": "assistant", "parts": parts, "finish_reason": finish}]))
 
     def retried(self, provider: str, model: str, attempt: int, max_retries: int,
                 wait_ms: int, status: int | None, error: str, fallback: bool) -> None:
+        # `provider` is the config's key: never `gen_ai.provider.name` (CONTRACT §12.1).
         attributes: dict[str, Any] = {
-            "gen_ai.provider.name": provider, "gen_ai.request.model": model,
+            "veild.provider": provider, "gen_ai.request.model": model,
             "veild.retry.attempt": attempt, "veild.retry.max_retries": max_retries,
             "veild.retry.wait_ms": wait_ms, "error.type": str(status) if status else "error",
             "veild.retry.error": error[:300],
@@ -581,7 +609,7 @@ class _OtelChat:
         if fallback:
             # The call goes on elsewhere: the span names where it went.
             self.span.add_event("provider.fallback", attributes)
-            self.span.set_attribute("gen_ai.provider.name", provider)
+            self.span.set_attribute("veild.provider", provider)
             self.span.set_attribute("gen_ai.request.model", model)
             self.span.set_attribute("veild.fallback", True)
             self.span.update_name(f"chat {model}")
@@ -624,6 +652,15 @@ class _OtelTool:
             self.span.set_attribute("gen_ai.tool.call.result", _clip(content))
         if is_error:
             t.failed(self.span, "tool_error", "")
+
+
+# veild's finish reasons (engines/request.py) in the GenAI conventions' words.
+_GEN_AI_FINISH = {"stop": "stop", "length": "length", "content_filter": "content_filter",
+                  "tool_calls": "tool_call"}
+
+
+def gen_ai_finish(reason: str) -> str:
+    return _GEN_AI_FINISH.get(reason, "stop")
 
 
 def _error_type(exc: BaseException) -> str:

@@ -14,7 +14,7 @@ turn's lifecycle: the turn (runtime/turn.py) hands it what it writes to and how 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -278,8 +278,10 @@ class EngineView:
                  trace: TurnTrace,
                  run_tool: eng.RunTool,
                  take_injected: Callable[[], list[MessageRecord]],
-                 output_cap: int | None = None) -> None:
+                 output_cap: int | None = None,
+                 client_options: Mapping[str, Any] | None = None) -> None:
         self.agent = agent
+        self.client_options: Mapping[str, Any] = client_options or {}
         self.history: Sequence[MessageRecord] = stored.messages
         self.tools: Sequence[Tool] = tools
         self.workspace = workspace

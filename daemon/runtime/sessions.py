@@ -54,6 +54,7 @@ from daemon.store.models import (
     SessionRecord,
     TurnRecord,
 )
+from daemon.tools.client import ClientOffer
 
 # Named here for the API and the cluster, which import them from this module.
 __all__ = ["CancelReceipt", "ChatClaim", "SessionManager", "inbox_full", "inbox_record",
@@ -316,6 +317,8 @@ class SessionManager:
         budget_tokens: int | None = None, from_session_id: str | None = None,
         inside: Turn | None = None, reply_to: str | None = None, schedule: str | None = None,
         fresh: bool = False, output_cap: int | None = None,
+        client: ClientOffer | None = None,
+        results: tuple[MessageRecord, ...] = (), traceparent: str | None = None,
     ) -> Turn:
         """Claim the session for a new turn, or raise (Conflict: a turn runs; Unavailable:
         shutting down). Synchronous, so nothing can start a turn on the session between
@@ -328,6 +331,7 @@ class SessionManager:
             state, agent, state.inbox.start_turn(turn_id), message, trigger, turn_id=turn_id,
             budget_tokens=budget_tokens, from_session_id=from_session_id, parent=inside,
             reply_to=reply_to, schedule=schedule, fresh=fresh, output_cap=output_cap,
+            client=client, results=results, traceparent=traceparent,
         )
 
     def _claim_drain(self, state: SessionState) -> Turn:
@@ -357,10 +361,14 @@ class SessionManager:
                   trigger: str, *, turn_id: str, budget_tokens: int | None = None,
                   from_session_id: str | None = None, parent: Turn | None = None,
                   reply_to: str | None = None, schedule: str | None = None,
-                  fresh: bool = False, output_cap: int | None = None) -> Turn:
+                  fresh: bool = False, output_cap: int | None = None,
+                  client: ClientOffer | None = None,
+                  results: tuple[MessageRecord, ...] = (),
+                  traceparent: str | None = None) -> Turn:
         ask = TurnAsk(
             message, trigger, from_session_id=from_session_id, reply_to=reply_to,
-            schedule=schedule, fresh=fresh, output_cap=output_cap,
+            schedule=schedule, fresh=fresh, output_cap=output_cap, client=client,
+            results=results, traceparent=traceparent,
             budget_tokens=agent.budget_tokens if budget_tokens is None else budget_tokens)
         turn = Turn(id=turn_id, session=state, agent=agent, ask=ask, services=self.services,
                     inbox_hold=hold, parent=parent)
@@ -370,14 +378,19 @@ class SessionManager:
     def claim_chat(self, state: SessionState, message: str, *, sse: bool,
                    budget_tokens: int | None = None, turn_id: str | None = None,
                    subscribe: bool = True, trigger: str | None = None,
-                   output_cap: int | None = None) -> ChatClaim | None:
+                   output_cap: int | None = None,
+                   client: ClientOffer | None = None,
+                   results: tuple[MessageRecord, ...] = (),
+                   traceparent: str | None = None) -> ChatClaim | None:
         """A chat's turn on `state`, claimed and scheduled in the manager's nursery, in
         one synchronous step; None when the session is mid-turn (the chat is then an
         injection through the inbox). In SSE mode the turn's subscription is taken
         first, so it holds every event of the turn. A chat routed from another node
         (`subscribe=False`) names its turn: that node subscribed before it asked.
         `trigger`: the turn's (default `sse` / `http`; `openai` for /v1, §17);
-        `output_cap`: a /v1 client's max_tokens, lowering the agent's for the turn."""
+        `output_cap`: a /v1 client's max_tokens, lowering the agent's for the turn;
+        `client` and `results`: a /v1 client's tools and the results it answers them with
+        (§17.1); `traceparent`: the request's W3C trace context (§12.1)."""
         if state.running is not None:
             return None
         self._claimable(state)  # before subscribing, so a refusal leaves nothing open
@@ -388,7 +401,8 @@ class SessionManager:
         try:
             turn = self.claim_turn(state, message, trigger or ("sse" if sse else "http"),
                                    turn_id=turn_id, budget_tokens=budget_tokens,
-                                   output_cap=output_cap)
+                                   output_cap=output_cap, client=client,
+                                   results=results, traceparent=traceparent)
             assert self._nursery is not None
             # The turn belongs to the daemon, not to the request (CONTRACT §3). Started
             # without waiting, so that the claim stays one synchronous step: a turn that

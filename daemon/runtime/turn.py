@@ -74,6 +74,7 @@ from daemon.store.models import (
 )
 from daemon.toolproc.sandbox import Sandbox
 from daemon.tools.base import SubAgents, Tool
+from daemon.tools.client import ClientOffer
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,13 @@ class TurnAsk:
     # The session has no stored messages before this turn's (a spawn's new child): its
     # history is then the one message this turn stores, so it is not read back.
     fresh: bool = False
+    # CONTRACT §17.1: a /v1 client's tools and request fields for this turn, and the
+    # results of its tools that the turn starts from (stored instead of a user message).
+    client: ClientOffer | None = None
+    results: tuple[MessageRecord, ...] = ()
+    # CONTRACT §12.1 (v4): the W3C trace context the request carried (a client's, or
+    # the node that routed it here): the turn's span descends from it.
+    traceparent: str | None = None
 
 
 @dataclass(eq=False)
@@ -216,7 +224,7 @@ class Turn:
             agent=self.agent.name, session_id=record.id, root_session_id=record.root_session_id,
             turn_id=self.id, trigger=ask.trigger, message=ask.message,
             waited=self.parent is not None, from_session_id=ask.from_session_id,
-            drained=[i.id for i in self.inbox_hold.drained])
+            drained=[i.id for i in self.inbox_hold.drained], traceparent=ask.traceparent)
         sub_agents = services.sub_agents
         self.toolbox = TurnTools(ToolSite(
             turn_id=self.id, session_id=record.id, ref=self.session.ref, agent=self.agent,
@@ -344,7 +352,10 @@ class Turn:
                     ask.from_session_id, start_seq, ask.schedule,
                 ), record),
                 self._start_stored, what=f"the start of turn {self.id}")
-            if not self.compact_only:  # a compaction turn adds no message (§15)
+            if ask.results:  # a /v1 client's tool results continue the turn it ended
+                for result in ask.results:
+                    await self.interpreter.append(result, 0)
+            elif not self.compact_only:  # a compaction turn adds no message (§15)
                 message = MessageRecord("user", ask.message, None, None, now_ms(),
                                         tuple(i.id for i in self.inbox_hold.drained))
                 await self.interpreter.append(message, 0)
@@ -385,8 +396,11 @@ class Turn:
             # daemon just started it) is waited for, within its startup_timeout_s:
             # the model sees the agent's tools, not a list missing them.
             await self.services.mcp.first_listing(self.agent)
+        client = self.ask.client or ClientOffer()
         view = EngineView(
-            agent=self.agent, stored=stored, tools=list(self.toolbox.offered().values()),
+            agent=self.agent, stored=stored,
+            tools=[*self.toolbox.offered().values(), *client.tools],
+            client_options=client.options,
             workspace=self.toolbox.workspace, session=self.session,
             compact_only=self.compact_only, trace=self.trace, run_tool=self.toolbox.run,
             take_injected=self._take_handed, output_cap=self.ask.output_cap)
