@@ -195,8 +195,8 @@ class CompletionRequest:
         if include is not None and not isinstance(include, bool):
             raise invalid("`stream_options.include_usage` must be a boolean",
                           "stream_options")
-        caps = [c for c in (output_cap(body, "max_tokens"), output_cap(body, "max_completion_tokens"))
-                if c is not None]
+        caps = [c for c in (output_cap(body, "max_tokens"),
+                            output_cap(body, "max_completion_tokens")) if c is not None]
         return cls(model, tuple(messages), bool(stream), bool(include),
                    min(caps) if caps else None, body)
 
