@@ -51,6 +51,7 @@ from daemon.schedules.launch import SessionLauncher
 from daemon.schedules.scheduler import Scheduler
 from daemon.serve.sdnotify import notify, serve_status, serve_watchdog
 from daemon.store import open_store
+from daemon.toolproc.procgroup import close_own_proc
 from daemon.toolproc.sandbox import Sandbox, open_sandbox
 from daemon.tools.agents import AgentMessageTool, AgentSpawnTool
 from daemon.tools.base import Tool
@@ -211,6 +212,10 @@ async def serve_daemon(
                               "a mock provider needs the daemon started by `veild serve`")
     if (warning := exposure_warning(config)) is not None:
         log.warning(warning)
+    # CONTRACT §16.1: no tool reads the daemon's environment through /proc.
+    if not close_own_proc():
+        log.warning("cannot make the daemon non-dumpable: an unsandboxed tool may read "
+                    "/proc/%d/environ", os.getpid())
     sandbox = await open_sandbox(config)  # CONTRACT §16: tried once, here
     stop = trio.Event()
     async with trio.open_nursery() as outer:
