@@ -99,8 +99,11 @@ class Sandbox:
     def mode(self) -> str:
         return "none" if self.bwrap is None else "bwrap"
 
-    def wrap(self, argv: Sequence[str], workspace: Path, *, network: bool) -> list[str]:
-        """`argv` as it runs inside this sandbox for `workspace` (absolute)."""
+    def wrap(self, argv: Sequence[str], workspace: Path, *, network: bool,
+             read_only: Sequence[Path] = (), chdir: Path | None = None) -> list[str]:
+        """`argv` as it runs inside this sandbox for `workspace` (absolute), with
+        `read_only` bound too (an MCP server's own directory) even where hidden, and
+        its cwd `chdir` (default: the workspace)."""
         if self.bwrap is None:
             return list(argv)
         args = [self.bwrap, *BASE_ARGS]
@@ -120,13 +123,16 @@ class Sandbox:
         for path in files:  # a hidden file reads as empty
             args += ["--ro-bind", str(self.empty), str(path)]
         args += ["--bind", str(workspace), str(workspace)]
+        for path in read_only:
+            args += ["--ro-bind", str(path), str(path)]
         for path in dirs:
             args += ["--remount-ro", str(path)]
-        return [*args, "--remount-ro", "/", "--chdir", str(workspace), "--", *argv]
+        return [*args, "--remount-ro", "/", "--chdir", str(chdir or workspace), "--", *argv]
 
 
     def command(self, argv: Sequence[str], *, limits: ToolLimits, workspace: Path | None,
-                network: bool, confined: bool, report_fd: int | None = None) -> list[str]:
+                network: bool, confined: bool, report_fd: int | None = None,
+                read_only: Sequence[Path] = (), chdir: Path | None = None) -> list[str]:
         """The whole argv of one tool process (CONTRACT §16, §16.1): `argv` under its
         supervisor with the limits, in this sandbox when `confined` (and there is one),
         else with no capabilities (the daemon's /proc stays closed to it)."""
@@ -134,7 +140,8 @@ class Sandbox:
         sandboxed = confined and self.bwrap is not None and workspace is not None
         if sandboxed:
             assert workspace is not None
-            inner = self.wrap(argv, workspace, network=network)
+            inner = self.wrap(argv, workspace, network=network, read_only=read_only,
+                              chdir=chdir)
         opts = ["--memory-mb", str(limits.memory_mb), "--pids", str(limits.pids)]
         if limits.cpu_s:
             opts += ["--cpu-s", f"{limits.cpu_s:g}"]
