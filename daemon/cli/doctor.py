@@ -22,6 +22,7 @@ from daemon.cli.http import error_line, headers
 from daemon.cli.safe import safe_line
 from daemon.config import Config, McpServerConfig, load_config, resolve_config_path
 from daemon.errors import ConfigError
+from daemon.toolproc.limits import open_limiter
 from daemon.toolproc.sandbox import INSTALL_HINT, find_bwrap, opted_out
 
 CONNECT_TIMEOUT_S = 3.0
@@ -125,6 +126,16 @@ def sandbox_line(config: Config) -> tuple[str, bool]:
             f"{tail}"), False
 
 
+def limits_line(config: Config) -> str:
+    """How every tool call's limits will be enforced here (CONTRACT §16.1), and the
+    [server] values (an agent's own tool_* win)."""
+    limits = config.server.tool_limits
+    cpu = f"{limits.cpu_s:g}" if limits.cpu_s else "0 (none)"
+    return (f"tool limits: {open_limiter(dry_run=True).describe()}; tool_memory_mb = "
+            f"{limits.memory_mb}, tool_pids = {limits.pids}, tool_cpu_s = {cpu}, "
+            f"tool_stream_bytes = {limits.stream_bytes}")
+
+
 def checks(config: Config, url: str | None) -> Iterator[Check]:
     yield f"data dir {config.server.data_dir}", lambda: data_dir_check(config.server.data_dir)
     for p in config.providers.values():
@@ -160,6 +171,7 @@ def run(config_path: str | None, url: str | None) -> int:
     failed = []
     line, sandbox_failed = sandbox_line(config)
     print(line, flush=True)
+    print(limits_line(config), flush=True)
     if sandbox_failed:
         failed.append("sandbox")
     for name, check in checks(config, url):

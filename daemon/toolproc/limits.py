@@ -86,10 +86,12 @@ def _write(path: Path, text: str) -> None:
         f.write(text)
 
 
-def open_limiter(mount: Path | None = None, own: str | None = None) -> Limiter:
+def open_limiter(mount: Path | None = None, own: str | None = None, *,
+                 dry_run: bool = False) -> Limiter:
     """The mechanism here: `cgroup` when the daemon's cgroup v2 has the controllers
     and lets the daemon make children (moving the daemon into its own leaf), else
-    `rlimit` saying why. `mount`/`own` are seams for tests (a fake cgroupfs)."""
+    `rlimit` saying why. `dry_run` (`veild doctor`) changes nothing: it checks that
+    the daemon could. `mount`/`own` are seams for tests (a fake cgroupfs)."""
     mount = mount or _cgroup2_mount()
     own = own if own is not None else _own_cgroup()
     if mount is None or own is None:
@@ -104,6 +106,10 @@ def open_limiter(mount: Path | None = None, own: str | None = None) -> Limiter:
         return Limiter(why=f"cgroup v2 {base} lacks the {'/'.join(missing)} controller"
                            f"{'s' if len(missing) > 1 else ''} (a v1 or hybrid hierarchy "
                            f"has them, or they are not delegated)")
+    if dry_run:
+        if os.access(base, os.W_OK) and os.access(base / "cgroup.subtree_control", os.W_OK):
+            return Limiter("cgroup", base / "tools", f"delegated cgroup v2 {base}")
+        return Limiter(why=f"{base} is not writable (under systemd: Delegate=yes)")
     try:
         tools = base / "tools"
         leaf = base / "daemon"
