@@ -181,10 +181,13 @@ class BashTool:
                 offset += size
             if final:
                 if offset > streamed:
+                    # At the offset where the unstreamed bytes begin: right after the
+                    # last chunk, so a client (or the bus's coalescing) that joins a
+                    # stream's chunks in order gets the note where the gap is.
                     ctx.emit_chunk(ctx.tool_call_id, "bash",
                                    f"\n[{offset - streamed} more bytes of {name} not "
                                    f"streamed: over tool_stream_bytes = {cap}]\n",
-                                   name, offset)
+                                   name, streamed)
                 drained.set()
                 return
 
