@@ -354,3 +354,22 @@ def test_a_sweep_kills_the_survivors_of_a_crashed_daemon(tmp_path: Path) -> None
         (tmp_path / f"call-{n}").mkdir()
     assert limits_mod.sweep_calls(tmp_path) == 2
     assert all((tmp_path / f"call-{n}" / "cgroup.kill").read_text() == "1" for n in (1, 2))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(),
+                    reason="needs root to run the supervisor as another user")
+def test_the_rlimit_path_refuses_a_fork_past_tool_pids_for_a_user() -> None:
+    """RLIMIT_NPROC binds an unprivileged daemon user (not root: the daemon tests above
+    run as root here, where the supervisor's count ends the call instead): a fork past
+    `tool_pids` fails inside the call, which goes on."""
+    done = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+         "-I", "-S", str(SUPERVISOR), "--pids", "32", "--memory-mb", "256", "--",
+         "bash", "-c", "python3 -c 'b = bytearray(300 << 20)' 2>&1 | tail -1; "
+         "python3 -c 'import os, time\nfor n in range(100):\n"
+         "    try:\n        if os.fork() == 0: time.sleep(30); os._exit(0)\n"
+         "    except OSError as e: print(e.strerror); break'; echo went-on"],
+        capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert done.stdout.splitlines() == ["MemoryError", "Resource temporarily unavailable",
+                                        "went-on"], done
+    assert done.returncode == 0, done

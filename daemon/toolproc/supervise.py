@@ -312,8 +312,10 @@ def _confine(options: _Options) -> None:
             cpu = max(1, int(options.cpu_s + 0.999))
             resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         if options.pids and os.geteuid() != 0:  # root is not bound by it anyway
-            resource.setrlimit(resource.RLIMIT_NPROC,
-                               (options.pids + _user_tasks(), options.pids + _user_tasks()))
+            # The user's other tasks and the supervisor, then the call's own (this
+            # process, counted in _user_tasks, is the first of them).
+            nproc = _user_tasks() - 1 + options.pids
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     if options.drop_caps:
         _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
         try:
