@@ -38,8 +38,13 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
 import sys
+
+TYPE_CHECKING = False  # not typing's: importing typing costs more than it saves
+if TYPE_CHECKING:
+    import signal
+else:  # `signal` without its enum import: about 7 ms less CPU on every call
+    import _signal as signal
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
