@@ -24,7 +24,7 @@ from pathlib import Path
 
 from daemon.config import ToolLimits
 from daemon.toolproc.limits import open_limiter
-from daemon.toolproc.sandbox import Sandbox
+from daemon.toolproc.sandbox import Sandbox, empty_file
 
 OLD_BASE = ("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp")
@@ -43,8 +43,7 @@ def _old_supervisor(repo: Path, into: Path) -> Path:
 def rows(workspace: Path, old: Path) -> dict[str, list[str]]:
     bwrap = shutil.which("bwrap")
     limiter = open_limiter(dry_run=True)
-    empty = workspace.parent / "empty"
-    empty.touch(mode=0o444)
+    empty = empty_file(workspace.parent)
     # The limits as the daemon would enforce them here (a cgroup is not made by a
     # bench: rlimit then).
     box = Sandbox(bwrap, empty=empty, limiter=limiter if limiter.mode == "rlimit"
@@ -64,6 +63,9 @@ def rows(workspace: Path, old: Path) -> dict[str, list[str]]:
             "--chdir", str(workspace), "--", *BASH]
         out["branch: supervisor + limits + bwrap allowlist"] = box.command(
             BASH, limits=limits, workspace=workspace, network=False, confined=True)
+        out["main: bwrap (--ro-bind / /) alone"] = [
+            bwrap, *OLD_BASE, "--bind", str(workspace), str(workspace),
+            "--chdir", str(workspace), "--", *BASH]
         out["branch: bwrap allowlist alone"] = box.wrap(BASH, workspace, network=False)
     return out
 

@@ -217,7 +217,7 @@ def _passwd_home() -> str | None:
         return None
 
 
-def _empty_file(data_dir: Path) -> Path:
+def empty_file(data_dir: Path) -> Path:
     """DATA_DIR/sandbox-empty: a file of no bytes, made read-only (it is hidden itself,
     like all of the data dir; bubblewrap reads bind sources from the host's view)."""
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -277,7 +277,7 @@ async def open_sandbox(config: Config) -> Sandbox:
         log.warning("sandbox: none: bash calls run unsandboxed (%s); %s", why, INSTALL_HINT)
         return Sandbox(why_none=why, limiter=limiter, limits=limits)
     sandbox = Sandbox(bwrap, hidden_paths(config), allow=config.server.sandbox_allow,
-                      empty=_empty_file(config.server.data_dir), limiter=limiter,
+                      empty=empty_file(config.server.data_dir), limiter=limiter,
                       limits=limits)
     log.info("sandbox: bwrap (%s); hidden: %s", bwrap,
              ", ".join(str(p) for p in sandbox.hide))
