@@ -247,7 +247,9 @@ tools = ["bash", "mcp:files"]
                 await trio.sleep(0.1)
         workspaces = site.data / "workspaces"
         looks = {}
-        for path in (workspaces, workspaces / session / "mine.txt", site.config, "/etc/shadow"):
+        mode = (await v.http.get("/health")).json()["toolLimits"]
+        for path in (workspaces, workspaces / session / "mine.txt", site.config, "/etc/shadow",
+                     "/proc/self/limits"):
             r = await v.http.post("/agents/mcp/chat", json={"message": mock(calls=[
                 {"tools": [{"name": "files__look", "arguments": {"path": str(path)}}]},
                 {"say": "ok"}])})
@@ -259,6 +261,12 @@ tools = ["bash", "mcp:files"]
     assert looks[str(workspaces / session / "mine.txt")].startswith("error:"), looks
     assert looks[str(site.config)].startswith("error:"), looks
     assert "root:" not in looks["/etc/shadow"], looks  # an empty file in its place
+    # The server runs under [server]'s limits too (CONTRACT §16.1).
+    if mode == "rlimit":
+        data = next(li for li in looks["/proc/self/limits"].splitlines()
+                    if li.startswith("Max data size"))
+        assert data.split()[3:5] == [str(256 << 20), str(256 << 20)], data
+    # (With a cgroup, its own cgroup namespace shows the server "/": nothing to see.)
 
 
 # -- configuration -------------------------------------------------------------------
