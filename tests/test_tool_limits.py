@@ -297,7 +297,7 @@ def test_doctor_says_how_limits_are_enforced(site: Site, secrets: Secrets) -> No
                            str(site.config)], capture_output=True, text=True,
                           env=daemon_env(secrets), timeout=120, check=False)
     line = next(li for li in done.stdout.splitlines() if li.startswith("tool limits:"))
-    assert line.startswith(("tool limits: cgroup (", "tool limits: rlimit (")), line
+    assert line.startswith(("tool limits: cgroup: ", "tool limits: rlimit: ")), line
     assert "tool_memory_mb = 2048, tool_pids = 512, tool_cpu_s = 0 (none)" in line, line
 
 
@@ -321,7 +321,7 @@ def test_a_delegated_cgroup_is_used_and_prepared(fake_cgroupfs: Path) -> None:
     assert (own / "daemon").is_dir()
     assert (own / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
     assert (own / "tools" / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
-    assert limiter.describe().startswith("cgroup (a cgroup v2 per call under ")
+    assert limiter.describe().startswith("cgroup: a cgroup v2 per call under ")
 
 
 def test_without_the_controllers_it_is_rlimit_and_says_why(fake_cgroupfs: Path) -> None:

@@ -131,9 +131,9 @@ def limits_line(config: Config) -> str:
     [server] values (an agent's own tool_* win)."""
     limits = config.server.tool_limits
     cpu = f"{limits.cpu_s:g}" if limits.cpu_s else "0 (none)"
-    return (f"tool limits: {open_limiter(dry_run=True).describe()}; tool_memory_mb = "
+    return (f"tool limits: {open_limiter(dry_run=True).describe()} (tool_memory_mb = "
             f"{limits.memory_mb}, tool_pids = {limits.pids}, tool_cpu_s = {cpu}, "
-            f"tool_stream_bytes = {limits.stream_bytes}")
+            f"tool_stream_bytes = {limits.stream_bytes})")
 
 
 def checks(config: Config, url: str | None) -> Iterator[Check]:

@@ -50,10 +50,10 @@ class Limiter:
 
     def describe(self) -> str:
         if self.mode == "cgroup":
-            return f"cgroup (a cgroup v2 per call under {self.tools})"
-        root = (" (as root RLIMIT_NPROC does not bind: tool_pids is the supervisor's "
-                "count)" if os.geteuid() == 0 else "")
-        return f"rlimit ({self.why}){root}"
+            return f"cgroup: a cgroup v2 per call under {self.tools}"
+        root = ("; as root RLIMIT_NPROC does not bind: tool_pids is the supervisor's "
+                "count of the call's tasks" if os.geteuid() == 0 else "")
+        return f"rlimit: {self.why}{root}"
 
 
 def _cgroup2_mount() -> Path | None:
@@ -104,8 +104,8 @@ def open_limiter(mount: Path | None = None, own: str | None = None, *,
     missing = [c for c in NEEDED if c not in controllers]
     if missing:
         return Limiter(why=f"cgroup v2 {base} lacks the {'/'.join(missing)} controller"
-                           f"{'s' if len(missing) > 1 else ''} (a v1 or hybrid hierarchy "
-                           f"has them, or they are not delegated)")
+                           f"{'s' if len(missing) > 1 else ''}: a v1 or hybrid hierarchy "
+                           f"has them, or they are not delegated")
     if dry_run:
         if os.access(base, os.W_OK) and os.access(base / "cgroup.subtree_control", os.W_OK):
             return Limiter("cgroup", base / "tools", f"delegated cgroup v2 {base}")
