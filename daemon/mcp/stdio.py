@@ -26,7 +26,7 @@ import signal
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,14 +104,17 @@ class NoiseLog:
 def server_argv(cfg: McpServerConfig, boundary: Sandbox | None,
                 workspace: Path | None) -> list[str]:
     """The server's argv (CONTRACT §16.1): under the tool boundary's supervisor with
-    [server]'s limits, and in bubblewrap when `sandbox = true` — its own `workspace`
+    [server]'s memory and task limits, and in bubblewrap when `sandbox = true` — its own `workspace`
     read-write (its HOME), its `cwd` read-only and its cwd, the network unless
     `network = false`; without a boundary (`veild doctor`'s probe) as configured."""
     assert cfg.command is not None
     argv = [cfg.command, *cfg.args]
     if boundary is None:
         return argv
-    return boundary.command(argv, limits=boundary.limits, workspace=workspace,
+    # tool_cpu_s bounds one call; a server lives as long as the daemon, so its CPU
+    # over that life is not bounded (memory and tasks at once are).
+    limits = replace(boundary.limits, cpu_s=0.0)
+    return boundary.command(argv, limits=limits, workspace=workspace,
                             network=cfg.network, confined=cfg.sandbox,
                             read_only=[cfg.cwd.resolve()], chdir=cfg.cwd.resolve())
 
