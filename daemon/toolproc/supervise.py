@@ -368,9 +368,9 @@ def main() -> int:
         os.set_inheritable(options.report_fd, False)  # bash does not get it
     daemon = os.getppid()
     started: list[int] = []  # bash's pid once it runs: the limits are counted then
+    _make_cgroup(options)  # first: without one, the timer counts the tree more often
     _watch(daemon, options, started)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    _make_cgroup(options)
     bash: int | None = None
     status: int | None = None
     over: str | None = None
