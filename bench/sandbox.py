@@ -66,8 +66,7 @@ from bench.mcp_call import (
 )
 from bench.table import Ledger, Row, bench_header, print_report
 from daemon.config import load_config
-from daemon.toolproc.sandbox import Sandbox, hidden_paths
-from daemon.tools.bash import SUPERVISOR
+from daemon.toolproc.sandbox import Sandbox, empty_file, hidden_paths
 
 S1_RUNS = 200
 S2_SESSIONS = 50
@@ -168,10 +167,16 @@ def _argvs(config: Path) -> tuple[dict[str, list[str]], Path]:
     workspace = (cfg.server.data_dir / "workspaces" / "ses_bench_s4").resolve()
     workspace.mkdir(parents=True, exist_ok=True)
     bash = ["bash", "-c", "true"]
-    sandboxed = Sandbox(bwrap, hidden_paths(cfg)).wrap(bash, workspace, network=False)
-    supervise = [sys.executable, "-I", "-S", str(SUPERVISOR)]
-    return {"supervise+bwrap": [*supervise, *sandboxed], "bwrap": sandboxed,
-            "supervise+bash": [*supervise, *bash], "bash": bash,
+    box = Sandbox(bwrap, hidden_paths(cfg), empty=empty_file(cfg.server.data_dir),
+                  allow=cfg.server.sandbox_allow, limits=cfg.server.tool_limits)
+    sandboxed = box.wrap(bash, workspace, network=False)
+
+    def shipped(confined: bool) -> list[str]:  # the supervisor with the limits (§16.1)
+        return box.command(bash, limits=box.limits, workspace=workspace, network=False,
+                           confined=confined)
+
+    return {"supervise+bwrap": shipped(True), "bwrap": sandboxed,
+            "supervise+bash": shipped(False), "bash": bash,
             "python": [sys.executable, "-I", "-S", "-c", "pass"]}, workspace
 
 

@@ -39,6 +39,21 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
+class ToolLimits:
+    """CONTRACT §16.1: what one tool call's processes may use together: memory (MiB),
+    processes and threads at once, CPU seconds (0: no limit), and the bytes of each of
+    its streams published as `tool.chunk`."""
+
+    memory_mb: int = 2048
+    pids: int = 512
+    cpu_s: float = 0.0
+    stream_bytes: int = 4 * 1024 * 1024
+
+
+LIMIT_KEYS = ("tool_memory_mb", "tool_pids", "tool_cpu_s", "tool_stream_bytes")
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 7433
@@ -92,6 +107,11 @@ class ServerConfig:
     # paths the sandbox hides, beyond the data dir, the config's dir and the home.
     sandbox: str = "auto"
     sandbox_hide: tuple[Path, ...] = ()
+    # CONTRACT §16 (issue 42): read-only paths a sandboxed call sees besides the
+    # system's own (the sandbox binds an allowlist, daemon/toolproc/sandbox.py).
+    sandbox_allow: tuple[Path, ...] = ()
+    # CONTRACT §16.1: every tool process's limits (an agent's own values win).
+    tool_limits: ToolLimits = field(default_factory=lambda: ToolLimits())
     # CONTRACT §12.1: the OTLP/HTTP collector traces go to (its base URL; None: the
     # OTEL_EXPORTER_OTLP_* variables, else no traces), and whether spans hold content.
     otel_endpoint: str | None = None
@@ -211,6 +231,8 @@ class AgentConfig:
     env_pass: tuple[str, ...] = ()
     network: bool = False
     sandbox: bool = True
+    # CONTRACT §16.1: this agent's own tool_* limits, by key; the rest are [server]'s.
+    tool_limits_set: Mapping[str, Any] = field(default_factory=dict)
     # CONTRACT §14: where a call goes once its retries on the agent's provider are
     # exhausted, in order: (provider, model); model None = the agent's.
     fallback: tuple[tuple[str, str | None], ...] = ()
@@ -248,6 +270,10 @@ class McpServerConfig:
     # CONTRACT §16: names copied from the daemon's environment (when set) into a stdio
     # server's, on top of the MCP SDK's default inherited set and `env`.
     env_pass: tuple[str, ...] = ()
+    # CONTRACT §16.1: a stdio server in the sandbox (its own workspace), with network
+    # unless `network = false`; it runs under [server]'s tool limits either way.
+    sandbox: bool = False
+    network: bool = True
     # A tool result's text is cut to this (with a note), and no message of the server's
     # is read whole past 4 x this (at least 1 MiB): daemon/mcp/bound.py.
     max_result_bytes: int = 256 * 1024
@@ -447,6 +473,8 @@ def _server(file: str, table: Any) -> ServerConfig:
         keep_days=r.positive_int("keep_days", 0, minimum=0, maximum=MAX_KEEP_DAYS),
         sandbox=_sandbox_mode(r),
         sandbox_hide=_absolute_paths(r, "sandbox_hide"),
+        sandbox_allow=_absolute_paths(r, "sandbox_allow"),
+        tool_limits=ToolLimits(**_tool_limits(r)),
         otel_endpoint=_otel_endpoint(r),
         otel_content=r.get("otel_content", bool, False),
     )
@@ -464,6 +492,32 @@ def _otel_endpoint(r: _Reader) -> str | None:
         raise r.fail("otel_endpoint", "must be an http:// or https:// URL of an OTLP/HTTP "
                                       f"collector (e.g. http://127.0.0.1:4318), got {value!r}")
     return value
+
+
+MAX_TOOL_MEMORY_MB = 1 << 30
+MAX_TOOL_PIDS = 4_194_304
+
+
+def _tool_limits(r: _Reader) -> dict[str, Any]:
+    """The `tool_*` keys of one table that are there (CONTRACT §16.1), as ToolLimits'
+    fields: memory in MiB (at least 16), tasks (at least 8), CPU seconds (0: none),
+    stream bytes (at least 1 KiB)."""
+    found: dict[str, Any] = {}
+    if "tool_memory_mb" in r.table:
+        found["memory_mb"] = r.positive_int("tool_memory_mb", 2048, minimum=16,
+                                            maximum=MAX_TOOL_MEMORY_MB)
+    if "tool_pids" in r.table:
+        found["pids"] = r.positive_int("tool_pids", 512, minimum=8, maximum=MAX_TOOL_PIDS)
+    if "tool_cpu_s" in r.table:
+        found["cpu_s"] = r.seconds("tool_cpu_s", 0.0)
+    if "tool_stream_bytes" in r.table:
+        found["stream_bytes"] = r.positive_int("tool_stream_bytes", 4 << 20, minimum=1024)
+    return found
+
+
+def agent_limits(server: ToolLimits, agent: AgentConfig) -> ToolLimits:
+    """The limits of `agent`'s tool calls: its own `tool_*` values, else [server]'s."""
+    return replace(server, **agent.tool_limits_set)
 
 
 def _sandbox_mode(r: _Reader) -> str:
@@ -744,13 +798,16 @@ def _mcp_server(file: str, name: str, table: Any, base: Path) -> McpServerConfig
         startup_timeout_s=r.positive_seconds("startup_timeout_s", 30.0),
         call_timeout_s=r.positive_seconds("call_timeout_s", 300.0),
         env_pass=_env_names(r, "env_pass"),
+        sandbox=r.get("sandbox", bool, False),
+        network=r.get("network", bool, True),
         max_result_bytes=r.positive_int("max_result_bytes", 256 * 1024),
     )
     if cfg.max_result_bytes > MAX_RESULT_BYTES_LIMIT:
         raise r.fail("max_result_bytes", f"must be at most {MAX_RESULT_BYTES_LIMIT}, got "
                                          f"{cfg.max_result_bytes}")
-    if url is not None and (cfg.args or cfg.env or cfg.env_pass):
-        key = "args" if cfg.args else "env" if cfg.env else "env_pass"
+    if url is not None and (cfg.args or cfg.env or cfg.env_pass or cfg.sandbox):
+        key = ("args" if cfg.args else "env" if cfg.env else "env_pass" if cfg.env_pass
+               else "sandbox")
         raise r.fail(key, "only for a stdio server (command)")
     if command is not None and cfg.headers:
         raise r.fail("headers", "only for a Streamable HTTP server (url)")
@@ -865,6 +922,7 @@ def _agent(
         env_pass=_env_names(r, "env_pass"),
         network=r.get("network", bool, False),
         sandbox=r.get("sandbox", bool, True),
+        tool_limits_set=_tool_limits(r),
         fallback=_fallback(r, engine, providers),
         **_context(r, engine, provider, model, providers),
     )

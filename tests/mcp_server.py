@@ -17,7 +17,8 @@ and stay up until stdin closes: a live server that refuses the daemon),
 MCP_TEST_STALL_PING (http: the first ping that arrives while a `tools/call` is running
 is answered that many seconds late, once; "ping stalled" / "ping released" recorded;
 the `outlast_stall` tool reports progress until then), MCP_TEST_HANG_PINGS (http, any
-value: no ping is ever answered; "ping held" recorded for each). The `get_env`
+value: no ping is ever answered; "ping held" recorded for each), MCP_TEST_FILES (any
+value: one more tool, `look`, that lists a directory or reads a file, and says HOME). The `get_env`
 tool (like server-everything's `get-env`) returns the whole environment it was started
 with.
 """
@@ -232,6 +233,19 @@ async def grow(ctx: Context) -> str:
     app.add_tool(grown, name="grown")
     await ctx.session.send_tool_list_changed()
     return "grew"
+
+
+if os.environ.get("MCP_TEST_FILES"):
+    @app.tool()
+    async def look(path: str) -> str:
+        """What the server sees at `path`: a directory's names, a file's text, or the
+        error; then its HOME."""
+        try:
+            seen = (" ".join(sorted(os.listdir(path))) if os.path.isdir(path)  # noqa: ASYNC240
+                    else open(path).read())  # noqa: ASYNC230 (a test server)
+        except OSError as exc:
+            seen = f"error: {exc.strerror}"
+        return f"{seen}\nHOME={os.environ.get('HOME')}"
 
 
 @app.tool(name="odd.name with spaces")

@@ -244,14 +244,19 @@ async def test_the_daemons_files_are_hidden(veild: Veild) -> None:
 
 async def test_writes_land_in_the_workspace_only(veild: Veild) -> None:
     tag = uuid.uuid4().hex[:12]
-    outside = [Path(f"/var/tmp/veild-escape-{tag}"), Path(f"/etc/veild-escape-{tag}"),
+    # /var/tmp is private like /tmp (the allowlist, issue 42): a write there may work
+    # inside and must not land on the host.
+    var_tmp = Path(f"/var/tmp/veild-escape-{tag}")
+    outside = [Path(f"/etc/veild-escape-{tag}"),
                veild.site.data / f"escape-{tag}", veild.site.config.parent / f"escape-{tag}",
                Path.home() / f"veild-escape-{tag}"]
     tmp_file = Path(f"/tmp/veild-escape-{tag}")
     command = "; ".join(f"echo x > {p} && echo WROTE {p}" for p in outside)
     result, session_id = await veild.bash(
-        f"{command}; echo x > {tmp_file} && echo TMP-OK; echo in > inside.txt && echo IN-OK")
+        f"{command}; echo x > {tmp_file} && echo TMP-OK; echo x > {var_tmp}; "
+        "echo in > inside.txt && echo IN-OK")
     assert "WROTE" not in result, result
+    assert not var_tmp.exists()  # noqa: ASYNC240 (a private /var/tmp)
     for path in outside:
         assert not path.exists(), path
     assert "TMP-OK" in result
@@ -444,7 +449,10 @@ async def test_sandbox_hide_hides_a_directory_and_a_file(site: Site, secrets: Se
     secret_file.write_text(f"TOKEN={secrets.token}\n")
     link = site.root / "to-data"  # a symlink to a hidden path leads into the empty one
     link.symlink_to(site.data)
+    # Bound by sandbox_allow (nothing outside the allowlist is there at all), then
+    # hidden inside it.
     async with open_veild(site, secrets, server=(
+            f'sandbox_allow = ["{site.root}"]\n'
             f'sandbox_hide = ["{secret_dir}", "{secret_file}"]')) as v:
         result, _ = await v.bash(
             f"exec 2>&1; ls -A {secret_dir}; echo ==; cat {secret_dir}/key.pem; echo ==; "

@@ -116,15 +116,17 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     @bp.get("/health")
     @documented(Op(
         "Liveness and how many turns run", {200: Resp("the daemon is up", obj(
-            ["status", "version", "sessionsRunning", "sandbox"],
+            ["status", "version", "sessionsRunning", "sandbox", "toolLimits"],
             status={"enum": ["ok", "degraded"]}, version=STR, sessionsRunning=INT,
-            sandbox={"enum": ["bwrap", "none"]}, node=STR))},
+            sandbox={"enum": ["bwrap", "none"]}, toolLimits={"enum": ["cgroup", "rlimit"]},
+            node=STR))},
         public=True, tags=("operations",),
     ))
     async def health() -> Response:
         body: dict[str, Any] = {"status": "ok", "version": __version__,
                                 "sessionsRunning": sessions.running_count,
-                                "sandbox": rt.sandbox.mode}  # CONTRACT §16
+                                "sandbox": rt.sandbox.mode,  # CONTRACT §16
+                                "toolLimits": rt.sandbox.limiter.mode}  # §16.1
         node, degraded = rt.directory.describe()
         if node is not None:  # CONTRACT §13: the node, and whether it lost a backend
             body["node"] = node

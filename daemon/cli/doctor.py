@@ -41,6 +41,7 @@ from daemon.config import (
     resolve_config_path,
 )
 from daemon.errors import ConfigError
+from daemon.toolproc.limits import open_limiter
 from daemon.toolproc.sandbox import INSTALL_HINT, find_bwrap, opted_out
 
 CONNECT_TIMEOUT_S = 3.0
@@ -169,6 +170,16 @@ def _provider(p: ProviderConfig, windows: ProviderWindows) -> str | None:
     return provider_check(p, windows)
 
 
+def limits_line(config: Config) -> str:
+    """How every tool call's limits will be enforced here (CONTRACT §16.1), and the
+    [server] values (an agent's own tool_* win)."""
+    limits = config.server.tool_limits
+    cpu = f"{limits.cpu_s:g}" if limits.cpu_s else "0 (none)"
+    return (f"tool limits: {open_limiter(dry_run=True).describe()} (tool_memory_mb = "
+            f"{limits.memory_mb}, tool_pids = {limits.pids}, tool_cpu_s = {cpu}, "
+            f"tool_stream_bytes = {limits.stream_bytes})")
+
+
 def checks(config: Config, url: str | None) -> Iterator[Check]:
     yield f"data dir {config.server.data_dir}", lambda: data_dir_check(config.server.data_dir)
     windows = ProviderWindows({})
@@ -214,6 +225,7 @@ def run(config_path: str | None, url: str | None) -> int:
     failed = []
     line, sandbox_failed = sandbox_line(config)
     print(line, flush=True)
+    print(limits_line(config), flush=True)
     if sandbox_failed:
         failed.append("sandbox")
     for name, check in checks(config, url):

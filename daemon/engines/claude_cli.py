@@ -46,7 +46,7 @@ from typing import Any, BinaryIO
 import trio
 
 from daemon.clock import now_ms
-from daemon.config import AgentConfig
+from daemon.config import AgentConfig, agent_limits
 from daemon.engines.base import (
     ContentDelta,
     EngineContext,
@@ -70,6 +70,7 @@ from daemon.observe.tracing import ChatSpan, ToolSpan, TurnTrace
 from daemon.store.models import MessageRecord, TokenUsage
 from daemon.toolproc.env import tool_environment
 from daemon.toolproc.procgroup import stop_group
+from daemon.toolproc.sandbox import Sandbox
 from daemon.tools.base import ToolOutcome
 
 MAX_LINE = 16 * 1024 * 1024  # the init line lists every tool and command: tens of KB
@@ -345,7 +346,10 @@ class _Lines:
 
 
 class ClaudeCliEngine:
-    def __init__(self, agent: AgentConfig) -> None:
+    def __init__(self, agent: AgentConfig, boundary: Sandbox | None = None) -> None:
+        # CONTRACT §16.1: the CLI starts under the tool boundary's supervisor with the
+        # agent's limits and no capabilities (it runs its own tools, unsandboxed).
+        self.boundary = boundary
         self.agent = agent
 
     def argv(self, resume: str | None) -> list[str]:
@@ -378,8 +382,13 @@ class ClaudeCliEngine:
             raise ProviderError(f"cannot prepare claude-cli's workspace: {exc}") from exc
         env = tool_environment(self.agent, ctx.session_id, home)
         try:
+            argv = self.argv(ctx.engine_session_id)
+            if self.boundary is not None:
+                argv = self.boundary.command(
+                    argv, limits=agent_limits(self.boundary.limits, self.agent),
+                    workspace=None, network=True, confined=False)
             process = await trio.lowlevel.open_process(
-                self.argv(ctx.engine_session_id), cwd=ctx.workspace, env=env,
+                argv, cwd=ctx.workspace, env=env,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
                 start_new_session=True,  # own process group: cancel kills it all
             )

@@ -9,6 +9,7 @@ while turns end); `serve`'s own exit asks too, for a daemon that is being torn d
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -17,6 +18,7 @@ from daemon.config import AgentConfig, McpServerConfig
 
 if TYPE_CHECKING:
     from daemon.mcp.server import McpServer, McpServerTool
+    from daemon.toolproc.sandbox import Sandbox
 
 PREFIX = "mcp:"
 
@@ -29,14 +31,19 @@ def _wanted(agents: Iterable[AgentConfig], server: str) -> frozenset[str]:
 
 class McpManager:
     def __init__(self, configs: Mapping[str, McpServerConfig],
-                 agents: Iterable[AgentConfig] = ()) -> None:
+                 agents: Iterable[AgentConfig] = (), boundary: Sandbox | None = None,
+                 workspaces: Path | None = None) -> None:
         agents = list(agents)
         self.servers: dict[str, McpServer] = {}
         if configs:
             # The SDK (pydantic, starlette…) costs ~0.4 s to import: only when used.
             from daemon.mcp.server import McpServer
-            self.servers = {name: McpServer(cfg, _wanted(agents, name))
-                            for name, cfg in configs.items()}
+            # CONTRACT §16.1: each stdio server under the tool boundary; a sandboxed
+            # one's private workspace is WORKSPACES/NAME.
+            self.servers = {name: McpServer(
+                cfg, _wanted(agents, name), boundary,
+                workspaces / name if workspaces is not None else None)
+                for name, cfg in configs.items()}
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                     ) -> None:

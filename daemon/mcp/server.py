@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import orjson
@@ -38,6 +39,9 @@ from daemon.mcp.http import bounded_http_client
 from daemon.mcp.names import model_names
 from daemon.mcp.stdio import McpStats, stdio_transport
 from daemon.tools.base import ToolContext, ToolOutcome
+
+if TYPE_CHECKING:
+    from daemon.toolproc.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +149,13 @@ class McpServerTool:
 
 
 class McpServer:
-    def __init__(self, config: McpServerConfig, wanted: frozenset[str] = frozenset()) -> None:
+    def __init__(self, config: McpServerConfig, wanted: frozenset[str] = frozenset(),
+                 boundary: Sandbox | None = None, workspace: Path | None = None) -> None:
         self.config = config
+        # CONTRACT §16.1: the tool boundary a stdio server starts in, and its private
+        # workspace (used when `sandbox = true`); None: as configured (doctor's probe).
+        self.boundary = boundary
+        self.workspace = workspace
         self.name = config.name
         # TOOL names agents named as mcp:NAME/TOOL: one the server lacks is logged.
         self.wanted = wanted
@@ -227,7 +236,8 @@ class McpServer:
                     streamable_http_client(cfg.url, http_client=http) as (read, write, _):
                 yield read, write, None
             return
-        async with stdio_transport(cfg, self.stats) as transport:
+        async with stdio_transport(cfg, self.stats, self.boundary,
+                                   self.workspace) as transport:
             yield transport
 
     async def _connect_and_serve(self) -> bool:

@@ -26,8 +26,10 @@ import signal
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import trio
@@ -38,6 +40,9 @@ from mcp.shared.message import SessionMessage
 from daemon.config import McpServerConfig
 from daemon.mcp import bound, proctree
 from daemon.toolproc.env import mcp_environment
+
+if TYPE_CHECKING:
+    from daemon.toolproc.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -96,16 +101,39 @@ class NoiseLog:
         self._next_summary = trio.current_time() + NOISE_EVERY_S
 
 
+def server_argv(cfg: McpServerConfig, boundary: Sandbox | None,
+                workspace: Path | None) -> list[str]:
+    """The server's argv (CONTRACT §16.1): under the tool boundary's supervisor with
+    [server]'s memory and task limits, and in bubblewrap when `sandbox = true` — its own `workspace`
+    read-write (its HOME), its `cwd` read-only and its cwd, the network unless
+    `network = false`; without a boundary (`veild doctor`'s probe) as configured."""
+    assert cfg.command is not None
+    argv = [cfg.command, *cfg.args]
+    if boundary is None:
+        return argv
+    # tool_cpu_s bounds one call; a server lives as long as the daemon, so its CPU
+    # over that life is not bounded (memory and tasks at once are).
+    limits = replace(boundary.limits, cpu_s=0.0)
+    return boundary.command(argv, limits=limits, workspace=workspace,
+                            network=cfg.network, confined=cfg.sandbox,
+                            read_only=[cfg.cwd.resolve()], chdir=cfg.cwd.resolve())
+
+
 @asynccontextmanager
-async def stdio_transport(cfg: McpServerConfig, stats: McpStats
+async def stdio_transport(cfg: McpServerConfig, stats: McpStats,
+                          boundary: Sandbox | None = None, workspace: Path | None = None,
                           ) -> AsyncIterator[tuple[Any, Any, trio.Process]]:
     """The session's (read, write) streams, and the process."""
     assert cfg.command is not None
     cap = bound.line_cap(cfg.max_result_bytes)
     head = 2 * cfg.max_result_bytes + 1024  # room for JSON escapes and the envelope
+    env = {**get_default_environment(), **mcp_environment(cfg)}
+    if workspace is not None and cfg.sandbox:
+        await trio.to_thread.run_sync(partial(workspace.mkdir, parents=True, exist_ok=True))
+        env["HOME"] = str(workspace)
     process = await trio.lowlevel.open_process(
         # CONTRACT §16: the SDK's default inherited set, then `env` / `env_pass`.
-        [cfg.command, *cfg.args], env={**get_default_environment(), **mcp_environment(cfg)},
+        server_argv(cfg, boundary, workspace), env=env,
         cwd=cfg.cwd,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     read_writer, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from daemon.config import agent_limits
 from daemon.runtime import approvals
 from daemon.runtime.events import SessionRef
 from daemon.toolproc.env import tool_environment
@@ -120,10 +120,13 @@ class TurnTools:
         site, agent = self._site, self._agent
         session_id = site.session_id
         workspace = self.workspace.resolve()  # HOME, and the path bubblewrap binds
-        sandbox = site.sandbox
-        confine: Callable[[Sequence[str]], list[str]] = list
-        if agent.sandbox and sandbox.bwrap is not None:
-            confine = partial(sandbox.wrap, workspace=workspace, network=agent.network)
+        limits = agent_limits(site.sandbox.limits, agent)
+
+        def confine(argv: Sequence[str], report_fd: int | None) -> list[str]:
+            return site.sandbox.command(argv, limits=limits, workspace=workspace,
+                                        network=agent.network, confined=agent.sandbox,
+                                        report_fd=report_fd)
+
         return ToolContext(
             session_id=session_id,
             tool_call_id=call_id,
@@ -134,6 +137,7 @@ class TurnTools:
             agents=site.agents(call_id) if site.agents is not None else None,
             env=tool_environment(agent, session_id, workspace),
             confine=confine,
+            limits=limits,
         )
 
     async def _approval(self, call_id: str, name: str, args: Any) -> ToolOutcome | None:

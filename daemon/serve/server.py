@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable, Mapping
@@ -51,6 +52,7 @@ from daemon.schedules.launch import SessionLauncher
 from daemon.schedules.scheduler import Scheduler
 from daemon.serve.sdnotify import notify, serve_status, serve_watchdog
 from daemon.store import open_store
+from daemon.toolproc.procgroup import close_own_proc
 from daemon.toolproc.sandbox import Sandbox, open_sandbox
 from daemon.tools.agents import AgentMessageTool, AgentSpawnTool
 from daemon.tools.base import Tool
@@ -100,7 +102,7 @@ C = TypeVar("C")  # a provider client: OpenAIClient or AnthropicClient
 
 def _engine_factory(
     config: Config, clients: dict[str, ProviderHTTP], mock_roots: dict[str, str],
-    metrics: Metrics,
+    metrics: Metrics, sandbox: Sandbox,
 ) -> Callable[[AgentConfig], Engine]:
     """Engines by agent. A mock provider (started in-process, root URL in `mock_roots`)
     answers both the Chat Completions API (under /v1) and the Messages API. Each
@@ -142,7 +144,7 @@ def _engine_factory(
 
     def engine_for(agent: AgentConfig) -> Engine:
         if agent.engine == "claude-cli":
-            return ClaudeCliEngine(agent)
+            return ClaudeCliEngine(agent, sandbox)
         retried = metrics.provider_retried
         if agent.engine == "anthropic":
             summary = summary_routes(agent, anthropic)
@@ -211,6 +213,10 @@ async def serve_daemon(
                               "a mock provider needs the daemon started by `veild serve`")
     if (warning := exposure_warning(config)) is not None:
         log.warning(warning)
+    # CONTRACT §16.1: no tool reads the daemon's environment through /proc.
+    if not close_own_proc():
+        log.warning("cannot make the daemon non-dumpable: an unsandboxed tool may read "
+                    "/proc/%d/environ", os.getpid())
     sandbox = await open_sandbox(config)  # CONTRACT §16: tried once, here
     stop = trio.Event()
     async with trio.open_nursery() as outer:
@@ -369,7 +375,8 @@ async def _serve(
             await services.start(event_log.serve)
             loop_lag = LoopLag(metrics.loop_lag.set)
             await services.start(loop_lag.serve)
-            mcp = McpManager(config.mcp, config.agents.values())
+            mcp = McpManager(config.mcp, config.agents.values(), sandbox or Sandbox(),
+                             server.data_dir / "mcp")
             metrics.add("veild_mcp_non_json_lines_total", "counter", "Lines MCP stdio "
                         "servers wrote to stdout that were not JSON-RPC (ignored).",
                         mcp.non_json_lines)
@@ -387,7 +394,8 @@ async def _serve(
             }
             turn_services = TurnServices(
                 bus=bus, store=store,
-                engine_for=_engine_factory(config, clients, mock_roots, metrics),
+                engine_for=_engine_factory(config, clients, mock_roots, metrics,
+                                           sandbox or Sandbox()),
                 tools=tools, metrics=metrics,
                 workspaces=(config.cluster.workspaces_in(server.data_dir)
                             if config.cluster is not None else server.data_dir / "workspaces"),

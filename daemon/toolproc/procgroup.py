@@ -7,6 +7,7 @@ leaves nothing behind.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 from pathlib import Path
@@ -16,6 +17,22 @@ import trio
 # The supervisor of one tool call, run by path (`python -I -S supervise.py ARGV`): a
 # script of the standard library alone, never imported by the daemon.
 SUPERVISOR = Path(__file__).with_name("supervise.py")
+
+
+PR_SET_DUMPABLE = 4
+
+
+def close_own_proc() -> bool:
+    """Make this process non-dumpable (CONTRACT §16.1): its /proc/PID/environ, mem, maps
+    and fds become root's and unreadable to a process without CAP_SYS_PTRACE — so to
+    every tool process, which runs in its own PID namespace, or (unsandboxed) with an
+    empty capability bounding set (supervise.py `--drop-caps`). False where prctl is
+    not there (not Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def kill_group(process: trio.Process) -> None:

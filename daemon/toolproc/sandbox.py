@@ -2,17 +2,27 @@
 
 A sandboxed call runs as
 
-    supervise.py  bwrap --unshare-all [--share-net] --die-with-parent --new-session
-                        --cap-drop ALL --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp
-                        --tmpfs HIDDEN...  --bind WS WS  --remount-ro HIDDEN...
-                        --chdir WS -- bash -c COMMAND
+    supervise.py [LIMITS] bwrap --unshare-all [--share-net] --die-with-parent
+                        --new-session --cap-drop ALL
+                        --ro-bind /usr /usr --symlink usr/bin /bin ... --ro-bind /etc /etc
+                        --dev /dev --proc /proc --tmpfs /tmp --tmpfs /run --symlink ...
+                        --ro-bind ALLOWED... --tmpfs HIDDEN... --bind WS WS
+                        --remount-ro HIDDEN... --remount-ro / --chdir WS -- bash -c COMMAND
 
-- the whole file system read-only, its workspace read-write at the same path (its cwd
-  and HOME); a private /tmp; each hidden path an empty read-only directory: the data
-  dir (other sessions' workspaces, the database, the event log), the cluster's
-  workspaces root, the config file's directory, the daemon user's home and
-  `[server] sandbox_hide`. The workspace is bound after the hidden paths are mounted,
-  so inside a hidden data dir only this session's workspace is there;
+- an allowlist, not the host's `/` (issue 42): on an empty root, read-only, only the
+  system directories a shell needs — `/usr` and `/bin`, `/sbin`, `/lib*` (symlinks into
+  it on a merged-/usr system, else bound), `/etc` (all of it: programs read many files
+  there — passwd, hosts, certificates, ld.so.cache, alternatives — minus its known
+  secrets, `ETC_SECRETS`, each hidden), `[server] sandbox_allow` — and its workspace
+  read-write at the same path (its cwd and HOME); a private `/tmp` and `/var/tmp`, a
+  tmpfs over `/run` (and `/var/run` a link to it), a fresh `/dev` and `/proc`. Nothing
+  else of the host is there: not the data dir (other sessions' workspaces, the
+  database, the event log), not `/home`, `/root`, `/srv`, `/opt`, `/var`, `/sys`, `/mnt`
+  — and so no Unix socket of the host (`/run/postgresql`, `/var/run/docker.sock`,
+  `/run/user/UID/bus`): a socket is reached by its path, and no path to one is bound.
+  The hidden paths of §16 (the data dir, the config file's directory, the daemon
+  user's home, `[server] sandbox_hide`) are still mounted empty where they fall under
+  a bound directory (`/etc/veild`, an allowed path);
 - its own PID namespace with a fresh /proc: no other process of the machine — the
   daemon's environment in /proc/PID/environ above all — is visible. bubblewrap ends as
   soon as bash (the namespace's first process) ends, and `--die-with-parent` then kills
@@ -35,21 +45,34 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
-from daemon.config import AgentConfig, Config
+from daemon.config import AgentConfig, Config, ToolLimits
 from daemon.errors import ConfigError
+from daemon.toolproc.limits import Limiter, open_limiter
+from daemon.toolproc.procgroup import SUPERVISOR
 
 # The logger keeps its name from before the move (operators filter logs by it).
 log = logging.getLogger("daemon.sandbox")
 
 PROBE_TIMEOUT_S = 10.0
-BASE_ARGS = ("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp")
+BASE_ARGS = ("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL")
+# The system directories a shell needs, read-only (the allowlist, issue 42).
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+PRIVATE_ARGS = ("--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp",
+                "--tmpfs", "/run", "--symlink", "../run", "/var/run")
+# What of /etc a tool never needs and must not read: password hashes, sudo rules, the
+# host's SSH and TLS private keys, stored credentials and VPN keys.
+ETC_SECRETS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-",
+               "/etc/sudoers", "/etc/sudoers.d", "/etc/ssh", "/etc/ssl/private",
+               "/etc/credstore", "/etc/credstore.encrypted", "/etc/wireguard",
+               "/etc/NetworkManager/system-connections", "/etc/ppp", "/etc/krb5.keytab",
+               "/etc/security/opasswd", "/etc/veild/env")
 PRIVATE_TMP = Path("/tmp")
 INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)"
 
@@ -60,6 +83,12 @@ class Sandbox:
 
     bwrap: str | None = None
     hide: tuple[Path, ...] = ()
+    # Read-only paths bound besides the system's (`[server] sandbox_allow`).
+    allow: tuple[Path, ...] = ()
+    # How every tool call's limits are enforced (CONTRACT §16.1, limits.py).
+    limiter: Limiter = field(default_factory=Limiter)
+    # [server]'s tool_* limits (an agent's own values win: config.agent_limits).
+    limits: ToolLimits = field(default_factory=ToolLimits)
     # An empty regular file bound over each hidden file (a device such as /dev/null
     # cannot be opened on bubblewrap's nodev binds).
     empty: Path = Path("/nonexistent")
@@ -70,22 +99,76 @@ class Sandbox:
     def mode(self) -> str:
         return "none" if self.bwrap is None else "bwrap"
 
-    def wrap(self, argv: Sequence[str], workspace: Path, *, network: bool) -> list[str]:
-        """`argv` as it runs inside this sandbox for `workspace` (absolute)."""
+    def wrap(self, argv: Sequence[str], workspace: Path, *, network: bool,
+             read_only: Sequence[Path] = (), chdir: Path | None = None) -> list[str]:
+        """`argv` as it runs inside this sandbox for `workspace` (absolute), with
+        `read_only` bound too (an MCP server's own directory) even where hidden, and
+        its cwd `chdir` (default: the workspace)."""
         if self.bwrap is None:
             return list(argv)
         args = [self.bwrap, *BASE_ARGS]
         if network:
             args.append("--share-net")
-        dirs, files = _hidden(self.hide, workspace)
+        args += _system_binds(network)
+        # Where a hidden path must still be mounted empty and read-only: under what is
+        # bound, and under the private /var/tmp (a data dir there stays read-only).
+        bound = [Path(p) for p in (*SYSTEM_DIRS, "/var/tmp")] + list(self.allow)
+        for path in self.allow:
+            args += ["--ro-bind-try", str(path), str(path)]
+        hide = [p for p in (*self.hide, *map(Path, ETC_SECRETS))
+                if any(_within(p, root) for root in bound)]
+        dirs, files = _hidden(hide, workspace)
         for path in dirs:
             args += ["--tmpfs", str(path)]
         for path in files:  # a hidden file reads as empty
             args += ["--ro-bind", str(self.empty), str(path)]
         args += ["--bind", str(workspace), str(workspace)]
+        for path in read_only:
+            args += ["--ro-bind", str(path), str(path)]
         for path in dirs:
             args += ["--remount-ro", str(path)]
-        return [*args, "--chdir", str(workspace), "--", *argv]
+        return [*args, "--remount-ro", "/", "--chdir", str(chdir or workspace), "--", *argv]
+
+
+    def command(self, argv: Sequence[str], *, limits: ToolLimits, workspace: Path | None,
+                network: bool, confined: bool, report_fd: int | None = None,
+                read_only: Sequence[Path] = (), chdir: Path | None = None) -> list[str]:
+        """The whole argv of one tool process (CONTRACT §16, §16.1): `argv` under its
+        supervisor with the limits, in this sandbox when `confined` (and there is one),
+        else with no capabilities (the daemon's /proc stays closed to it)."""
+        inner = list(argv)
+        sandboxed = confined and self.bwrap is not None and workspace is not None
+        if sandboxed:
+            assert workspace is not None
+            inner = self.wrap(argv, workspace, network=network, read_only=read_only,
+                              chdir=chdir)
+        opts = ["--memory-mb", str(limits.memory_mb), "--pids", str(limits.pids)]
+        if limits.cpu_s:
+            opts += ["--cpu-s", f"{limits.cpu_s:g}"]
+        if self.limiter.mode == "cgroup":
+            opts += ["--cgroup", str(self.limiter.tools)]
+        if not sandboxed:
+            opts.append("--drop-caps")
+        if report_fd is not None:
+            opts += ["--report-fd", str(report_fd)]
+        return [sys.executable, "-I", "-S", str(SUPERVISOR), *opts, "--", *inner]
+
+
+def _system_binds(network: bool) -> list[str]:
+    """The system directories, read-only: a symlink (merged /usr) stays a symlink, a
+    directory is bound; then the private /dev, /proc, /tmp, /run. With the network, a
+    /etc/resolv.conf that points into /run (systemd-resolved) keeps its target."""
+    args: list[str] = []
+    for name in SYSTEM_DIRS:
+        if os.path.islink(name):
+            args += ["--symlink", os.readlink(name), name]
+        elif os.path.isdir(name):
+            args += ["--ro-bind", name, name]
+    args += PRIVATE_ARGS
+    resolv = os.path.realpath("/etc/resolv.conf")
+    if network and resolv.startswith("/run/") and os.path.isfile(resolv):
+        args += ["--ro-bind", resolv, resolv]
+    return args
 
 
 def _within(path: Path, parent: Path) -> bool:
@@ -134,7 +217,7 @@ def _passwd_home() -> str | None:
         return None
 
 
-def _empty_file(data_dir: Path) -> Path:
+def empty_file(data_dir: Path) -> Path:
     """DATA_DIR/sandbox-empty: a file of no bytes, made read-only (it is hidden itself,
     like all of the data dir; bubblewrap reads bind sources from the host's view)."""
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -150,7 +233,7 @@ async def probe(bwrap: str) -> str | None:
     try:
         with trio.fail_after(PROBE_TIMEOUT_S):
             done = await trio.run_process(
-                [bwrap, *BASE_ARGS, "--", "true"], stdin=subprocess.DEVNULL,
+                [bwrap, *BASE_ARGS, *_system_binds(False), "--", "true"], stdin=subprocess.DEVNULL,
                 capture_stdout=True, capture_stderr=True, check=False,
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     except trio.TooSlowError:
@@ -181,16 +264,21 @@ async def open_sandbox(config: Config) -> Sandbox:
     """`[server] sandbox` in force: `auto` tries bubblewrap once and falls back to none
     with one WARNING; `bwrap` that does not work is a ConfigError (exit 2)."""
     mode = config.server.sandbox
+    limiter = open_limiter()
+    limits = config.server.tool_limits
+    log.info("tool limits: %s", limiter.describe())
     if mode == "none":
-        return Sandbox(why_none='[server] sandbox = "none"')
+        return Sandbox(why_none='[server] sandbox = "none"', limiter=limiter, limits=limits)
     bwrap, why = await find_bwrap()
     if bwrap is None:
         if mode == "bwrap":
             raise ConfigError(str(config.path), "server.sandbox",
                               f'"bwrap" does not work here: {why}; {INSTALL_HINT}')
         log.warning("sandbox: none: bash calls run unsandboxed (%s); %s", why, INSTALL_HINT)
-        return Sandbox(why_none=why)
-    sandbox = Sandbox(bwrap, hidden_paths(config), empty=_empty_file(config.server.data_dir))
+        return Sandbox(why_none=why, limiter=limiter, limits=limits)
+    sandbox = Sandbox(bwrap, hidden_paths(config), allow=config.server.sandbox_allow,
+                      empty=empty_file(config.server.data_dir), limiter=limiter,
+                      limits=limits)
     log.info("sandbox: bwrap (%s); hidden: %s", bwrap,
              ", ".join(str(p) for p in sandbox.hide))
     for name in opted_out(config.agents.values()):

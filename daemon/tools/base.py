@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from daemon.config import ToolLimits
 from daemon.errors import VeildError
 
 # (tool_call_id, tool_name, content, stream, offset) -> None; drops when the gate is shut.
@@ -52,9 +53,12 @@ class ToolContext:
     max_output_bytes: int
     agents: SubAgents | None = None  # None where sub-agents are not available
     # CONTRACT §16: the whole environment a tool process starts with (daemon/toolproc/env.py)
-    # and its argv as it runs confined (daemon/toolproc/sandbox.py; as it is when unsandboxed).
+    # and its whole argv (daemon/toolproc/sandbox.py: the supervisor with the §16.1
+    # limits, the sandbox when there is one), given the argv and the supervisor's
+    # report fd; and the limits (the stream cap is the tool's to apply).
     env: Mapping[str, str] = field(default_factory=dict)
-    confine: Callable[[Sequence[str]], list[str]] = list
+    confine: Callable[[Sequence[str], int | None], list[str]] = lambda argv, fd: list(argv)
+    limits: ToolLimits = field(default_factory=ToolLimits)
 
 
 class Tool(Protocol):
