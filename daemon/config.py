@@ -92,6 +92,18 @@ class ServerConfig:
     # OTEL_EXPORTER_OTLP_* variables, else no traces), and whether spans hold content.
     otel_endpoint: str | None = None
     otel_content: bool = False
+    # CONTRACT §18: turns left open by the last process are resumed at start ("auto")
+    # or ended INTERRUPTED ("off", v3); at most `resume_max` times each, and only when
+    # their last stored progress is at most `resume_within_s` old. A stop gives running
+    # turns `drain_s` to reach a stored step, then suspends them (resumed next start).
+    resume: str = "auto"
+    resume_max: int = 2
+    resume_within_s: float = 86400.0
+    drain_s: float = 5.0
+
+    @property
+    def resuming(self) -> bool:
+        return self.resume == "auto"
 
     @property
     def auth_token(self) -> str | None:
@@ -408,6 +420,10 @@ def _server(file: str, table: Any) -> ServerConfig:
         sandbox_hide=_absolute_paths(r, "sandbox_hide"),
         otel_endpoint=_otel_endpoint(r),
         otel_content=r.get("otel_content", bool, False),
+        resume=_resume_mode(r),
+        resume_max=r.positive_int("resume_max", 2, minimum=0),
+        resume_within_s=r.positive_seconds("resume_within_s", 86400.0),
+        drain_s=_drain_s(r),
     )
     r.check_unknown()
     return cfg
@@ -422,6 +438,26 @@ def _otel_endpoint(r: _Reader) -> str | None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise r.fail("otel_endpoint", "must be an http:// or https:// URL of an OTLP/HTTP "
                                       f"collector (e.g. http://127.0.0.1:4318), got {value!r}")
+    return value
+
+
+def _resume_mode(r: _Reader) -> str:
+    value: str = r.get("resume", str, "auto")
+    if value not in ("auto", "off"):
+        raise r.fail("resume", f'must be "auto" or "off", got {value!r}')
+    return value
+
+
+# CONTRACT §1: the daemon exits within 10 s of SIGTERM; the drain leaves room for the
+# suspends, the store's last writes and closing the listeners.
+MAX_DRAIN_S = 8.0
+
+
+def _drain_s(r: _Reader) -> float:
+    value = r.seconds("drain_s", 5.0)
+    if value > MAX_DRAIN_S:
+        raise r.fail("drain_s", f"must be at most {MAX_DRAIN_S:g} (a stop ends within "
+                                f"10 s), got {value:g}")
     return value
 
 

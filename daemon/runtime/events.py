@@ -44,6 +44,10 @@ MESSAGE: Final = "message"
 USAGE: Final = "usage"
 APPROVAL_REQUEST: Final = "approval.request"  # CONTRACT §9
 APPROVAL_RESULT: Final = "approval.result"
+# CONTRACT §18: a turn goes on after a restart (first event of its resumed run), or
+# stops at a shutdown with its row open (not a terminal).
+TURN_RESUMED: Final = "turn.resumed"
+TURN_SUSPENDED: Final = "turn.suspended"
 DONE: Final = "done"
 ERROR: Final = "error"
 
@@ -361,6 +365,7 @@ def turn_wire(t: TurnHistory) -> dict[str, Any]:
         "model": t.model,
         "startSeq": t.start_seq,
         "schedule": t.schedule,  # the schedule that started it (§11), else null
+        "resumed": t.resumed,  # CONTRACT §18
     }
 
 
@@ -389,6 +394,7 @@ class TurnStats:
     duration_ms: int
     token_usage: TokenUsage
     tool_calls: tuple[ToolCallStat, ...]
+    resumed: int = 0  # CONTRACT §18: how often the turn was resumed
 
     def wire(self) -> dict[str, Any]:
         return {
@@ -398,7 +404,24 @@ class TurnStats:
             "durationMs": self.duration_ms,
             "tokenUsage": usage_wire(self.token_usage),
             "toolCalls": [t.wire() for t in self.tool_calls],
+            "resumed": self.resumed,
         }
+
+
+def resumed_data(turn_id: str, attempt: int, after_seq: int, reason: str,
+                 node: str | None = None) -> dict[str, Any]:
+    """`turn.resumed` (CONTRACT §18): every event of the turn with a larger seq than
+    `afterSeq` that was published before the loss is void."""
+    data: dict[str, Any] = {"turnId": turn_id, "attempt": attempt, "afterSeq": after_seq,
+                            "reason": reason}
+    if node is not None:
+        data["node"] = node
+    return data
+
+
+def suspended_data(turn_id: str, reason: str = "shutdown") -> dict[str, Any]:
+    """`turn.suspended` (CONTRACT §18): no terminal; the next start resumes it."""
+    return {"turnId": turn_id, "reason": reason}
 
 
 def done_data(session: SessionRecord, stats: TurnStats) -> dict[str, Any]:
