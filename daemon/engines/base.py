@@ -220,6 +220,9 @@ class EngineContext(Protocol):
     calibration: Calibration
     compact_only: bool
     trace: TurnTrace  # the turn's spans: one `chat` per LLM call (CONTRACT §12.1)
+    # CONTRACT §18: LLM calls whose answers this turn stored before a restart (0 unless
+    # resumed): its next call is the one after them, within max_iterations.
+    iterations_done: int
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         """Run one tool call; returns its outcome and duration in ms."""

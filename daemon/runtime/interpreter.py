@@ -35,7 +35,13 @@ from daemon.runtime.ports import Store
 from daemon.runtime.publisher import TurnPublisher
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
-from daemon.store.models import CompactionRecord, MessageRecord, StoredContext, TokenUsage
+from daemon.store.models import (
+    CompactionRecord,
+    MessageRecord,
+    StoredContext,
+    TokenUsage,
+    TurnProgress,
+)
 from daemon.tools.base import Tool, ToolOutcome
 
 log = logging.getLogger(__name__)
@@ -89,11 +95,17 @@ class EngineEvents:
         and the daemon's stop ends the wait."""
         store, sid = self._store, self._session.record.id
 
+        # The turn's usage so far goes with its progress (CONTRACT §18): a resume
+        # starts from it, and the usage of a call whose answer was lost counts nowhere.
+        progress = TurnProgress(self.tally.usage, self.tally.model, now_ms())
+
         async def write() -> None:
             if len(messages) == 1:
-                await store.append_message(sid, messages[0], self._turn_id)
+                await store.append_message(sid, messages[0], self._turn_id,
+                                           progress=progress)
             else:
-                await store.append_messages(sid, messages, self._turn_id)
+                await store.append_messages(sid, messages, self._turn_id,
+                                            progress=progress)
 
         def mirror(_: None) -> None:
             for message in messages:
@@ -267,7 +279,8 @@ class EngineView:
                  workspace: Path, session: SessionState, compact_only: bool,
                  trace: TurnTrace,
                  run_tool: eng.RunTool,
-                 take_injected: Callable[[], list[MessageRecord]]) -> None:
+                 take_injected: Callable[[], list[MessageRecord]],
+                 iterations_done: int = 0) -> None:
         self.agent = agent
         self.history: Sequence[MessageRecord] = stored.messages
         self.tools: Sequence[Tool] = tools
@@ -276,6 +289,7 @@ class EngineView:
         self.engine_session_id = session.record.engine_session_id
         self.compact_only = compact_only
         self.trace = trace
+        self.iterations_done = iterations_done
         self.calibration: Calibration = session.calibration
         # What every call sends besides the messages counts in the estimate (§15).
         self.window = Window.stored(stored, base_bytes=base_bytes(agent, self.tools),

@@ -43,10 +43,10 @@ from daemon.runtime.inbox import Inbox, TurnHold
 from daemon.runtime.mirror import store_then_mirror
 from daemon.runtime.ports import Store
 from daemon.runtime.published import Published
-from daemon.runtime.recovery import Recovery
+from daemon.runtime.recovery import Recovery, ResumePolicy
 from daemon.runtime.state import SessionState
 from daemon.runtime.subagents import TurnAgents
-from daemon.runtime.turn import Turn, TurnAsk, TurnServices
+from daemon.runtime.turn import Resumption, Turn, TurnAsk, TurnServices
 from daemon.store.models import (
     EndedTurn,
     InboxRecord,
@@ -114,7 +114,11 @@ class SessionManager:
         self.directory: SessionDirectory = LocalDirectory()
         # Inbox delivery and wakes; recovery of turns whose exit path never ran.
         self.deliveries = Deliveries(self, store, services.stop)
-        self.recovery = Recovery(self, store, bus, services.stop, self.deliveries)
+        server = config.server
+        self.recovery = Recovery(
+            self, store, bus, services.stop, self.deliveries,
+            ResumePolicy(server.resuming, server.resume_max, server.resume_within_s),
+            services.metrics)
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -330,6 +334,24 @@ class SessionManager:
             reply_to=reply_to, schedule=schedule, fresh=fresh,
         )
 
+    def engine_of(self, agent_name: str) -> str | None:
+        agent = self.config.agents.get(agent_name)
+        return agent.engine if agent is not None else None
+
+    def resume(self, state: SessionState, turn: TurnRecord, message: str,
+               resumed: Resumption) -> None:
+        """Start again a turn the last process left open (CONTRACT §18): same id,
+        trigger, budget; it takes a running slot as any turn. What waits in its
+        session's inbox is handed to it, as to any turn."""
+        agent = self._claimable(state)
+        run = self._new_turn(
+            state, agent, state.inbox.start_turn(turn.id), message, turn.trigger,
+            turn_id=turn.id, budget_tokens=turn.budget_tokens,
+            from_session_id=turn.from_session_id, reply_to=turn.reply_to,
+            schedule=turn.schedule, resumed=resumed)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run, run)
+
     def _claim_drain(self, state: SessionState) -> Turn:
         """Claim the session for a wake turn that takes everything queued at once (wakes
         that piled up coalesce into this one drain)."""
@@ -357,13 +379,13 @@ class SessionManager:
                   trigger: str, *, turn_id: str, budget_tokens: int | None = None,
                   from_session_id: str | None = None, parent: Turn | None = None,
                   reply_to: str | None = None, schedule: str | None = None,
-                  fresh: bool = False) -> Turn:
+                  fresh: bool = False, resumed: Resumption | None = None) -> Turn:
         ask = TurnAsk(
             message, trigger, from_session_id=from_session_id, reply_to=reply_to,
             schedule=schedule, fresh=fresh,
             budget_tokens=agent.budget_tokens if budget_tokens is None else budget_tokens)
         turn = Turn(id=turn_id, session=state, agent=agent, ask=ask, services=self.services,
-                    inbox_hold=hold, parent=parent)
+                    inbox_hold=hold, parent=parent, resumed=resumed)
         state.running = turn
         return turn
 
@@ -505,12 +527,30 @@ class SessionManager:
         if hold is not None:
             for turn in stopped:
                 turn.after_remote.append(hold(turn))
+        await self._record_stops(stopped)
         # Every gate is shut: no chunk of a stopped turn is published from here, so the
         # fence (everything this node published so far is numbered) bounds their seqs.
         return CancelReceipt(
             [{"sessionId": t.session.id, "turnId": t.id} for t in stopped],
             await self.bus.fence(), tuple(stopped),
         )
+
+    async def _record_stops(self, stopped: Sequence[Turn]) -> None:
+        """CONTRACT §18: a turn whose cancel answered is never resumed, so the store
+        knows before the cancel answers (its row may be open still when the process
+        dies before the turn's end is stored). Not written with resume off."""
+        if not self.config.server.resuming:
+            return
+        reasons: dict[str, list[str]] = {}
+        for turn in stopped:
+            if turn.cancel_reason is not None and not turn.ending:
+                reasons.setdefault(turn.cancel_reason, []).append(turn.id)
+        for reason, ids in reasons.items():
+            try:
+                with self.services.stop.shielded():
+                    await self.store.stop_turns(ids, reason)
+            except StoreError as exc:
+                log.warning("could not record the cancel of %d turns: %s", len(ids), exc)
 
     # -- history (CONTRACT §12) -----------------------------------------------------------
 

@@ -70,9 +70,10 @@ from daemon.store.models import (
     MessageRecord,
     SessionRecord,
     StoredContext,
+    TokenUsage,
     TurnRecord,
 )
-from daemon.tools.base import SubAgents, Tool
+from daemon.tools.base import SubAgents, Tool, ToolOutcome
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,26 @@ class TurnAsk:
     fresh: bool = False
 
 
+@dataclass(frozen=True)
+class Resumption:
+    """CONTRACT §18: this run of a turn goes on with one the last process left open —
+    built from its open row and its stored messages, not from a replay of events."""
+
+    attempt: int  # 1, 2, … (stored before this run)
+    after_seq: int  # its events after this one, published before the loss, are void
+    reason: str  # "restart" | "shutdown" | "node_lost"
+    stored: StoredContext  # what its next LLM call starts from
+    usage: TokenUsage  # the usage of its stored answers
+    model: str | None
+    node: str | None = None
+
+
+# The result a tool call gets when the daemon stopped while it ran (CONTRACT §18): it is
+# not run again.
+STOPPED_WHILE_RUNNING = ("the daemon stopped while this tool ran; it may have run in "
+                         "part, and it was not run again")
+
+
 @dataclass(eq=False)
 class Turn:
     id: str
@@ -171,6 +192,7 @@ class Turn:
     services: TurnServices
     inbox_hold: TurnHold  # what this turn holds of its session's inbox
     parent: Turn | None = None  # the turn this one runs inside (a waiting spawn)
+    resumed: Resumption | None = None  # CONTRACT §18: it goes on after a restart
 
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     cancel_reason: str | None = None
@@ -281,7 +303,10 @@ class Turn:
         with self.scope:
             task_status.started(self)
             try:
-                await self._begin()
+                if self.resumed is not None:
+                    self._begin_resumed(self.resumed)
+                else:
+                    await self._begin()
                 if slots is not None:
                     await self._take_slot(slots)
                     holding = True
@@ -350,6 +375,60 @@ class Turn:
             raise StoreUnavailable(f"could not store the start of turn {self.id} before "
                                    "the daemon stopped")
 
+    def _begin_resumed(self, resumed: Resumption) -> None:
+        """A resumed run's start (CONTRACT §18): `turn.resumed` first; its row and its
+        user message are stored already, its usage so far is its stored answers'."""
+        self.start_stored = True
+        tally = self.interpreter.tally
+        tally.usage, tally.model = resumed.usage, resumed.model
+        mine = [m for m in resumed.stored.messages if m.turn_id == self.id]
+        tally.iterations = sum(1 for m in mine if m.role == "assistant")
+        answers = [m for m in mine if m.role == "assistant"]
+        if answers:
+            tally.content = answers[-1].content
+        results = {m.tool_call_id: m for m in mine if m.role == "tool"}
+        for answer in answers:
+            for call in answer.tool_calls or ():
+                result = results.get(call.get("id"))
+                if result is not None:
+                    tally.tool_calls.append(ev.ToolCallStat(
+                        call["id"], call.get("name", ""), call.get("arguments"),
+                        result.content == STOPPED_WHILE_RUNNING, 0))
+        self.publisher.stream(ev.TURN_RESUMED, ev.resumed_data(
+            self.id, resumed.attempt, resumed.after_seq, resumed.reason, resumed.node))
+        record = self.session.mark("running")
+        self.publisher.plain("session.updated", {"session": ev.session_wire(record)})
+
+    async def _settle_resumed(self, resumed: Resumption) -> StoredContext | None:
+        """Before a resumed turn's engine runs: each tool call of its last stored answer
+        that has no stored result gets the "stopped while it ran" error result, stored
+        and then published, and is not run again. None when its last stored answer
+        asked for no tool: the turn had its answer, and ends with it."""
+        stored = resumed.stored
+        mine = [m for m in stored.messages if m.turn_id == self.id]
+        answers = [i for i, m in enumerate(mine) if m.role == "assistant"]
+        if not answers:
+            return stored
+        last = mine[answers[-1]]
+        if not last.tool_calls:
+            if all(m.role != "user" for m in mine[answers[-1] + 1:]):
+                await self.interpreter.handle(eng.Finished(last.content,
+                                                           self.interpreter.tally.iterations))
+                return None
+            return stored
+        done = {m.tool_call_id for m in mine[answers[-1] + 1:] if m.role == "tool"}
+        missing = [c for c in last.tool_calls if c.get("id") not in done]
+        if not missing:
+            return stored
+        outcome = ToolOutcome(STOPPED_WHILE_RUNNING, is_error=True)
+        finished = tuple(eng.ToolFinished(c["id"], c.get("name", ""), c.get("arguments"),
+                                          outcome, 0) for c in missing)
+        messages = tuple(MessageRecord("tool", outcome.content, None, f.call_id, now_ms(),
+                                       turn_id=self.id) for f in finished)
+        await self.interpreter.handle(eng.ToolResults(
+            finished, messages, self.interpreter.tally.iterations))
+        return StoredContext(stored.summary, stored.latest, [*stored.messages, *messages])
+
     def _start_stored(self, _: None) -> None:
         self.start_stored = True
 
@@ -374,8 +453,14 @@ class Turn:
     async def _drive(self) -> None:
         engine = self.services.engine_for(self.agent)
         # CONTRACT §15: the summary in force and the messages after it, not every one.
-        stored = (StoredContext(None, None, self._history) if self._history is not None
-                  else await self.services.store.context(self.session.record.id))
+        if self.resumed is not None:
+            settled = await self._settle_resumed(self.resumed)
+            if settled is None:
+                return
+            stored = settled
+        else:
+            stored = (StoredContext(None, None, self._history) if self._history is not None
+                      else await self.services.store.context(self.session.record.id))
         if self.services.mcp is not None:
             # An MCP server this agent uses that has not listed its tools yet (the
             # daemon just started it) is waited for, within its startup_timeout_s:
@@ -385,7 +470,8 @@ class Turn:
             agent=self.agent, stored=stored, tools=list(self.toolbox.offered().values()),
             workspace=self.toolbox.workspace, session=self.session,
             compact_only=self.compact_only, trace=self.trace, run_tool=self.toolbox.run,
-            take_injected=self._take_handed)
+            take_injected=self._take_handed,
+            iterations_done=self.interpreter.tally.iterations if self.resumed else 0)
         await self.interpreter.run(engine, view)
 
     def _take_handed(self) -> list[MessageRecord]:
@@ -469,6 +555,7 @@ class Turn:
             duration_ms=int((trio.current_time() - started) * 1000),
             token_usage=tally.usage,
             tool_calls=tuple(tally.tool_calls),
+            resumed=self.resumed.attempt if self.resumed is not None else 0,
         )
         # A compaction's model is the summariser's: the session's stays its agent's.
         record = self.session.mark("idle", usage=tally.usage,

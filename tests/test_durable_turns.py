@@ -1,0 +1,145 @@
+"""CONTRACT §18 — turns that survive the daemon: a real daemon process is SIGKILLed at
+each step of a scripted multi-step turn and started again; the turn is resumed (same
+turnId, `turn.resumed` first with a sane `afterSeq`), ends exactly once (also in a
+replay across the loss), runs no tool twice (a counter file in the workspace), stores
+no partial answer, and its usage counts only the answers that were stored."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from tests.harness import (
+    Provider,
+    Recorder,
+    assert_one_terminal_last,
+    mock,
+    open_recorder,
+    write_config,
+)
+from tests.process import DaemonProcess, spawn_daemon
+
+
+async def _start_chat(proc: DaemonProcess, message: str, nursery: trio.Nursery) -> None:
+    async def chat() -> None:
+        try:
+            async with httpx.AsyncClient(base_url=proc.url, timeout=60) as http:
+                await http.post("/agents/assistant/chat", json={"message": message})
+        except httpx.HTTPError:
+            pass  # the daemon died under this request
+
+    nursery.start_soon(chat)
+
+
+async def _kill(proc: DaemonProcess) -> None:
+    proc.process.send_signal(signal.SIGKILL)
+    await proc.process.wait()
+
+
+def _of(rec: Recorder, turn_id: str, kind: str) -> list[dict[str, Any]]:
+    return [e for e in rec.stream(turn_id) if e["eventType"] == kind]
+
+
+async def _after_restart(config: Path, turn_id: str, session_id: str
+                         ) -> tuple[dict[str, Any], list[dict[str, Any]], Recorder]:
+    """Start the daemon again; the turn's terminal, the session's messages, the replay."""
+    async with spawn_daemon(config) as proc, \
+            httpx.AsyncClient(base_url=proc.url, timeout=30) as http, \
+            open_recorder(proc.ws_url, "since=0") as rec:
+        terminal = await rec.terminal(turn_id)
+        messages = (await http.get(f"/sessions/{session_id}/messages")).json()["messages"]
+        turns = (await http.get(f"/sessions/{session_id}/turns")).json()["turns"]
+        assert [t["resumed"] for t in turns if t["turnId"] == turn_id] == [1]
+        assert_one_terminal_last(rec.stream(turn_id))
+        return terminal, messages, rec
+
+
+def _resumed(rec: Recorder, turn_id: str) -> dict[str, Any]:
+    [resumed] = _of(rec, turn_id, "turn.resumed")
+    data = resumed["data"]
+    assert data["turnId"] == turn_id and data["attempt"] == 1
+    assert data["reason"] == "restart"
+    # Every event of the turn up to afterSeq is covered by stored progress: the last
+    # `message` before the loss is at or below it.
+    # (A SIGKILL may lose the log's last unflushed batch: a replay then carries a
+    # stream.gap where it was, and afterSeq covers what the log kept.)
+    before = [e for e in rec.stream(turn_id) if e["seq"] < resumed["seq"]]
+    if before:
+        assert before[0]["eventType"] == "turn.start"
+        messages = [e["seq"] for e in before if e["eventType"] == "message"]
+        assert data["afterSeq"] >= max(messages, default=before[0]["seq"])
+    else:
+        assert any(e.get("type") == "stream.gap" for e in rec.events), rec.events[:5]
+    assert data["afterSeq"] < resumed["seq"]
+    return data
+
+
+async def test_sigkill_mid_stream_resumes_the_call(tmp_path: Path, provider: Provider) -> None:
+    release = tmp_path / "release"
+    config = write_config(tmp_path, provider.url)
+    script = mock(say="one two three four five six seven eight", pause_after=3,
+                  pause_until=str(release))
+    async with spawn_daemon(config) as proc, open_recorder(proc.ws_url) as rec, \
+            trio.open_nursery() as nursery:
+        await _start_chat(proc, script, nursery)
+        turn_id = await rec.turn_of()
+        await rec.wait_for(lambda evs: any(e.get("eventType") == "inference.chunk"
+                                           for e in evs))
+        session_id = rec.stream(turn_id)[0]["sessionId"]
+        await _kill(proc)
+        nursery.cancel_scope.cancel()
+    release.touch()
+    terminal, messages, rec = await _after_restart(config, turn_id, session_id)
+    assert terminal["eventType"] == "done", terminal
+    assert terminal["data"]["resumed"] == 1
+    data = _resumed(rec, turn_id)
+    assert [(m["role"], m["turnId"]) for m in messages] == [("user", turn_id),
+                                                             ("assistant", turn_id)]
+    assert messages[1]["content"] == "one two three four five six seven eight"
+    # The resumed answer is streamed anew, after the marker; the lost one is void.
+    after = [e for e in rec.stream(turn_id) if e["seq"] > data["afterSeq"]
+             and e["eventType"] == "inference.chunk"]
+    resumed_seq = _of(rec, turn_id, "turn.resumed")[0]["seq"]
+    text = "".join(e["data"]["content"] for e in after if e["seq"] > resumed_seq)
+    assert text == "one two three four five six seven eight"
+    # Usage: the one stored answer's (the lost call's partial output counts nowhere).
+    [usage] = [e for e in _of(rec, turn_id, "usage") if e["seq"] > resumed_seq]
+    assert terminal["data"]["tokenUsage"] == usage["data"]["tokenUsage"]
+
+
+async def test_sigkill_in_bash_gives_an_error_result_and_never_runs_it_again(
+        tmp_path: Path, provider: Provider) -> None:
+    release = tmp_path / "release"
+    config = write_config(tmp_path, provider.url)
+    command = (f"echo ran >> counter; while [ ! -e {release} ]; do sleep 0.05; done; "
+               "echo finished")
+    script = mock(calls=[
+        {"say": "running it", "tools": [{"name": "bash", "arguments": {"command": command}}]},
+        {"say": "all done"}])
+    async with spawn_daemon(config) as proc, open_recorder(proc.ws_url) as rec, \
+            trio.open_nursery() as nursery:
+        await _start_chat(proc, script, nursery)
+        turn_id = await rec.turn_of()
+        session_id = rec.stream(turn_id)[0]["sessionId"]
+        counter = tmp_path / "data" / "workspaces" / session_id / "counter"
+        await rec.wait_for(lambda evs: any(e.get("eventType") == "inference.tool"
+                                           for e in evs))
+        while not counter.exists():  # the command has started (a file in the workspace)
+            await trio.sleep(0.01)
+        await _kill(proc)
+        nursery.cancel_scope.cancel()
+    terminal, messages, rec = await _after_restart(config, turn_id, session_id)
+    release.touch()
+    assert terminal["eventType"] == "done", terminal
+    _resumed(rec, turn_id)
+    assert counter.read_text() == "ran\n"
+    roles = [m["role"] for m in messages]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert "the daemon stopped while this tool ran" in messages[2]["content"]
+    [result] = [e for e in _of(rec, turn_id, "tool.result")]
+    assert result["data"]["isError"] is True
+    assert messages[3]["content"] == "all done"
