@@ -58,6 +58,19 @@ async def _after_restart(config: Path, turn_id: str, session_id: str
         return terminal, messages, rec
 
 
+def _running_with(text: str) -> list[int]:
+    """Pids whose command line holds `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 def _resumed(rec: Recorder, turn_id: str) -> dict[str, Any]:
     [resumed] = _of(rec, turn_id, "turn.resumed")
     data = resumed["data"]
@@ -115,8 +128,8 @@ async def test_sigkill_in_bash_gives_an_error_result_and_never_runs_it_again(
         tmp_path: Path, provider: Provider) -> None:
     release = tmp_path / "release"
     config = write_config(tmp_path, provider.url)
-    command = (f"echo ran >> counter; while [ ! -e {release} ]; do sleep 0.05; done; "
-               "echo finished")
+    command = (f"echo ran >> counter; echo started; while [ ! -e {release} ]; "
+               "do sleep 0.05; done; echo finished")
     script = mock(calls=[
         {"say": "running it", "tools": [{"name": "bash", "arguments": {"command": command}}]},
         {"say": "all done"}])
@@ -126,13 +139,16 @@ async def test_sigkill_in_bash_gives_an_error_result_and_never_runs_it_again(
         turn_id = await rec.turn_of()
         session_id = rec.stream(turn_id)[0]["sessionId"]
         counter = tmp_path / "data" / "workspaces" / session_id / "counter"
-        await rec.wait_for(lambda evs: any(e.get("eventType") == "inference.tool"
+        # The command has started: its counter is written (it says so on stdout).
+        await rec.wait_for(lambda evs: any(e.get("eventType") == "tool.chunk"
+                                           and "started" in e["data"]["content"]
                                            for e in evs))
-        while not counter.exists():  # the command has started (a file in the workspace)
-            await trio.sleep(0.01)
         await _kill(proc)
         nursery.cancel_scope.cancel()
     terminal, messages, rec = await _after_restart(config, turn_id, session_id)
+    # No tool outlives its daemon: the command's loop is gone (its supervisor saw the
+    # daemon die, or the start ended it before resuming) — without being released.
+    assert not _running_with(str(release))
     release.touch()
     assert terminal["eventType"] == "done", terminal
     _resumed(rec, turn_id)

@@ -64,7 +64,6 @@ from daemon.runtime.publisher import TurnPublisher
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
 from daemon.runtime.toolrunner import ToolSite, TurnTools
-from daemon.toolproc.sandbox import Sandbox
 from daemon.store.models import (
     InboxRecord,
     MessageRecord,
@@ -73,6 +72,7 @@ from daemon.store.models import (
     TokenUsage,
     TurnRecord,
 )
+from daemon.toolproc.sandbox import Sandbox
 from daemon.tools.base import SubAgents, Tool, ToolOutcome
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,6 @@ import trio
 from daemon.errors import NodeIdInUse, StoreError, StoreUnavailable
 from daemon.store.models import EndedTurn, NodeRecord, TokenUsage, TurnRecord
 from daemon.store.pg_fence import NodeLease
-from daemon.store.rows import UNFINISHED_TURN_COLUMNS, unfinished_turn
 from daemon.store.pg_pool import (
     CONNECT_ATTEMPT_S,
     KEEPALIVES,
@@ -38,6 +37,7 @@ from daemon.store.pg_pool import (
     lock_key,
     translate,
 )
+from daemon.store.rows import UNFINISHED_TURN_COLUMNS, unfinished_turn
 
 log = logging.getLogger(__name__)
 

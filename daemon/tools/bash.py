@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from daemon.toolproc import survivors
 from daemon.toolproc.procgroup import SUPERVISOR, stop_gently
 from daemon.tools.base import ToolContext, ToolError, ToolOutcome
 
@@ -102,6 +103,7 @@ class BashTool:
             stderr=subprocess.PIPE,
             start_new_session=True,  # the supervisor's own group; bash gets another
         )
+        survivors.record(process.pid)  # ended at the next start if it outlives us (§18)
         exited = False
         try:
             with trio.move_on_after(timeout):
@@ -123,6 +125,7 @@ class BashTool:
             # Cancel or timeout: the supervisor kills everything the command started,
             # then exits; past the grace, its group is killed (bash dies with it).
             await stop_gently(process, KILL_GRACE_S)
+            survivors.forget(process.pid)
         output = capture.text()
         if not exited:
             return ToolOutcome(
