@@ -63,7 +63,8 @@ class EngineEvents:
 
     def __init__(self, turn_id: str, session: SessionState, store: Store, stop: StopBound,
                  publisher: TurnPublisher, hold: TurnHold, *, budget_tokens: int,
-                 cancel: Callable[[str], bool]) -> None:
+                 cancel: Callable[[str], bool],
+                 after_progress: Callable[[], None] = lambda: None) -> None:
         self._turn_id = turn_id
         self._session = session
         self._store = store
@@ -72,6 +73,8 @@ class EngineEvents:
         self._hold = hold  # what the turn holds of its session's inbox
         self._budget_tokens = budget_tokens
         self._cancel = cancel  # the turn's: closes its gate with a reason
+        # Called once a step is stored and published (a stopping daemon suspends there).
+        self._after_progress = after_progress
         self.tally = TurnTally()
         # Bytes of output so far per tool call an engine ran itself (tool.chunk offsets).
         self._tool_offsets: dict[str, int] = {}
@@ -112,6 +115,7 @@ class EngineEvents:
                 if message.inbox_ids:
                     self._hold.consume(message.inbox_ids)
             publish()
+            self._after_progress()
 
         await store_then_mirror(self._stop, write, mirror,
                                 what=f"a message of turn {self._turn_id}")

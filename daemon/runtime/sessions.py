@@ -64,6 +64,8 @@ log = logging.getLogger(__name__)
 # What a turn has, after the stop's last moment for its end write, to publish its
 # terminal before the shutdown stops waiting for it.
 END_MARGIN_S = 0.25
+# What the suspends get after the drain, before the shutdown stops waiting (§18).
+SUSPEND_MARGIN_S = 1.5
 
 
 @dataclass(frozen=True)
@@ -171,12 +173,40 @@ class SessionManager:
         self.closing = True
         if until is None:
             until = trio.current_time() + self.config.server.shutdown_grace_s + 1
+        if self.config.server.resuming:
+            await self._suspend_all(until)
+            return
         # From here, the store writes turns shield get the grace and no more; a turn's
         # end (and the store's batch it is in) until just before `until`.
         self.services.stop.begin(self.services.grace_s, last=until - END_MARGIN_S)
         turns = [t for s in self._sessions.values() if (t := running_turn(s)) is not None]
         for turn in turns:
             turn.cancel("shutdown")
+        with trio.move_on_at(until):
+            for turn in turns:
+                await turn.finished.wait()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _suspend_all(self, until: float) -> None:
+        """CONTRACT §18's graceful stop: new turns are refused (closing); running ones
+        go on for up to drain_s — one that ends ends as usual, one that stores its next
+        step is suspended there — then each one left is suspended where it is. None
+        publishes a terminal it would not have published anyway; each row that is not
+        ended stays open for the next start."""
+        turns = [t for s in self._sessions.values() if (t := running_turn(s)) is not None]
+        for turn in turns:
+            turn.draining = True
+        drain_until = min(trio.current_time() + self.config.server.drain_s,
+                          until - SUSPEND_MARGIN_S)
+        with trio.move_on_at(drain_until):
+            for turn in turns:
+                await turn.finished.wait()
+        self.services.stop.begin(self.services.grace_s, last=until - END_MARGIN_S)
+        # Turns started meanwhile inside those (a waiting spawn's child) too.
+        turns = [t for s in self._sessions.values() if (t := running_turn(s)) is not None]
+        for turn in turns:
+            turn.suspend()
         with trio.move_on_at(until):
             for turn in turns:
                 await turn.finished.wait()

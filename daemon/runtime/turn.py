@@ -83,6 +83,10 @@ STOP_REASONS = frozenset({"user_cancel", "parent_cancelled", "budget_exceeded"})
 # `details.reason` of an INTERNAL_ERROR terminal when the store was busy or unreachable.
 STORE_UNAVAILABLE = "store_unavailable"
 COMPACT_TRIGGER = "compact"
+# CONTRACT §18: the cancel reason of a stop that suspends a turn (no terminal, its row
+# open, resumed at the next start), and the code of its outcome (never on the wire).
+SUSPEND = "suspend"
+SUSPENDED = "SUSPENDED"
 # The longest a stopped turn's terminal waits for its descendants on other nodes to end
 # (a tree cancel across nodes, CONTRACT §5.6); past it, it is published anyway.
 REMOTE_ENDS_S = 30.0
@@ -130,6 +134,11 @@ class TurnOutcome:
     @property
     def cancelled(self) -> bool:
         return self.code == "CANCELLED"
+
+    @property
+    def suspended(self) -> bool:
+        """It stopped with the daemon and resumes at the next start (CONTRACT §18)."""
+        return self.code == SUSPENDED
 
     @property
     def cancel_reason(self) -> str | None:
@@ -197,6 +206,8 @@ class Turn:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     cancel_reason: str | None = None
     ending: bool = False
+    # CONTRACT §18: the daemon is stopping; the turn is suspended at its next stored step.
+    draining: bool = False
     finished: trio.Event = field(default_factory=trio.Event)
     outcome: TurnOutcome | None = None
     nursery: trio.Nursery | None = None  # where its waiting children run
@@ -227,7 +238,8 @@ class Turn:
                                        lambda: self.gate_closed)
         self.interpreter = EngineEvents(self.id, self.session, services.store, services.stop,
                                    self.publisher, self.inbox_hold,
-                                   budget_tokens=ask.budget_tokens, cancel=self.cancel)
+                                   budget_tokens=ask.budget_tokens, cancel=self.cancel,
+                                   after_progress=self._after_progress)
         # Built here, synchronously in the task of the tool call that starts it (if any):
         # that is how its span finds the spawning call's.
         self.trace = services.tracing.turn(
@@ -260,6 +272,26 @@ class Turn:
         log.info("turn cancelled", extra={
             "sessionId": self.session.record.id, "turnId": self.id, "reason": reason})
         return True
+
+    def suspend(self) -> bool:
+        """Stop the turn where it is for the daemon's stop (CONTRACT §18): its LLM call
+        and tools stop, it publishes `turn.suspended` and no terminal, its row stays
+        open. True if it was still going."""
+        return self.cancel(SUSPEND)
+
+    def _after_progress(self) -> None:
+        """A step of this turn is stored: while the daemon drains, it stops here."""
+        if self.draining:
+            self.suspend()
+
+    def _suspends(self, failure: BaseException | None) -> bool:
+        """The one place that decides ended vs suspended: it was stopped by a suspend
+        (its own, or of a turn it runs inside) and nothing but that stopped it."""
+        if failure is None or not self.start_stored:
+            return False
+        if not any(t.cancel_reason == SUSPEND for t in (self, *self.ancestors())):
+            return False
+        return all(isinstance(e, trio.Cancelled) for e in leaves_of(failure))
 
     @property
     def compact_only(self) -> bool:
@@ -545,6 +577,9 @@ class Turn:
             with self.services.stop.shielded(), trio.move_on_after(REMOTE_ENDS_S):
                 for event in self.after_remote:
                     await event.wait()
+        if self._suspends(failure):
+            self._end_suspended(started)
+            return
         code, message, details = classify(failure, stopped=self.scope.cancel_called,
                                           reason=self.cancel_reason, turn_id=self.id)
         tally = self.interpreter.tally
@@ -610,6 +645,26 @@ class Turn:
         self.publisher.plain("session.updated", {"session": ev.session_wire(record)})
         self.outcome = TurnOutcome(self.id, code, message, details, tally.content, stats,
                                    record)
+        self.finished.set()
+
+    def _end_suspended(self, started: float) -> None:
+        """Suspended (CONTRACT §18): `turn.suspended`, no terminal, nothing stored —
+        its row and its session stay open in the store for the next start."""
+        tally = self.interpreter.tally
+        stats = ev.TurnStats(
+            agent_name=self.agent.name, model=tally.model or self.agent.model or None,
+            iterations=tally.iterations,
+            duration_ms=int((trio.current_time() - started) * 1000),
+            token_usage=tally.usage, tool_calls=tuple(tally.tool_calls),
+            resumed=self.resumed.attempt if self.resumed is not None else 0)
+        self.publisher.stream(ev.TURN_SUSPENDED, ev.suspended_data(self.id))
+        log.info("turn suspended", extra={"sessionId": self.session.record.id,
+                                          "turnId": self.id})
+        self.session.turn_ended(self)
+        self.outcome = TurnOutcome(
+            self.id, SUSPENDED, "the daemon stopped: the turn is suspended and resumes "
+            "at its next start", {"suspended": True}, tally.content, stats,
+            self.session.record)
         self.finished.set()
 
     async def _store_end(
