@@ -100,7 +100,7 @@ async def test_sigkill_mid_turn_is_reported_interrupted(tmp_path: Path, provider
 
 
 async def test_sigterm_stops_gracefully(tmp_path: Path, provider: Provider) -> None:
-    config = write_config(tmp_path, provider.url)
+    config = write_config(tmp_path, provider.url, server=RESUME_OFF)
     async with spawn_daemon(config) as proc:
         async with hanging_turn(proc) as (rec, turn_id, answers):
             started = trio.current_time()

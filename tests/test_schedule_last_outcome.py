@@ -70,7 +70,7 @@ async def test_a_run_cut_by_sigkill_shows_interrupted(tmp_path: Path,
 
 async def test_a_run_ended_by_shutdown_shows_cancelled_after_the_restart(
         tmp_path: Path, provider: Provider) -> None:
-    config = write_config(tmp_path, provider.url,
+    config = write_config(tmp_path, provider.url, server=RESUME_OFF,
                           extra=schedule("job", held(tmp_path / "never"), every="1h"))
     async with spawn_daemon(config) as proc:
         async with httpx.AsyncClient(base_url=proc.url, timeout=30) as http:

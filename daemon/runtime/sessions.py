@@ -117,9 +117,12 @@ class SessionManager:
         # Inbox delivery and wakes; recovery of turns whose exit path never ran.
         self.deliveries = Deliveries(self, store, services.stop)
         server = config.server
+        # CONTRACT §18 in a cluster (the sweeping node resumes, node_lost) is not built
+        # yet: a cluster keeps v3's behaviour, whatever `resume` says (docs/durability.md).
+        self.resuming = server.resuming and config.cluster is None
         self.recovery = Recovery(
             self, store, bus, services.stop, self.deliveries,
-            ResumePolicy(server.resuming, server.resume_max, server.resume_within_s),
+            ResumePolicy(self.resuming, server.resume_max, server.resume_within_s),
             services.metrics)
 
     # -- lifetime -------------------------------------------------------------------------
@@ -173,7 +176,7 @@ class SessionManager:
         self.closing = True
         if until is None:
             until = trio.current_time() + self.config.server.shutdown_grace_s + 1
-        if self.config.server.resuming:
+        if self.resuming:
             await self._suspend_all(until)
             return
         # From here, the store writes turns shield get the grace and no more; a turn's
@@ -569,7 +572,7 @@ class SessionManager:
         """CONTRACT §18: a turn whose cancel answered is never resumed, so the store
         knows before the cancel answers (its row may be open still when the process
         dies before the turn's end is stored). Not written with resume off."""
-        if not self.config.server.resuming:
+        if not self.resuming:
             return
         reasons: dict[str, list[str]] = {}
         for turn in stopped:
