@@ -11,13 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.harness import (
     Provider,
     Recorder,
     assert_one_terminal_last,
     mock,
+    open_provider,
     open_recorder,
     write_config,
 )
@@ -230,3 +234,126 @@ async def test_sigterm_suspends_every_running_turn_and_the_next_start_ends_each_
     counters = list((tmp_path / "data" / "workspaces").glob("*/counter"))
     assert len(counters) == with_bash
     assert all(c.read_text() == "ran\n" for c in counters)
+
+
+KINDS_THAT_COUNT = ("turn.start", "inference.chunk", "inference.tool", "tool.chunk",
+                    "tool.result", "message", "usage")
+
+
+@pytest.mark.deadline(300)
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kill_at=st.integers(min_value=1, max_value=20))
+async def test_sigkill_at_any_event_of_a_multi_step_turn(tmp_path_factory: Any,
+                                                         kill_at: int) -> None:
+    """SIGKILL after the turn's `kill_at`-th event (of a two-tool-round script), start
+    again: one terminal (also in the replay across the loss), `done`, each bash ran at
+    most once (and exactly once when its round was stored), no partial answer stored."""
+    tmp = tmp_path_factory.mktemp("kill")
+    async with open_provider() as provider:
+        config = write_config(tmp, provider.url)
+        script = mock(calls=[
+            {"say": "first step", "tools": [{"name": "bash", "arguments": {
+                "command": "echo one >> counter1; echo out one"}}]},
+            {"say": "second step", "tools": [{"name": "bash", "arguments": {
+                "command": "echo two >> counter2; echo out two"}}]},
+            {"say": "the final answer"}])
+        async with spawn_daemon(config) as proc, open_recorder(proc.ws_url) as rec, \
+                trio.open_nursery() as nursery:
+            await _start_chat(proc, script, nursery)
+            turn_id = await rec.turn_of()
+
+            # Counted from the user's `message` (published once the turn's row and its
+            # message are stored: before that there is no turn to resume).
+            def reached(evs: list[dict[str, Any]]) -> str | None:
+                mine = [e for e in evs if e.get("turnId") == turn_id]
+                if any(e["eventType"] in ("done", "error") for e in mine):
+                    return "ended"
+                kinds = [e["eventType"] for e in mine if e["eventType"] in KINDS_THAT_COUNT]
+                if "message" not in kinds:
+                    return None
+                after = kinds[kinds.index("message") + 1:]
+                return "reached" if len(after) >= kill_at - 1 else None
+
+            seen = await rec.wait_for(reached)
+            session_id = rec.stream(turn_id)[0]["sessionId"]
+            ended_first = seen == "ended"
+            await _kill(proc)
+            nursery.cancel_scope.cancel()
+        async with spawn_daemon(config) as proc, \
+                httpx.AsyncClient(base_url=proc.url, timeout=30) as http, \
+                open_recorder(proc.ws_url, "since=0") as rec:
+            with trio.fail_after(60):
+                terminal = await rec.terminal(turn_id)
+            messages = (await http.get(f"/sessions/{session_id}/messages")).json()["messages"]
+            assert_one_terminal_last(rec.stream(turn_id))
+    assert terminal["eventType"] == "done", terminal
+    work = tmp / "data" / "workspaces" / session_id
+    roles = [m["role"] for m in messages]
+    assert roles[0] == "user" and roles[-1] == "assistant"
+    assert messages[-1]["content"] == "the final answer" or ended_first or \
+        "stopped while" in " ".join(m["content"] for m in messages)
+    for name in ("counter1", "counter2"):
+        path = work / name
+        assert not path.exists() or len(path.read_text().splitlines()) == 1, name
+    # No partial answer: each assistant message is a whole scripted answer.
+    for m in messages:
+        if m["role"] == "assistant":
+            assert m["content"] in ("first step", "second step", "the final answer"), m
+    # Each tool call has exactly one result.
+    calls = [c["id"] for m in messages if m["role"] == "assistant"
+             for c in m.get("toolCalls") or ()]
+    results = [m["toolCallId"] for m in messages if m["role"] == "tool"]
+    assert sorted(calls) == sorted(results)
+
+
+CAREFUL_AGENT = """
+[agents.careful]
+engine = "openai"
+provider = "mock"
+model = "careful-model"
+tools = ["bash"]
+approve = ["bash"]
+"""
+
+
+async def test_sigkill_with_an_approval_pending_asks_again_with_the_same_id(
+        tmp_path: Path, provider: Provider) -> None:
+    config = write_config(tmp_path, provider.url, extra=CAREFUL_AGENT)
+    script = mock(calls=[{"say": "may I", "tools": [{"name": "bash", "arguments": {
+        "command": "echo ran >> counter"}}]}, {"say": "it ran"}])
+    async with spawn_daemon(config) as proc, open_recorder(proc.ws_url) as rec, \
+            trio.open_nursery() as nursery:
+        async def chat() -> None:
+            try:
+                async with httpx.AsyncClient(base_url=proc.url, timeout=60) as http:
+                    await http.post("/agents/careful/chat", json={"message": script})
+            except httpx.HTTPError:
+                pass
+
+        nursery.start_soon(chat)
+        request = await rec.wait_for(lambda evs: next((
+            e for e in evs if e.get("eventType") == "approval.request"), None))
+        turn_id, session_id = request["turnId"], request["sessionId"]
+        await _kill(proc)
+        nursery.cancel_scope.cancel()
+    async with spawn_daemon(config) as proc, \
+            httpx.AsyncClient(base_url=proc.url, timeout=30) as http, \
+            open_recorder(proc.ws_url, "since=0") as rec:
+        # (Resumed at start, before the daemon listens: seen in the replay.)
+        resumed = await rec.wait_for(lambda evs: next((
+            e for e in evs if e.get("eventType") == "turn.resumed"), None))
+        again = await rec.wait_for(lambda evs: next((
+            e for e in evs if e.get("eventType") == "approval.request"
+            and e["seq"] > resumed["seq"]), None))
+        assert again["turnId"] == turn_id
+        assert again["data"]["approvalId"] == request["data"]["approvalId"]
+        pending = (await http.get("/approvals")).json()["approvals"]
+        assert [a["approvalId"] for a in pending] == [request["data"]["approvalId"]]
+        counter = tmp_path / "data" / "workspaces" / session_id / "counter"
+        assert not counter.exists()  # nothing held runs without a decision
+        r = await http.post(f"/sessions/{session_id}/approvals/{again['data']['approvalId']}",
+                            json={"decision": "allow"})
+        assert r.status_code == 200, r.text
+        terminal = await rec.terminal(turn_id)
+    assert terminal["eventType"] == "done", terminal
+    assert counter.read_text() == "ran\n"

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import orjson
 
 from daemon.errors import BusUnavailable, StoreError
 from daemon.runtime import events as ev
@@ -44,6 +46,10 @@ class LoggedTurn:
     covered_seq: int | None = None  # the seq of its last event of _COVERING
     last_seq: int | None = None  # the seq of its last event of all
     suspended: bool = False  # its last run ended with `turn.suspended`
+    # Tool calls whose approval was decided (a `cancelled` result comes from the stop
+    # itself: not a decision): their call may have run. One asked and not decided had
+    # not: it is asked again on resume.
+    decided: set[str] = field(default_factory=set)
 
     def after_seq(self, stored_messages: int, start_seq: int | None) -> int:
         """`afterSeq` of a resume whose store holds `stored_messages` of the turn."""
@@ -80,9 +86,19 @@ async def logged_turns(log: EventLog, turns: Sequence[TurnRecord]) -> dict[str, 
             turn.last_seq = item.seq
             if kind in ev.TERMINAL_TYPES:
                 turn.terminal = _published(item)
-            elif kind in _COVERING:
+            elif kind == ev.APPROVAL_RESULT:
+                _decided(turn, item)
+            if kind in _COVERING:
                 turn.covered_seq = item.seq
                 if kind == ev.MESSAGE:
                     turn.messages += 1
                 turn.suspended = kind == ev.TURN_SUSPENDED
     return found
+
+
+
+def _decided(turn: LoggedTurn, item: ev.Envelope) -> None:
+    data = orjson.loads(item.data).get("data") or {}
+    call = data.get("toolCallId")
+    if isinstance(call, str) and data.get("decision") != "cancelled":
+        turn.decided.add(call)

@@ -152,7 +152,7 @@ class Recovery:
         if seen.suspended:
             reason = "shutdown"
         resumed = Resumption(attempt, seen.after_seq(len(mine), turn.start_seq), reason,
-                             stored, turn.usage, turn.model, node)
+                             stored, turn.usage, turn.model, node, frozenset(seen.decided))
         log.info("turn resumed", extra={"sessionId": turn.session_id, "turnId": turn.id,
                                         "attempt": attempt, "reason": reason})
         self._host.resume(state, turn, mine[0].content, resumed)

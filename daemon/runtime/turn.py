@@ -184,6 +184,8 @@ class Resumption:
     usage: TokenUsage  # the usage of its stored answers
     model: str | None
     node: str | None = None
+    # Calls whose approval the log shows decided: they may have run (not asked again).
+    decided: frozenset[str] = frozenset()
 
 
 # The result a tool call gets when the daemon stopped while it ran (CONTRACT §18): it is
@@ -452,10 +454,21 @@ class Turn:
         missing = [c for c in last.tool_calls if c.get("id") not in done]
         if not missing:
             return stored
-        outcome = ToolOutcome(STOPPED_WHILE_RUNNING, is_error=True)
-        finished = tuple(eng.ToolFinished(c["id"], c.get("name", ""), c.get("arguments"),
-                                          outcome, 0) for c in missing)
-        messages = tuple(MessageRecord("tool", outcome.content, None, f.call_id, now_ms(),
+        stopped = ToolOutcome(STOPPED_WHILE_RUNNING, is_error=True)
+        results: list[eng.ToolFinished] = []
+        for c in missing:
+            name, args = c.get("name", ""), c.get("arguments")
+            if c["id"] in resumed.decided or not self.toolbox.needs_approval(name, args):
+                results.append(eng.ToolFinished(c["id"], name, args, stopped, 0))
+                continue
+            # Its approval was pending: it had not run. Asked again, the same id (its
+            # call's), its timeout starting over; nothing runs without a decision.
+            await self.interpreter.handle(eng.ToolStarted(c["id"], name, args))
+            outcome, duration = await self.toolbox.run(c["id"], c["name"], c.get("arguments"))
+            results.append(eng.ToolFinished(c["id"], c["name"], c.get("arguments"),
+                                            outcome, duration))
+        finished = tuple(results)
+        messages = tuple(MessageRecord("tool", f.outcome.content, None, f.call_id, now_ms(),
                                        turn_id=self.id) for f in finished)
         await self.interpreter.handle(eng.ToolResults(
             finished, messages, self.interpreter.tally.iterations))
