@@ -558,7 +558,8 @@ async def test_mcp_patterns_match_mcp_name_and_tool(tmp_path: Path, provider: Pr
 
 async def test_sigkill_while_waiting_is_interrupted_and_nothing_is_pending(
         tmp_path: Path, provider: Provider) -> None:
-    config = write_config(tmp_path, provider.url, extra=AGENTS)
+    # v3's start (resume = "off"); §18 asks again: test_durable_turns.py
+    config = write_config(tmp_path, provider.url, extra=AGENTS, server=RESUME_OFF)
     async with spawn_daemon(config) as proc:
         async with open_recorder(proc.ws_url) as rec, \
                 httpx.AsyncClient(base_url=proc.url, timeout=30) as http, \
