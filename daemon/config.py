@@ -289,6 +289,12 @@ class Config:
     schedules: Mapping[str, ScheduleConfig] = field(default_factory=dict)
     cluster: ClusterConfig | None = None  # None: the embedded SQLite store and bus
 
+    @property
+    def resuming(self) -> bool:
+        """CONTRACT §18 is in force: `resume = "auto"`, and no [cluster] (the sweeping
+        node's resume, node_lost, is not built: a cluster keeps v3's behaviour)."""
+        return self.server.resuming and self.cluster is None
+
     def with_overrides(
         self, *, host: str | None = None, port: int | None = None, data_dir: str | None = None
     ) -> Config:

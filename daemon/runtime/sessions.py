@@ -117,9 +117,8 @@ class SessionManager:
         # Inbox delivery and wakes; recovery of turns whose exit path never ran.
         self.deliveries = Deliveries(self, store, services.stop)
         server = config.server
-        # CONTRACT §18 in a cluster (the sweeping node resumes, node_lost) is not built
-        # yet: a cluster keeps v3's behaviour, whatever `resume` says (docs/durability.md).
-        self.resuming = server.resuming and config.cluster is None
+        # CONTRACT §18 (a cluster keeps v3's behaviour for now: docs/durability.md).
+        self.resuming = config.resuming
         self.recovery = Recovery(
             self, store, bus, services.stop, self.deliveries,
             ResumePolicy(self.resuming, server.resume_max, server.resume_within_s),
