@@ -98,7 +98,8 @@ async def test_shutdown_ends_running_turns(tmp_path: Path, provider: Provider) -
     # v3's stop (CONTRACT §1 with resume = "off"); §18's suspend: test_durable_turns.py
     # `rec` watches from the subscribers' node (on a cluster: another node than the one
     # that stops); `own` is a client of the daemon that stops, which it closes with 1001.
-    async with open_daemon(tmp_path, provider, server=RESUME_OFF) as daemon, open_recorder(daemon.ws_url) as rec, \
+    async with open_daemon(tmp_path, provider, server=RESUME_OFF) as daemon, \
+            open_recorder(daemon.ws_url) as rec, \
             open_recorder(daemon.daemon.url.replace("http://", "ws://") + "/ws") as own:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(daemon.chat, mock(say=10, hang_after=4))
