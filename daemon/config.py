@@ -116,6 +116,18 @@ class ServerConfig:
     # OTEL_EXPORTER_OTLP_* variables, else no traces), and whether spans hold content.
     otel_endpoint: str | None = None
     otel_content: bool = False
+    # CONTRACT §18: turns left open by the last process are resumed at start ("auto")
+    # or ended INTERRUPTED ("off", v3); at most `resume_max` times each, and only when
+    # their last stored progress is at most `resume_within_s` old. A stop gives running
+    # turns `drain_s` to reach a stored step, then suspends them (resumed next start).
+    resume: str = "auto"
+    resume_max: int = 2
+    resume_within_s: float = 86400.0
+    drain_s: float = 5.0
+
+    @property
+    def resuming(self) -> bool:
+        return self.resume == "auto"
 
     @property
     def auth_token(self) -> str | None:
@@ -342,6 +354,12 @@ class Config:
     schedules: Mapping[str, ScheduleConfig] = field(default_factory=dict)
     cluster: ClusterConfig | None = None  # None: the embedded SQLite store and bus
 
+    @property
+    def resuming(self) -> bool:
+        """CONTRACT §18 is in force: `resume = "auto"`, and no [cluster] (the sweeping
+        node's resume, node_lost, is not built: a cluster keeps v3's behaviour)."""
+        return self.server.resuming and self.cluster is None
+
     def with_overrides(
         self, *, host: str | None = None, port: int | None = None, data_dir: str | None = None
     ) -> Config:
@@ -477,6 +495,10 @@ def _server(file: str, table: Any) -> ServerConfig:
         tool_limits=ToolLimits(**_tool_limits(r)),
         otel_endpoint=_otel_endpoint(r),
         otel_content=r.get("otel_content", bool, False),
+        resume=_resume_mode(r),
+        resume_max=r.positive_int("resume_max", 2, minimum=0),
+        resume_within_s=r.positive_seconds("resume_within_s", 86400.0),
+        drain_s=_drain_s(r),
     )
     r.check_unknown()
     return cfg
@@ -518,6 +540,26 @@ def _tool_limits(r: _Reader) -> dict[str, Any]:
 def agent_limits(server: ToolLimits, agent: AgentConfig) -> ToolLimits:
     """The limits of `agent`'s tool calls: its own `tool_*` values, else [server]'s."""
     return replace(server, **agent.tool_limits_set)
+
+
+def _resume_mode(r: _Reader) -> str:
+    value: str = r.get("resume", str, "auto")
+    if value not in ("auto", "off"):
+        raise r.fail("resume", f'must be "auto" or "off", got {value!r}')
+    return value
+
+
+# CONTRACT §1: the daemon exits within 10 s of SIGTERM; the drain leaves room for the
+# suspends, the store's last writes and closing the listeners.
+MAX_DRAIN_S = 8.0
+
+
+def _drain_s(r: _Reader) -> float:
+    value = r.seconds("drain_s", 5.0)
+    if value > MAX_DRAIN_S:
+        raise r.fail("drain_s", f"must be at most {MAX_DRAIN_S:g} (a stop ends within "
+                                f"10 s), got {value:g}")
+    return value
 
 
 def _sandbox_mode(r: _Reader) -> str:

@@ -98,6 +98,11 @@ def inbox_rows(tmp: Path) -> list[dict[str, Any]]:
     return db_rows(tmp, "SELECT * FROM inbox ORDER BY id")
 
 
+# CONTRACT §18: v3's restart behaviour (INTERRUPTED at start, CANCELLED shutdown at a
+# stop), kept as `resume = "off"`; the tests of that behaviour run with it.
+RESUME_OFF = 'resume = "off"'
+
+
 def write_config(tmp: Path, provider_url: str, *, server: str = "", extra: str = "",
                  provider_keys: str = "") -> Path:
     """`provider_keys`: more lines for [providers.mock] (e.g. its transport)."""

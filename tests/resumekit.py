@@ -62,13 +62,13 @@ async def resume(d: Running, rec: Recorder, turn_id: str, *, attempt: int = 1,
                  reason: str = "restart", node: str | None = None) -> dict[str, Any]:
     """`turn.resumed` for a turn whose attempt was lost: everything it published after
     its last stored step is void from here on."""
-    data = events.turn_resumed_data(turn_id, attempt, stored_step(rec, turn_id), reason, node)
+    data = events.resumed_data(turn_id, attempt, stored_step(rec, turn_id), reason, node)
     return await publish(d, rec, turn_id, events.TURN_RESUMED, data)
 
 
 async def suspend(d: Running, rec: Recorder, turn_id: str) -> dict[str, Any]:
     return await publish(d, rec, turn_id, events.TURN_SUSPENDED,
-                         events.turn_suspended_data(turn_id))
+                         events.suspended_data(turn_id))
 
 
 async def stream_again(d: Running, rec: Recorder, turn_id: str, text: str) -> None:

@@ -30,6 +30,7 @@ from daemon.config import load_config
 from daemon.errors import ConfigError
 from tests.harness import (
     CHUNKS,
+    RESUME_OFF,
     Provider,
     Recorder,
     Running,
@@ -86,8 +87,9 @@ def script(*tools: dict[str, Any], then: str = "after the tools") -> str:
 
 
 @asynccontextmanager
-async def approvals_daemon(tmp_path: Path, provider: Provider) -> AsyncIterator[Running]:
-    async with open_daemon(tmp_path, provider, extra=AGENTS) as d:
+async def approvals_daemon(tmp_path: Path, provider: Provider,
+                           server: str = "") -> AsyncIterator[Running]:
+    async with open_daemon(tmp_path, provider, extra=AGENTS, server=server) as d:
         yield d
 
 
@@ -480,7 +482,7 @@ async def test_parity_a_turn_that_waited_publishes_the_same_envelopes(
 
 
 async def test_after_a_restart_nothing_is_pending(tmp_path: Path, provider: Provider) -> None:
-    async with approvals_daemon(tmp_path, provider) as d:
+    async with approvals_daemon(tmp_path, provider, RESUME_OFF) as d:
         async with open_recorder(d.ws_url) as rec, trio.open_nursery() as nursery:
             chat = start_chat(nursery, d, script(bash("echo ran > ran.txt")))
             request = await next_request(rec)
@@ -556,7 +558,8 @@ async def test_mcp_patterns_match_mcp_name_and_tool(tmp_path: Path, provider: Pr
 
 async def test_sigkill_while_waiting_is_interrupted_and_nothing_is_pending(
         tmp_path: Path, provider: Provider) -> None:
-    config = write_config(tmp_path, provider.url, extra=AGENTS)
+    # v3's start (resume = "off"); §18 asks again: test_durable_turns.py
+    config = write_config(tmp_path, provider.url, extra=AGENTS, server=RESUME_OFF)
     async with spawn_daemon(config) as proc:
         async with open_recorder(proc.ws_url) as rec, \
                 httpx.AsyncClient(base_url=proc.url, timeout=30) as http, \

@@ -21,6 +21,7 @@ import trio
 
 from daemon.store.sqlite import Store as SqliteStore
 from tests.harness import (
+    RESUME_OFF,
     TERMINALS,
     Provider,
     assert_one_terminal_last,
@@ -34,7 +35,7 @@ from tests.harness import (
 CHILDREN = 300
 STATEMENT_DELAY_S = 0.002  # per statement that changes something
 COMMIT_DELAY_S = 0.05  # per commit: a slow fsync
-SERVER = "store_busy_timeout_s = 1\nshutdown_grace_s = 1\ninbox_max = 1000"
+SERVER = f"store_busy_timeout_s = 1\nshutdown_grace_s = 1\ninbox_max = 1000\n{RESUME_OFF}"
 FANOUT_AGENT = f"""
 [agents.fanout]
 engine = "openai"

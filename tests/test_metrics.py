@@ -33,7 +33,8 @@ FAMILIES = {
     "veild_turn_duration_seconds": "histogram",
     "veild_event_loop_lag_seconds": "gauge",
 }
-ALLOWED_LABELS = {"agent", "outcome", "provider", "kind", "le"}
+# `reason`: veild_turns_resumed_total{reason} (CONTRACT §18: restart, shutdown, node_lost).
+ALLOWED_LABELS = {"agent", "outcome", "provider", "kind", "le", "reason"}
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

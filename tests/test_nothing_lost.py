@@ -14,6 +14,7 @@ import httpx
 import trio
 
 from tests.harness import (
+    RESUME_OFF,
     Provider,
     Recorder,
     assert_one_terminal_last,
@@ -76,7 +77,7 @@ async def hanging_turn(proc: DaemonProcess) -> AsyncIterator[tuple[Recorder, str
 
 
 async def test_sigkill_mid_turn_is_reported_interrupted(tmp_path: Path, provider: Provider) -> None:
-    config = write_config(tmp_path, provider.url)
+    config = write_config(tmp_path, provider.url, server=RESUME_OFF)
     async with spawn_daemon(config) as proc:
         async with hanging_turn(proc) as (rec, turn_id, _):
             session_id = rec.stream(turn_id)[0]["sessionId"]
@@ -99,7 +100,7 @@ async def test_sigkill_mid_turn_is_reported_interrupted(tmp_path: Path, provider
 
 
 async def test_sigterm_stops_gracefully(tmp_path: Path, provider: Provider) -> None:
-    config = write_config(tmp_path, provider.url)
+    config = write_config(tmp_path, provider.url, server=RESUME_OFF)
     async with spawn_daemon(config) as proc:
         async with hanging_turn(proc) as (rec, turn_id, answers):
             started = trio.current_time()
@@ -123,7 +124,7 @@ async def test_inbox_survives_sigkill_and_is_drained_at_start(
     """A delivery waiting for a turn, and a background child's owed reply, both outlive
     a SIGKILL: at the next start the child's turn is INTERRUPTED and answers its parent,
     and one wake drain takes everything the parent's inbox holds, exactly once."""
-    config = write_config(tmp_path, provider.url)
+    config = write_config(tmp_path, provider.url, server=RESUME_OFF)
     hang = mock(say=10, hang_after=3)
     async with spawn_daemon(config) as proc:
         async with httpx.AsyncClient(base_url=proc.url, timeout=30) as http, \

@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from tests.harness import (
+    RESUME_OFF,
     Provider,
     Running,
     assert_one_terminal_last,
@@ -94,9 +95,11 @@ async def test_budget_exceeded_is_a_cancel(daemon: Running) -> None:
 
 
 async def test_shutdown_ends_running_turns(tmp_path: Path, provider: Provider) -> None:
+    # v3's stop (CONTRACT §1 with resume = "off"); §18's suspend: test_durable_turns.py
     # `rec` watches from the subscribers' node (on a cluster: another node than the one
     # that stops); `own` is a client of the daemon that stops, which it closes with 1001.
-    async with open_daemon(tmp_path, provider) as daemon, open_recorder(daemon.ws_url) as rec, \
+    async with open_daemon(tmp_path, provider, server=RESUME_OFF) as daemon, \
+            open_recorder(daemon.ws_url) as rec, \
             open_recorder(daemon.daemon.url.replace("http://", "ws://") + "/ws") as own:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(daemon.chat, mock(say=10, hang_after=4))

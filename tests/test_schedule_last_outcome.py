@@ -16,7 +16,7 @@ import httpx
 
 from daemon.config import ScheduleConfig
 from daemon.timing import Every, parse_every
-from tests.harness import Provider, open_recorder, write_config
+from tests.harness import RESUME_OFF, Provider, open_recorder, write_config
 from tests.process import spawn_daemon
 from tests.schedclock import MemoryStates, ScriptedLauncher, VirtualWall
 from tests.test_scheduler import running
@@ -46,7 +46,7 @@ async def test_a_run_cut_by_sigkill_shows_interrupted(tmp_path: Path,
                                                       provider: Provider) -> None:
     go = tmp_path / "go"
     go.write_text("")  # the first run goes through: lastOutcome done
-    config = write_config(tmp_path, provider.url,
+    config = write_config(tmp_path, provider.url, server=RESUME_OFF,
                           extra=schedule("job", held(go), every="1h"))
     async with spawn_daemon(config) as proc:
         async with httpx.AsyncClient(base_url=proc.url, timeout=30) as http:
@@ -70,7 +70,7 @@ async def test_a_run_cut_by_sigkill_shows_interrupted(tmp_path: Path,
 
 async def test_a_run_ended_by_shutdown_shows_cancelled_after_the_restart(
         tmp_path: Path, provider: Provider) -> None:
-    config = write_config(tmp_path, provider.url,
+    config = write_config(tmp_path, provider.url, server=RESUME_OFF,
                           extra=schedule("job", held(tmp_path / "never"), every="1h"))
     async with spawn_daemon(config) as proc:
         async with httpx.AsyncClient(base_url=proc.url, timeout=30) as http:

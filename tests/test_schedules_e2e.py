@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from tests.harness import (
+    RESUME_OFF,
     Provider,
     Recorder,
     Running,
@@ -188,7 +189,8 @@ async def test_paused_and_last_run_persist_across_a_restart(tmp_path: Path,
 async def test_shutdown_ends_a_scheduled_turn_shutdown(tmp_path: Path,
                                                        provider: Provider) -> None:
     go = tmp_path / "never"
-    async with open_daemon(tmp_path, provider, extra=schedule("job", held(go))) as d, \
+    async with open_daemon(tmp_path, provider, server=RESUME_OFF,
+                           extra=schedule("job", held(go))) as d, \
             open_recorder(d.ws_url) as rec:
         [start] = await scheduled_starts(rec, 1)
         await rec.wait_for(lambda evs: any(

@@ -16,7 +16,7 @@ import httpx
 import trio
 from trio_websocket import open_websocket_url
 
-from tests.harness import Provider, mock, open_recorder, write_config
+from tests.harness import RESUME_OFF, Provider, mock, open_recorder, write_config
 from tests.process import spawn_daemon
 
 FLOOD = ("for i in $(seq 1 100000); do head -c 60000 /dev/zero | tr '\\0' 'a'; echo; "
@@ -26,7 +26,8 @@ FLOOD = ("for i in $(seq 1 100000); do head -c 60000 /dev/zero | tr '\\0' 'a'; e
 async def test_sigterm_within_10_s_with_a_client_that_never_reads(
     tmp_path: Path, provider: Provider
 ) -> None:
-    config = write_config(tmp_path, provider.url, server="client_close_grace_s = 60")
+    config = write_config(tmp_path, provider.url,
+                          server=f"client_close_grace_s = 60\n{RESUME_OFF}")
     async with spawn_daemon(config) as proc, \
             httpx.AsyncClient(base_url=proc.url, timeout=30) as http, \
             open_websocket_url(proc.ws_url, message_queue_size=1) as stuck, \

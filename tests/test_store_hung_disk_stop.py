@@ -20,7 +20,14 @@ import httpx
 import trio
 
 from daemon.store.sqlite import Store as SqliteStore
-from tests.harness import Provider, assert_one_terminal_last, mock, open_daemon, open_recorder
+from tests.harness import (
+    RESUME_OFF,
+    Provider,
+    assert_one_terminal_last,
+    mock,
+    open_daemon,
+    open_recorder,
+)
 
 GRACE_S = 1.0
 GUARD_S = 30.0  # released by then whatever happens: a failing test must not hang
@@ -45,7 +52,7 @@ async def test_a_hung_disk_does_not_hold_the_stop(tmp_path: Path, provider: Prov
         nursery.start_soon(guard)
         try:
             async with open_daemon(tmp_path, provider,
-                                   server=f"shutdown_grace_s = {GRACE_S}") as d:
+                                   server=f"shutdown_grace_s = {GRACE_S}\n{RESUME_OFF}") as d:
                 store = d.daemon.runtime.store
                 assert isinstance(store, SqliteStore)
                 store.runner.trace_writes(hang)

@@ -29,6 +29,7 @@ from daemon.errors import (
     ServiceUnavailable,
     StoreUnavailable,
     Unauthorized,
+    Unavailable,
 )
 from daemon.observe.metrics import Metrics
 
@@ -42,11 +43,18 @@ _HTTP_CODES = {
 }
 
 
+RETRY_AFTER_S = 5
+
+
 def _error(err: ApiError) -> Response:
     # CONTRACT §17: under /v1 every error is in OpenAI's shape, whatever raised it.
     openai = has_request_context() and is_openai_path(request.path)
     response = jsonify(error_body(err) if openai else err.to_wire())
     response.status_code = err.status
+    if isinstance(err, Unavailable):
+        # CONTRACT §18: a stopping daemon refuses new turns; it (or its successor) is
+        # back within seconds.
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
     return response
 
 

@@ -272,7 +272,8 @@ class Reply:
     def feed(self, event: dict[str, Any]) -> list[tuple[str, str]]:
         """The deltas this event adds: ("content" | "reasoning_content", text)."""
         kind, data = event.get("eventType"), event.get("data") or {}
-        if kind in ev.TERMINAL_TYPES:
+        # A turn suspended at a stop (CONTRACT §18) ends this answer as a terminal would.
+        if kind in ev.TERMINAL_TYPES or kind == ev.TURN_SUSPENDED:
             self.terminal = event
             return []
         if kind == ev.MESSAGE:
@@ -313,6 +314,10 @@ def ending(terminal: dict[str, Any]) -> Ending:
     if terminal.get("eventType") == ev.DONE:
         said = data.get("finishReason")
         return Ending(said if said in ("length", "content_filter") else "stop", None)
+    if terminal.get("eventType") == ev.TURN_SUSPENDED:  # CONTRACT §18
+        return Ending(None, OpenAIError(
+            "the daemon stopped: the turn is suspended and resumes at its next start",
+            status=503, type="server_error", code="suspended"))
     code = str(data.get("code") or "INTERNAL_ERROR")
     reason = (data.get("details") or {}).get("reason")
     if code == "MAX_ITERATIONS" or (code == "CANCELLED" and reason == "budget_exceeded"):

@@ -50,3 +50,7 @@ class TurnFailed(ApiError):
         self.status = 502 if self.code == "PROVIDER_ERROR" else 500
         if (outcome.details or {}).get("reason") == STORE_UNAVAILABLE:
             self.code, self.status = "UNAVAILABLE", 503
+        if outcome.suspended:  # CONTRACT §18: it resumes at the daemon's next start
+            self.code, self.status = "UNAVAILABLE", 503
+            self.details = {"sessionId": outcome.session.id, "turnId": outcome.turn_id,
+                            "suspended": True}

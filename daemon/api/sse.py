@@ -21,7 +21,7 @@ import trio
 from quart import Response
 
 from daemon.runtime.bus import Item, Subscription
-from daemon.runtime.events import Envelope
+from daemon.runtime.events import TURN_SUSPENDED, Envelope
 
 KEEPALIVE_S = 15.0
 
@@ -66,6 +66,7 @@ async def _frames(open_sub: Callable[[], Subscription], stop_at_terminal: bool,
             # Events and stream.gap frames; the transport's own control frames are WS-only.
             frames = [e for e in batch if not isinstance(e, str)]
             yield b"".join(e.sse_frame() for e in frames)
-            if stop_at_terminal and any(isinstance(e, Envelope) and e.is_terminal
-                                        for e in frames):
+            # A turn suspended at a stop ends its SSE chat too (CONTRACT §18).
+            if stop_at_terminal and any(isinstance(e, Envelope) and (
+                    e.is_terminal or e.event_type == TURN_SUSPENDED) for e in frames):
                 return

@@ -231,6 +231,9 @@ class EngineContext(Protocol):
     # CONTRACT §17.1: the Chat Completions request fields a /v1 client set for this
     # turn's calls (tool_choice, response_format, parallel_tool_calls); empty: none.
     client_options: Mapping[str, Any]
+    # CONTRACT §18: LLM calls whose answers this turn stored before a restart (0 unless
+    # resumed): its next call is the one after them, within max_iterations.
+    iterations_done: int
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         """Run one tool call; returns its outcome and duration in ms."""

@@ -121,7 +121,7 @@ async def tool_loop(
                 yield event
         yield Finished(summary, 1 if summary else 0)
         return
-    iteration = 0
+    iteration = ctx.iterations_done
     refused: ModelCallFailed | None = None  # this call was refused for its length once
     while True:
         if refused is None:

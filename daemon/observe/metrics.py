@@ -39,6 +39,7 @@ REQUEST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, float(
 OUTCOMES = ("done", "CANCELLED", "PROVIDER_ERROR", "MAX_ITERATIONS", "INTERRUPTED",
             "INTERNAL_ERROR", "CONTEXT_OVERFLOW")
 TOKEN_KINDS = ("input", "output", "cache")
+RESUME_REASONS = ("restart", "shutdown", "node_lost")
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,12 @@ class Metrics:
         self.provider_in_flight = Gauge(
             "veild_provider_in_flight", "LLM requests in flight, by provider.",
             ["provider"], registry=registry)
+        # CONTRACT §18: turns resumed at start (or by a sweeping node), by reason.
+        self.resumed = Counter(
+            "veild_turns_resumed", "Turns resumed from their last stored step, by reason "
+            "(restart, shutdown, node_lost).", ["reason"], registry=registry)
+        for reason in RESUME_REASONS:
+            self.resumed.labels(reason)
         self.loop_lag = Gauge(
             "veild_event_loop_lag_seconds",
             "How late the event loop last woke a task sleeping a fixed interval.",
@@ -151,6 +158,9 @@ class Metrics:
                 self.tokens.labels(agent, kind).inc(n)
         if cost:
             self.cost.labels(agent).inc(cost)
+
+    def turn_resumed(self, reason: str) -> None:
+        self.resumed.labels(reason).inc()
 
     def provider_request_ended(self, provider: str, duration_s: float) -> None:
         self.provider_request.labels(provider).observe(duration_s)

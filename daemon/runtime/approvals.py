@@ -24,6 +24,7 @@ as cancelled, so the API never answers 200 for a call that will not run.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -32,7 +33,7 @@ from typing import Any, Final
 
 import trio
 
-from daemon.clock import new_id, now_ms
+from daemon.clock import now_ms
 from daemon.config import AgentConfig
 from daemon.errors import Conflict, NotFound
 from daemon.runtime import events as ev
@@ -56,6 +57,13 @@ def tool_names(tool: Tool) -> tuple[str, ...]:
 
 def _matches(patterns: Iterable[str], names: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(n, p) for p in patterns for n in names)
+
+
+def approval_id_of(turn_id: str, tool_call_id: str) -> str:
+    """A call's approval id: one per call of a turn, the same when a resumed turn asks
+    again (CONTRACT §18) — derived, so nothing needs storing for it."""
+    digest = hashlib.sha256(f"{turn_id}\0{tool_call_id}".encode()).hexdigest()
+    return f"apr_{digest[:16]}"
 
 
 def policy(agent: AgentConfig, tool: Tool) -> str | None:
@@ -158,11 +166,14 @@ class Approvals:
         timeout_s: float,
     ) -> Approval:
         """Ask for a decision on one call and wait for it; the returned approval holds it
-        (`allow`, `deny` or `expired`). A cancel publishes `cancelled` and propagates."""
+        (`allow`, `deny` or `expired`). A cancel publishes `cancelled` and propagates.
+        Its id is the call's (`approval_id_of`): asked again after a restart, it is the
+        same (CONTRACT §18), its timeout starting over."""
         await trio.lowlevel.checkpoint()  # a turn stopped already asks nothing
         now = now_ms()
         approval = Approval(
-            new_id("apr"), ref, turn_id, tool_call_id, tool_name, arguments, now,
+            approval_id_of(turn_id, tool_call_id), ref, turn_id, tool_call_id, tool_name,
+            arguments, now,
             now + int(timeout_s * 1000) if timeout_s > 0 else None, gate_closed,
         )
         self._pending[approval.id] = approval

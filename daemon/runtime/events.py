@@ -368,6 +368,7 @@ def turn_wire(t: TurnHistory) -> dict[str, Any]:
         "model": t.model,
         "startSeq": t.start_seq,
         "schedule": t.schedule,  # the schedule that started it (§11), else null
+        "resumed": t.resumed,  # CONTRACT §18
         **turn_outcome_wire(t),
     }
 
@@ -410,6 +411,7 @@ class TurnStats:
     tool_calls: tuple[ToolCallStat, ...]
     # Why the last answer stopped (CONTRACT §14.1): `done.data.finishReason`.
     finish_reason: str = "stop"
+    resumed: int = 0  # CONTRACT §18: how often the turn was resumed
 
     def wire(self) -> dict[str, Any]:
         return {
@@ -419,7 +421,24 @@ class TurnStats:
             "durationMs": self.duration_ms,
             "tokenUsage": usage_wire(self.token_usage),
             "toolCalls": [t.wire() for t in self.tool_calls],
+            "resumed": self.resumed,
         }
+
+
+def resumed_data(turn_id: str, attempt: int, after_seq: int, reason: str,
+                 node: str | None = None) -> dict[str, Any]:
+    """`turn.resumed` (CONTRACT §18): every event of the turn with a larger seq than
+    `afterSeq` that was published before the loss is void."""
+    data: dict[str, Any] = {"turnId": turn_id, "attempt": attempt, "afterSeq": after_seq,
+                            "reason": reason}
+    if node is not None:
+        data["node"] = node
+    return data
+
+
+def suspended_data(turn_id: str, reason: str = "shutdown") -> dict[str, Any]:
+    """`turn.suspended` (CONTRACT §18): no terminal; the next start resumes it."""
+    return {"turnId": turn_id, "reason": reason}
 
 
 def done_data(session: SessionRecord, stats: TurnStats) -> dict[str, Any]:
@@ -547,23 +566,6 @@ def approval_wire(approval_id: str, ref: SessionRef, turn_id: str, tool_call_id:
         "toolCallId": tool_call_id, "toolName": tool_name, "arguments": arguments,
         "requestedAt": requested_at, "expiresAt": expires_at,
     }
-def turn_resumed_data(turn_id: str, attempt: int, after_seq: int, reason: str,
-                      node: str | None = None) -> dict[str, Any]:
-    """`turn.resumed` (CONTRACT §18): the turn's events after `after_seq` that were
-    published before this one are void; `node` only where a node is named (cluster)."""
-    data: dict[str, Any] = {"turnId": turn_id, "attempt": attempt, "afterSeq": after_seq,
-                            "reason": reason}
-    if node is not None:
-        data["node"] = node
-    return data
-
-
-def turn_suspended_data(turn_id: str) -> dict[str, Any]:
-    """`turn.suspended` (CONTRACT §18): stopped at a graceful stop, resumed at the next
-    start; not a terminal."""
-    return {"turnId": turn_id, "reason": "shutdown"}
-
-
 # -- history (CONTRACT §12) ---------------------------------------------------------------
 
 SESSION_DELETED: Final = "session.deleted"

@@ -35,7 +35,13 @@ from daemon.runtime.ports import Store
 from daemon.runtime.publisher import TurnPublisher
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
-from daemon.store.models import CompactionRecord, MessageRecord, StoredContext, TokenUsage
+from daemon.store.models import (
+    CompactionRecord,
+    MessageRecord,
+    StoredContext,
+    TokenUsage,
+    TurnProgress,
+)
 from daemon.tools.base import Tool, ToolOutcome
 
 log = logging.getLogger(__name__)
@@ -59,7 +65,8 @@ class EngineEvents:
 
     def __init__(self, turn_id: str, session: SessionState, store: Store, stop: StopBound,
                  publisher: TurnPublisher, hold: TurnHold, *, budget_tokens: int,
-                 cancel: Callable[[str], bool]) -> None:
+                 cancel: Callable[[str], bool],
+                 after_progress: Callable[[], None] = lambda: None) -> None:
         self._turn_id = turn_id
         self._session = session
         self._store = store
@@ -68,6 +75,8 @@ class EngineEvents:
         self._hold = hold  # what the turn holds of its session's inbox
         self._budget_tokens = budget_tokens
         self._cancel = cancel  # the turn's: closes its gate with a reason
+        # Called once a step is stored and published (a stopping daemon suspends there).
+        self._after_progress = after_progress
         self.tally = TurnTally()
         # Bytes of output so far per tool call an engine ran itself (tool.chunk offsets).
         self._tool_offsets: dict[str, int] = {}
@@ -91,17 +100,24 @@ class EngineEvents:
         and the daemon's stop ends the wait."""
         store, sid = self._store, self._session.record.id
 
+        # The turn's usage so far goes with its progress (CONTRACT §18): a resume
+        # starts from it, and the usage of a call whose answer was lost counts nowhere.
+        progress = TurnProgress(self.tally.usage, self.tally.model, now_ms())
+
         async def write() -> None:
             if len(messages) == 1:
-                await store.append_message(sid, messages[0], self._turn_id)
+                await store.append_message(sid, messages[0], self._turn_id,
+                                           progress=progress)
             else:
-                await store.append_messages(sid, messages, self._turn_id)
+                await store.append_messages(sid, messages, self._turn_id,
+                                            progress=progress)
 
         def mirror(_: None) -> None:
             for message in messages:
                 if message.inbox_ids:
                     self._hold.consume(message.inbox_ids)
             publish()
+            self._after_progress()
 
         await store_then_mirror(self._stop, write, mirror,
                                 what=f"a message of turn {self._turn_id}")
@@ -279,7 +295,8 @@ class EngineView:
                  run_tool: eng.RunTool,
                  take_injected: Callable[[], list[MessageRecord]],
                  output_cap: int | None = None,
-                 client_options: Mapping[str, Any] | None = None) -> None:
+                 client_options: Mapping[str, Any] | None = None,
+                 iterations_done: int = 0) -> None:
         self.agent = agent
         self.client_options: Mapping[str, Any] = client_options or {}
         self.history: Sequence[MessageRecord] = stored.messages
@@ -290,6 +307,7 @@ class EngineView:
         self.compact_only = compact_only
         self.trace = trace
         self.output_cap = output_cap
+        self.iterations_done = iterations_done
         self.calibration: Calibration = session.calibration
         # What every call sends besides the messages counts in the estimate (§15).
         self.window = Window.stored(stored, base_bytes=base_bytes(agent, self.tools),

@@ -1,5 +1,13 @@
 """Turns whose own exit path never ran: what the last process (or a dead node) left open.
 
+With `[server] resume = "auto"` (CONTRACT §18) every turn the store holds open is
+resumed at start: a new run of the same turn, built from its open row and its stored
+messages (runtime/turn.py `Resumption`), with the `afterSeq` its log says
+(runtime/progress.py) — unless it may not be: a cancel had answered (it ends CANCELLED
+with its reason), it was resumed `resume_max` times, its last progress is older than
+`resume_within_s`, its engine keeps its own transcript (claude-cli), or nothing of it
+was stored; those end INTERRUPTED (with `details.resumed`). With `resume = "off"`:
+
 At start, every turn the store holds open is closed with a terminal INTERRUPTED — in the
 store first, then published — unless it had published its terminal before its end
 failed to be stored: its row is then closed with that terminal's code
@@ -12,51 +20,145 @@ handed to delivery (runtime/delivery.py).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from daemon.clock import now_ms
+from daemon.errors import NotFound
+from daemon.observe.metrics import Metrics
 from daemon.runtime import delivery_text
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Bus
 from daemon.runtime.delivery import Deliveries
 from daemon.runtime.mirror import store_then_mirror
 from daemon.runtime.ports import Store
+from daemon.runtime.progress import LoggedTurn, logged_turns
 from daemon.runtime.published import Published, published_terminals
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
+from daemon.runtime.turn import COMPACT_TRIGGER, STOP_REASONS, Resumption
 from daemon.store.models import EndedTurn, InboxRecord, SessionRecord, TokenUsage, TurnRecord
 
 log = logging.getLogger(__name__)
 
 
 class RecoveryHost(Protocol):
-    """What recovery needs of the session manager: the sessions in memory."""
+    """What recovery needs of the session manager: the sessions in memory, and how a
+    turn is started again (CONTRACT §18)."""
 
     async def load(self, session_id: str) -> SessionState: ...
 
     def forget_if_idle(self, state: SessionState) -> None: ...
 
+    def in_memory(self, session_id: str) -> SessionState | None: ...
+
+    def engine_of(self, agent_name: str) -> str | None: ...
+
+    def resume(self, state: SessionState, turn: TurnRecord, message: str,
+               resumed: Resumption) -> None: ...
+
+
+@dataclass(frozen=True)
+class ResumePolicy:
+    """[server] resume, resume_max, resume_within_s (CONTRACT §18)."""
+
+    auto: bool = False
+    max: int = 2
+    within_s: float = 86400.0
+
+
+# Why a turn is not resumed: its terminal's (code, message, details).
+_End = tuple[str, str, dict[str, Any] | None]
+STOPPED = "the daemon stopped while this turn ran"
+
 
 class Recovery:
     def __init__(self, host: RecoveryHost, store: Store, bus: Bus, stop: StopBound,
-                 deliveries: Deliveries) -> None:
+                 deliveries: Deliveries, policy: ResumePolicy | None = None,
+                 metrics: Metrics | None = None) -> None:
         self._host = host
         self._store = store
         self._bus = bus
         self._stop = stop
         self._deliveries = deliveries
+        self._policy = policy or ResumePolicy()
+        self._metrics = metrics
 
-    async def recover_interrupted(self) -> None:
-        """Close, with a terminal INTERRUPTED, every turn the last process left open —
-        but for one that published its terminal before its end failed to be stored:
-        its row is closed with that terminal's code (runtime/published.py)."""
+    async def recover_interrupted(self, reason: str = "restart",
+                                  node: str | None = None) -> None:
+        """Resume (CONTRACT §18) or close every turn the last process left open. One
+        that published its terminal before its end failed to be stored has its row
+        closed with that terminal's code (runtime/published.py); one that may not be
+        resumed (or every one, with resume off) ends INTERRUPTED."""
         turns = await self._store.unfinished_turns()
-        published = await published_terminals(self._bus.log, turns)
+        if self._policy.auto:
+            logged = await logged_turns(self._bus.log, turns)
+            published = {t: seen.terminal for t, seen in logged.items()
+                         if seen.terminal is not None}
+        else:
+            logged, published = {}, await published_terminals(self._bus.log, turns)
         for turn in turns:
+            end: _End | None = ("INTERRUPTED", STOPPED, None)
+            if self._policy.auto and turn.id not in published:
+                end = await self._resume(turn, logged.get(turn.id) or LoggedTurn(),
+                                         reason, node)
+                if end is None:
+                    continue
+            assert end is not None
+            code, message, details = end
             await self._deliveries.hand_over(await self.interrupt(
-                turn, "the daemon stopped while this turn ran", published.get(turn.id)))
+                turn, message, published.get(turn.id), code=code, details=details))
         for session_id in await self._store.running_sessions():  # no turn row: idle it
+            if self._host_running(session_id):
+                continue
             await self.set_idle(session_id)
+
+    def _host_running(self, session_id: str) -> bool:
+        state = self._host.in_memory(session_id)  # a turn just resumed on it
+        return state is not None and state.running is not None
+
+    async def _resume(self, turn: TurnRecord, seen: LoggedTurn, reason: str,
+                      node: str | None) -> _End | None:
+        """Start `turn` again from its stored progress; None once it runs, else the end
+        it gets instead."""
+        policy = self._policy
+        if turn.stop_reason is not None:  # its cancel had answered: Stop means stop
+            return "CANCELLED", "turn cancelled", {"reason": turn.stop_reason}
+        details: dict[str, Any] = {"startedAt": turn.started_at, "resumed": turn.attempt}
+        if turn.attempt >= policy.max:
+            return "INTERRUPTED", (f"{STOPPED}; it was resumed {turn.attempt} times "
+                                   "(resume_max)"), details
+        last = turn.progress_at or turn.started_at
+        if now_ms() - last > policy.within_s * 1000:
+            return "INTERRUPTED", (f"{STOPPED}; its last progress is older than "
+                                   "resume_within_s"), details
+        if turn.trigger == COMPACT_TRIGGER:
+            return "INTERRUPTED", STOPPED, details
+        try:
+            state = await self._host.load(turn.session_id)
+        except NotFound:
+            return "INTERRUPTED", STOPPED, details
+        if self._host.engine_of(state.record.agent_name) in (None, "claude-cli"):
+            # Its transcript is the CLI's own, which may hold a tool it ran in part:
+            # not resumed (docs/durability.md).
+            return "INTERRUPTED", (f"{STOPPED}; a claude-cli turn (or one of an agent "
+                                   "no longer configured) is not resumed"), details
+        stored = await self._store.context(turn.session_id)
+        mine = [m for m in stored.messages if m.turn_id == turn.id]
+        if not mine or mine[0].role != "user":
+            return "INTERRUPTED", f"{STOPPED}; nothing of it was stored", details
+        attempt = turn.attempt + 1
+        await self._store.resume_turn(turn.id, attempt)
+        if seen.suspended:
+            reason = "shutdown"
+        resumed = Resumption(attempt, seen.after_seq(len(mine), turn.start_seq), reason,
+                             stored, turn.usage, turn.model, node, frozenset(seen.decided))
+        log.info("turn resumed", extra={"sessionId": turn.session_id, "turnId": turn.id,
+                                        "attempt": attempt, "reason": reason})
+        self._host.resume(state, turn, mine[0].content, resumed)
+        if self._metrics is not None:
+            self._metrics.turn_resumed(reason)
+        return None
 
     async def set_idle(self, session_id: str) -> None:
         """A session marked running whose turn left no row (its process died between)."""
@@ -71,7 +173,8 @@ class Recovery:
                                 what=f"session {session_id} idle")
 
     async def interrupt(self, turn: TurnRecord, message: str,
-                        published: Published | None = None) -> list[InboxRecord]:
+                        published: Published | None = None, *, code: str = "INTERRUPTED",
+                        details: dict[str, Any] | None = None) -> list[InboxRecord]:
         """End a turn whose process died (this node's last run, or a dead node's turn
         found by the sweeper) with its terminal INTERRUPTED, in the store first; returns
         the replies it owed, stored (the caller hands them over). `published`: the
@@ -79,14 +182,15 @@ class Recovery:
         code, its replies say it, and no second terminal is published."""
         state = await self._host.load(turn.session_id)
         record = state.marked("idle")  # set with the end, once it is stored
-        code = "INTERRUPTED"
+        cancel_reason = (details or {}).get("reason") if code == "CANCELLED" else None
         if published is not None:
             code, message = published.code, published.message
             log.warning("turn %s had published its terminal (%s) but its end was not "
                         "stored: stored now, with no second terminal", turn.id, code)
         # A turn that owed its caller a result still answers (and wakes it, unless it
         # had been stopped: Stop means stop, CONTRACT §6).
-        wakes = published is None or not published.cancelled
+        wakes = (published is None or not published.cancelled) and cancel_reason not in (
+            STOP_REASONS)
         replies = [InboxRecord(
             0, turn.reply_to, delivery_text.from_session(
                 record.id, record.agent_name, delivery_text.kind_of_reply(turn.trigger),
@@ -97,7 +201,7 @@ class Recovery:
         # process, so this is its terminal.
         stats = ev.TurnStats(record.agent_name, record.model, 0, 0, TokenUsage(), ())
         end = None if published is not None else (
-            "INTERRUPTED", message, {"startedAt": turn.started_at})
+            code, message, details or {"startedAt": turn.started_at})
 
         def ended(delivered: list[InboxRecord]) -> list[InboxRecord]:
             state.record = record
@@ -107,7 +211,8 @@ class Recovery:
 
         # Owed replies are accepted past the bound (docs/subagents.md).
         return await store_then_mirror(
-            self._stop, lambda: self._store.end_turn(turn.id, code, now_ms(), record, replies),
+            self._stop, lambda: self._store.end_turn(turn.id, code, now_ms(), record, replies,
+                                                     cancel_reason=cancel_reason),
             ended, what=f"the end of interrupted turn {turn.id}")
 
     async def publish_stored_end(self, ended: EndedTurn, node: str) -> None:

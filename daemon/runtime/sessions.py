@@ -43,10 +43,10 @@ from daemon.runtime.inbox import Inbox, TurnHold
 from daemon.runtime.mirror import store_then_mirror
 from daemon.runtime.ports import Store
 from daemon.runtime.published import Published
-from daemon.runtime.recovery import Recovery
+from daemon.runtime.recovery import Recovery, ResumePolicy
 from daemon.runtime.state import SessionState
 from daemon.runtime.subagents import TurnAgents
-from daemon.runtime.turn import Turn, TurnAsk, TurnServices
+from daemon.runtime.turn import Resumption, Turn, TurnAsk, TurnServices
 from daemon.store.models import (
     EndedTurn,
     InboxRecord,
@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 # What a turn has, after the stop's last moment for its end write, to publish its
 # terminal before the shutdown stops waiting for it.
 END_MARGIN_S = 0.25
+# What the suspends get after the drain, before the shutdown stops waiting (§18).
+SUSPEND_MARGIN_S = 1.5
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,13 @@ class SessionManager:
         self.directory: SessionDirectory = LocalDirectory()
         # Inbox delivery and wakes; recovery of turns whose exit path never ran.
         self.deliveries = Deliveries(self, store, services.stop)
-        self.recovery = Recovery(self, store, bus, services.stop, self.deliveries)
+        server = config.server
+        # CONTRACT §18 (a cluster keeps v3's behaviour for now: docs/durability.md).
+        self.resuming = config.resuming
+        self.recovery = Recovery(
+            self, store, bus, services.stop, self.deliveries,
+            ResumePolicy(self.resuming, server.resume_max, server.resume_within_s),
+            services.metrics)
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -168,12 +176,40 @@ class SessionManager:
         self.closing = True
         if until is None:
             until = trio.current_time() + self.config.server.shutdown_grace_s + 1
+        if self.resuming:
+            await self._suspend_all(until)
+            return
         # From here, the store writes turns shield get the grace and no more; a turn's
         # end (and the store's batch it is in) until just before `until`.
         self.services.stop.begin(self.services.grace_s, last=until - END_MARGIN_S)
         turns = [t for s in self._sessions.values() if (t := running_turn(s)) is not None]
         for turn in turns:
             turn.cancel("shutdown")
+        with trio.move_on_at(until):
+            for turn in turns:
+                await turn.finished.wait()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _suspend_all(self, until: float) -> None:
+        """CONTRACT §18's graceful stop: new turns are refused (closing); running ones
+        go on for up to drain_s — one that ends ends as usual, one that stores its next
+        step is suspended there — then each one left is suspended where it is. None
+        publishes a terminal it would not have published anyway; each row that is not
+        ended stays open for the next start."""
+        turns = [t for s in self._sessions.values() if (t := running_turn(s)) is not None]
+        for turn in turns:
+            turn.draining = True
+        drain_until = min(trio.current_time() + self.config.server.drain_s,
+                          until - SUSPEND_MARGIN_S)
+        with trio.move_on_at(drain_until):
+            for turn in turns:
+                await turn.finished.wait()
+        self.services.stop.begin(self.services.grace_s, last=until - END_MARGIN_S)
+        # Turns started meanwhile inside those (a waiting spawn's child) too.
+        turns = [t for s in self._sessions.values() if (t := running_turn(s)) is not None]
+        for turn in turns:
+            turn.suspend()
         with trio.move_on_at(until):
             for turn in turns:
                 await turn.finished.wait()
@@ -334,6 +370,24 @@ class SessionManager:
             client=client, results=results, traceparent=traceparent,
         )
 
+    def engine_of(self, agent_name: str) -> str | None:
+        agent = self.config.agents.get(agent_name)
+        return agent.engine if agent is not None else None
+
+    def resume(self, state: SessionState, turn: TurnRecord, message: str,
+               resumed: Resumption) -> None:
+        """Start again a turn the last process left open (CONTRACT §18): same id,
+        trigger, budget; it takes a running slot as any turn. What waits in its
+        session's inbox is handed to it, as to any turn."""
+        agent = self._claimable(state)
+        run = self._new_turn(
+            state, agent, state.inbox.start_turn(turn.id), message, turn.trigger,
+            turn_id=turn.id, budget_tokens=turn.budget_tokens,
+            from_session_id=turn.from_session_id, reply_to=turn.reply_to,
+            schedule=turn.schedule, resumed=resumed)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run, run)
+
     def _claim_drain(self, state: SessionState) -> Turn:
         """Claim the session for a wake turn that takes everything queued at once (wakes
         that piled up coalesce into this one drain)."""
@@ -364,14 +418,15 @@ class SessionManager:
                   fresh: bool = False, output_cap: int | None = None,
                   client: ClientOffer | None = None,
                   results: tuple[MessageRecord, ...] = (),
-                  traceparent: str | None = None) -> Turn:
+                  traceparent: str | None = None,
+                  resumed: Resumption | None = None) -> Turn:
         ask = TurnAsk(
             message, trigger, from_session_id=from_session_id, reply_to=reply_to,
             schedule=schedule, fresh=fresh, output_cap=output_cap, client=client,
             results=results, traceparent=traceparent,
             budget_tokens=agent.budget_tokens if budget_tokens is None else budget_tokens)
         turn = Turn(id=turn_id, session=state, agent=agent, ask=ask, services=self.services,
-                    inbox_hold=hold, parent=parent)
+                    inbox_hold=hold, parent=parent, resumed=resumed)
         state.running = turn
         return turn
 
@@ -522,12 +577,30 @@ class SessionManager:
         if hold is not None:
             for turn in stopped:
                 turn.after_remote.append(hold(turn))
+        await self._record_stops(stopped)
         # Every gate is shut: no chunk of a stopped turn is published from here, so the
         # fence (everything this node published so far is numbered) bounds their seqs.
         return CancelReceipt(
             [{"sessionId": t.session.id, "turnId": t.id} for t in stopped],
             await self.bus.fence(), tuple(stopped),
         )
+
+    async def _record_stops(self, stopped: Sequence[Turn]) -> None:
+        """CONTRACT §18: a turn whose cancel answered is never resumed, so the store
+        knows before the cancel answers (its row may be open still when the process
+        dies before the turn's end is stored). Not written with resume off."""
+        if not self.resuming:
+            return
+        reasons: dict[str, list[str]] = {}
+        for turn in stopped:
+            if turn.cancel_reason is not None and not turn.ending:
+                reasons.setdefault(turn.cancel_reason, []).append(turn.id)
+        for reason, ids in reasons.items():
+            try:
+                with self.services.stop.shielded():
+                    await self.store.stop_turns(ids, reason)
+            except StoreError as exc:
+                log.warning("could not record the cancel of %d turns: %s", len(ids), exc)
 
     # -- history (CONTRACT §12) -----------------------------------------------------------
 

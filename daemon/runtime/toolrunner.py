@@ -91,6 +91,12 @@ class TurnTools:
             span.result(outcome.content, outcome.is_error)
         return outcome, duration_ms
 
+    def needs_approval(self, name: str, args: Any) -> bool:
+        """Whether a call of `name` waits for a person before it runs (CONTRACT §9)."""
+        tool = self._named().get(name)
+        return (tool is not None and isinstance(args, dict)
+                and approvals.policy(self._agent, tool) == "approve")
+
     async def _run(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         started = trio.current_time()
         tool = self._named().get(name)

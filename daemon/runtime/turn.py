@@ -69,11 +69,12 @@ from daemon.store.models import (
     MessageRecord,
     SessionRecord,
     StoredContext,
+    TokenUsage,
     TurnEnd,
     TurnRecord,
 )
 from daemon.toolproc.sandbox import Sandbox
-from daemon.tools.base import SubAgents, Tool
+from daemon.tools.base import SubAgents, Tool, ToolOutcome
 from daemon.tools.client import ClientOffer
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,10 @@ STOP_REASONS = frozenset({"user_cancel", "parent_cancelled", "budget_exceeded"})
 # `details.reason` of an INTERNAL_ERROR terminal when the store was busy or unreachable.
 STORE_UNAVAILABLE = "store_unavailable"
 COMPACT_TRIGGER = "compact"
+# CONTRACT §18: the cancel reason of a stop that suspends a turn (no terminal, its row
+# open, resumed at the next start), and the code of its outcome (never on the wire).
+SUSPEND = "suspend"
+SUSPENDED = "SUSPENDED"
 # The longest a stopped turn's terminal waits for its descendants on other nodes to end
 # (a tree cancel across nodes, CONTRACT §5.6); past it, it is published anyway.
 REMOTE_ENDS_S = 30.0
@@ -133,6 +138,11 @@ class TurnOutcome:
         return self.code == "CANCELLED"
 
     @property
+    def suspended(self) -> bool:
+        """It stopped with the daemon and resumes at the next start (CONTRACT §18)."""
+        return self.code == SUSPENDED
+
+    @property
     def cancel_reason(self) -> str | None:
         return (self.details or {}).get("reason") if self.cancelled else None
 
@@ -174,6 +184,28 @@ class TurnAsk:
     traceparent: str | None = None
 
 
+@dataclass(frozen=True)
+class Resumption:
+    """CONTRACT §18: this run of a turn goes on with one the last process left open —
+    built from its open row and its stored messages, not from a replay of events."""
+
+    attempt: int  # 1, 2, … (stored before this run)
+    after_seq: int  # its events after this one, published before the loss, are void
+    reason: str  # "restart" | "shutdown" | "node_lost"
+    stored: StoredContext  # what its next LLM call starts from
+    usage: TokenUsage  # the usage of its stored answers
+    model: str | None
+    node: str | None = None
+    # Calls whose approval the log shows decided: they may have run (not asked again).
+    decided: frozenset[str] = frozenset()
+
+
+# The result a tool call gets when the daemon stopped while it ran (CONTRACT §18): it is
+# not run again.
+STOPPED_WHILE_RUNNING = ("the daemon stopped while this tool ran; it may have run in "
+                         "part, and it was not run again")
+
+
 @dataclass(eq=False)
 class Turn:
     id: str
@@ -183,10 +215,13 @@ class Turn:
     services: TurnServices
     inbox_hold: TurnHold  # what this turn holds of its session's inbox
     parent: Turn | None = None  # the turn this one runs inside (a waiting spawn)
+    resumed: Resumption | None = None  # CONTRACT §18: it goes on after a restart
 
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     cancel_reason: str | None = None
     ending: bool = False
+    # CONTRACT §18: the daemon is stopping; the turn is suspended at its next stored step.
+    draining: bool = False
     finished: trio.Event = field(default_factory=trio.Event)
     outcome: TurnOutcome | None = None
     nursery: trio.Nursery | None = None  # where its waiting children run
@@ -217,7 +252,8 @@ class Turn:
                                        lambda: self.gate_closed)
         self.interpreter = EngineEvents(self.id, self.session, services.store, services.stop,
                                    self.publisher, self.inbox_hold,
-                                   budget_tokens=ask.budget_tokens, cancel=self.cancel)
+                                   budget_tokens=ask.budget_tokens, cancel=self.cancel,
+                                   after_progress=self._after_progress)
         # Built here, synchronously in the task of the tool call that starts it (if any):
         # that is how its span finds the spawning call's.
         self.trace = services.tracing.turn(
@@ -250,6 +286,26 @@ class Turn:
         log.info("turn cancelled", extra={
             "sessionId": self.session.record.id, "turnId": self.id, "reason": reason})
         return True
+
+    def suspend(self) -> bool:
+        """Stop the turn where it is for the daemon's stop (CONTRACT §18): its LLM call
+        and tools stop, it publishes `turn.suspended` and no terminal, its row stays
+        open. True if it was still going."""
+        return self.cancel(SUSPEND)
+
+    def _after_progress(self) -> None:
+        """A step of this turn is stored: while the daemon drains, it stops here."""
+        if self.draining:
+            self.suspend()
+
+    def _suspends(self, failure: BaseException | None) -> bool:
+        """The one place that decides ended vs suspended: it was stopped by a suspend
+        (its own, or of a turn it runs inside) and nothing but that stopped it."""
+        if failure is None or not self.start_stored:
+            return False
+        if not any(t.cancel_reason == SUSPEND for t in (self, *self.ancestors())):
+            return False
+        return all(isinstance(e, trio.Cancelled) for e in leaves_of(failure))
 
     @property
     def compact_only(self) -> bool:
@@ -293,7 +349,10 @@ class Turn:
         with self.scope:
             task_status.started(self)
             try:
-                await self._begin()
+                if self.resumed is not None:
+                    self._begin_resumed(self.resumed)
+                else:
+                    await self._begin()
                 if slots is not None:
                     await self._take_slot(slots)
                     holding = True
@@ -365,6 +424,71 @@ class Turn:
             raise StoreUnavailable(f"could not store the start of turn {self.id} before "
                                    "the daemon stopped")
 
+    def _begin_resumed(self, resumed: Resumption) -> None:
+        """A resumed run's start (CONTRACT §18): `turn.resumed` first; its row and its
+        user message are stored already, its usage so far is its stored answers'."""
+        self.start_stored = True
+        tally = self.interpreter.tally
+        tally.usage, tally.model = resumed.usage, resumed.model
+        mine = [m for m in resumed.stored.messages if m.turn_id == self.id]
+        tally.iterations = sum(1 for m in mine if m.role == "assistant")
+        answers = [m for m in mine if m.role == "assistant"]
+        if answers:
+            tally.content = answers[-1].content
+        results = {m.tool_call_id: m for m in mine if m.role == "tool"}
+        for answer in answers:
+            for call in answer.tool_calls or ():
+                result = results.get(call.get("id"))
+                if result is not None:
+                    tally.tool_calls.append(ev.ToolCallStat(
+                        call["id"], call.get("name", ""), call.get("arguments"),
+                        result.content == STOPPED_WHILE_RUNNING, 0))
+        self.publisher.stream(ev.TURN_RESUMED, ev.resumed_data(
+            self.id, resumed.attempt, resumed.after_seq, resumed.reason, resumed.node))
+        record = self.session.mark("running")
+        self.publisher.plain("session.updated", {"session": ev.session_wire(record)})
+
+    async def _settle_resumed(self, resumed: Resumption) -> StoredContext | None:
+        """Before a resumed turn's engine runs: each tool call of its last stored answer
+        that has no stored result gets the "stopped while it ran" error result, stored
+        and then published, and is not run again. None when its last stored answer
+        asked for no tool: the turn had its answer, and ends with it."""
+        stored = resumed.stored
+        mine = [m for m in stored.messages if m.turn_id == self.id]
+        answers = [i for i, m in enumerate(mine) if m.role == "assistant"]
+        if not answers:
+            return stored
+        last = mine[answers[-1]]
+        if not last.tool_calls:
+            if all(m.role != "user" for m in mine[answers[-1] + 1:]):
+                await self.interpreter.handle(eng.Finished(last.content,
+                                                           self.interpreter.tally.iterations))
+                return None
+            return stored
+        done = {m.tool_call_id for m in mine[answers[-1] + 1:] if m.role == "tool"}
+        missing = [c for c in last.tool_calls if c.get("id") not in done]
+        if not missing:
+            return stored
+        stopped = ToolOutcome(STOPPED_WHILE_RUNNING, is_error=True)
+        results: list[eng.ToolFinished] = []
+        for c in missing:
+            name, args = c.get("name", ""), c.get("arguments")
+            if c["id"] in resumed.decided or not self.toolbox.needs_approval(name, args):
+                results.append(eng.ToolFinished(c["id"], name, args, stopped, 0))
+                continue
+            # Its approval was pending: it had not run. Asked again, the same id (its
+            # call's), its timeout starting over; nothing runs without a decision.
+            await self.interpreter.handle(eng.ToolStarted(c["id"], name, args))
+            outcome, duration = await self.toolbox.run(c["id"], c["name"], c.get("arguments"))
+            results.append(eng.ToolFinished(c["id"], c["name"], c.get("arguments"),
+                                            outcome, duration))
+        finished = tuple(results)
+        messages = tuple(MessageRecord("tool", f.outcome.content, None, f.call_id, now_ms(),
+                                       turn_id=self.id) for f in finished)
+        await self.interpreter.handle(eng.ToolResults(
+            finished, messages, self.interpreter.tally.iterations))
+        return StoredContext(stored.summary, stored.latest, [*stored.messages, *messages])
+
     def _start_stored(self, _: None) -> None:
         self.start_stored = True
 
@@ -389,8 +513,14 @@ class Turn:
     async def _drive(self) -> None:
         engine = self.services.engine_for(self.agent)
         # CONTRACT §15: the summary in force and the messages after it, not every one.
-        stored = (StoredContext(None, None, self._history) if self._history is not None
-                  else await self.services.store.context(self.session.record.id))
+        if self.resumed is not None:
+            settled = await self._settle_resumed(self.resumed)
+            if settled is None:
+                return
+            stored = settled
+        else:
+            stored = (StoredContext(None, None, self._history) if self._history is not None
+                      else await self.services.store.context(self.session.record.id))
         if self.services.mcp is not None:
             # An MCP server this agent uses that has not listed its tools yet (the
             # daemon just started it) is waited for, within its startup_timeout_s:
@@ -403,7 +533,8 @@ class Turn:
             client_options=client.options,
             workspace=self.toolbox.workspace, session=self.session,
             compact_only=self.compact_only, trace=self.trace, run_tool=self.toolbox.run,
-            take_injected=self._take_handed, output_cap=self.ask.output_cap)
+            take_injected=self._take_handed, output_cap=self.ask.output_cap,
+            iterations_done=self.interpreter.tally.iterations if self.resumed else 0)
         await self.interpreter.run(engine, view)
 
     def _take_handed(self) -> list[MessageRecord]:
@@ -479,6 +610,9 @@ class Turn:
             with self.services.stop.shielded(), trio.move_on_after(REMOTE_ENDS_S):
                 for event in self.after_remote:
                     await event.wait()
+        if self._suspends(failure):
+            self._end_suspended(started)
+            return
         code, message, details = classify(failure, stopped=self.scope.cancel_called,
                                           reason=self.cancel_reason, turn_id=self.id)
         tally = self.interpreter.tally
@@ -490,6 +624,7 @@ class Turn:
             token_usage=tally.usage,
             tool_calls=tuple(tally.tool_calls),
             finish_reason=tally.finish_reason,
+            resumed=self.resumed.attempt if self.resumed is not None else 0,
         )
         # A compaction's model is the summariser's: the session's stays its agent's.
         record = self.session.mark("idle", usage=tally.usage,
@@ -544,6 +679,26 @@ class Turn:
         self.publisher.plain("session.updated", {"session": ev.session_wire(record)})
         self.outcome = TurnOutcome(self.id, code, message, details, tally.content, stats,
                                    record)
+        self.finished.set()
+
+    def _end_suspended(self, started: float) -> None:
+        """Suspended (CONTRACT §18): `turn.suspended`, no terminal, nothing stored —
+        its row and its session stay open in the store for the next start."""
+        tally = self.interpreter.tally
+        stats = ev.TurnStats(
+            agent_name=self.agent.name, model=tally.model or self.agent.model or None,
+            iterations=tally.iterations,
+            duration_ms=int((trio.current_time() - started) * 1000),
+            token_usage=tally.usage, tool_calls=tuple(tally.tool_calls),
+            resumed=self.resumed.attempt if self.resumed is not None else 0)
+        self.publisher.stream(ev.TURN_SUSPENDED, ev.suspended_data(self.id))
+        log.info("turn suspended", extra={"sessionId": self.session.record.id,
+                                          "turnId": self.id})
+        self.session.turn_ended(self)
+        self.outcome = TurnOutcome(
+            self.id, SUSPENDED, "the daemon stopped: the turn is suspended and resumes "
+            "at its next start", {"suspended": True}, tally.content, stats,
+            self.session.record)
         self.finished.set()
 
     async def _store_end(

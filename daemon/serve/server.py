@@ -52,6 +52,7 @@ from daemon.schedules.launch import SessionLauncher
 from daemon.schedules.scheduler import Scheduler
 from daemon.serve.sdnotify import notify, serve_status, serve_watchdog
 from daemon.store import open_store
+from daemon.toolproc import survivors
 from daemon.toolproc.procgroup import close_own_proc
 from daemon.toolproc.sandbox import Sandbox, open_sandbox
 from daemon.tools.agents import AgentMessageTool, AgentSpawnTool
@@ -417,6 +418,13 @@ async def _serve(
                     sessions, services, _listen_url(server.host, listener), stop,
                     late, server.max_running_turns,
                 )
+            # CONTRACT §18: a tool of the last run still running ends before any turn
+            # is resumed (its call is then reported stopped, never run again).
+            survivors.use(server.data_dir / "tools")
+            ended = await trio.to_thread.run_sync(survivors.end_survivors,
+                                                  server.data_dir / "tools")
+            if ended:
+                log.warning("ended %d tool processes of the last run", ended)
             await core.start(sessions.serve)
             await services.start(serve_pruner, sessions, server.keep_days, clock)
             # A service (it stops after the turns it started have ended `shutdown`,

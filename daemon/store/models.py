@@ -109,6 +109,25 @@ class TurnRecord:
     from_session_id: str | None = None
     start_seq: int | None = None  # the bus seq of its `turn.start`
     schedule: str | None = None  # the schedule that started it (trigger `schedule`)
+    budget_tokens: int = 0
+    # CONTRACT §18, read back for an open turn: how often it was resumed, when its
+    # progress was last stored and its usage and model so far (stored with each answer),
+    # and the reason of a cancel that answered while it ran (never resumed).
+    attempt: int = 0
+    progress_at: int | None = None
+    stop_reason: str | None = None
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnProgress:
+    """What a turn's row records with each message it stores (CONTRACT §18): its usage
+    and model so far and when, in the message's transaction (no write of its own)."""
+
+    usage: TokenUsage
+    model: str | None
+    at: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +177,7 @@ class TurnHistory:
     # turn stored before it was kept) and why its last answer stopped (`done` only).
     error_message: str | None = None
     finish_reason: str | None = None
+    resumed: int = 0  # CONTRACT §18: how often it was resumed
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from daemon.store.pg_pool import (
     lock_key,
     translate,
 )
+from daemon.store.rows import UNFINISHED_TURN_COLUMNS, unfinished_turn
 
 log = logging.getLogger(__name__)
 
@@ -287,14 +288,15 @@ class PgCoordination:
         return sorted(r[0] for r in rows)
 
     async def node_unfinished_turns(self, node_id: str) -> list[TurnRecord]:
+        columns = ", ".join(f"t.{c.strip()}" for c in UNFINISHED_TURN_COLUMNS.split(","))
         rows = await self._pool.rows(
-            "SELECT t.id, t.session_id, t.trigger, t.started_at, t.reply_to, t.start_seq "
+            f"SELECT {columns} "
             "FROM turns t JOIN sessions s ON s.id = t.session_id "
             "WHERE t.ended_at IS NULL AND s.owner = %s ORDER BY t.started_at, t.seq",
             (node_id,))
         # start_seq: where a restart's recovery looks for their terminals in the log
         # (runtime/published.py), not from seq 0.
-        return [TurnRecord(r[0], r[1], r[2], r[3], r[4], start_seq=r[5]) for r in rows]
+        return [unfinished_turn(r) for r in rows]
 
     async def node_ended_turns(self, node_id: str, within_ms: int) -> list[EndedTurn]:
         """The turns of `node_id`'s sessions whose end was stored (by anyone) within

@@ -39,6 +39,7 @@ from daemon.store.models import (
     TokenUsage,
     TurnEnd,
     TurnHistory,
+    TurnProgress,
     TurnRecord,
 )
 from daemon.store.pg_coordination import PgCoordination
@@ -136,6 +137,17 @@ _CONTEXT = (
     "ORDER BY 1, 2"
 )
 
+
+
+def _record_progress(conn: Conn, turn_id: str | None, progress: TurnProgress | None) -> None:
+    """The turn's usage so far, with the message that stores its progress (§18)."""
+    if progress is None or turn_id is None:
+        return
+    u = progress.usage
+    conn.execute(
+        "UPDATE turns SET input_tokens=%s, output_tokens=%s, cache_tokens=%s, cost=%s, "
+        "model=COALESCE(%s, model), progress_at=%s WHERE id=%s AND ended_at IS NULL",
+        (u.input, u.output, u.cache, u.cost, progress.model, progress.at, turn_id))
 
 class PostgresStore:
     """The Store port (runtime/ports.py) on PostgreSQL, as the node `node_id`; its
@@ -287,18 +299,21 @@ class PostgresStore:
     # -- messages -------------------------------------------------------------------------
 
     async def append_message(
-        self, session_id: str, m: MessageRecord, turn_id: str | None = None
+        self, session_id: str, m: MessageRecord, turn_id: str | None = None,
+        *, progress: TurnProgress | None = None,
     ) -> None:
         """Store a message; with `inbox_ids`, consume those entries in the same
-        transaction (InboxConsumed, nothing stored, when one was taken already)."""
+        transaction (InboxConsumed, nothing stored, when one was taken already); with
+        `progress`, record it on the turn's row too (CONTRACT §18)."""
 
         def _append(conn: Conn) -> None:
             if m.inbox_ids:
                 assert turn_id is not None
                 _consume_inbox(conn, m.inbox_ids, turn_id)
             conn.execute(_INSERT_MESSAGE, _message_row(session_id, m, turn_id))
+            _record_progress(conn, turn_id, progress)
 
-        if m.inbox_ids:
+        if m.inbox_ids or progress is not None:
             await self._fenced(_append)
             return
         # Most messages consume nothing: one statement, the guard inside it.
@@ -306,7 +321,8 @@ class PostgresStore:
                            _message_row(session_id, m, turn_id))
 
     async def append_messages(self, session_id: str, ms: Sequence[MessageRecord],
-                              turn_id: str | None = None) -> None:
+                              turn_id: str | None = None, *,
+                              progress: TurnProgress | None = None) -> None:
         """Store messages in order, all or none, in one transaction (a tool round's
         results: one round trip's worth of work, not one transaction each)."""
         def _append_all(conn: Conn) -> None:
@@ -317,6 +333,7 @@ class PostgresStore:
             with conn.cursor() as cursor:
                 cursor.executemany(_INSERT_MESSAGE,
                                    [_message_row(session_id, m, turn_id) for m in ms])
+            _record_progress(conn, turn_id, progress)
 
         await self._fenced(_append_all)
 
@@ -363,9 +380,10 @@ class PostgresStore:
                 raise OwnedElsewhere(t.session_id, row[0])
             conn.execute(
                 "INSERT INTO turns(id, session_id, trigger, started_at, reply_to, "
-                "from_session_id, start_seq, schedule) VALUES (%s,%s,%s,%s,%s,%s,%s,%s)",
+                "from_session_id, start_seq, schedule, budget_tokens, progress_at) "
+                "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
                 (t.id, t.session_id, t.trigger, t.started_at, t.reply_to, t.from_session_id,
-                 t.start_seq, t.schedule))
+                 t.start_seq, t.schedule, t.budget_tokens, t.started_at))
             conn.execute("UPDATE sessions SET status=%s, updated_at=%s, "
                          "owner=COALESCE(owner, %s) WHERE id=%s",
                          (session.status, session.updated_at, self._lease.node_id, session.id))
@@ -427,6 +445,18 @@ class PostgresStore:
 
     async def unfinished_turns(self) -> list[TurnRecord]:
         return await self.coordination.node_unfinished_turns(self._lease.node_id)
+
+    async def resume_turn(self, turn_id: str, attempt: int) -> None:
+        """Count a resume of an open turn (CONTRACT §18), before it runs again."""
+        await self._fenced(lambda conn: conn.execute(
+            "UPDATE turns SET attempt=%s WHERE id=%s AND ended_at IS NULL",
+            (attempt, turn_id)))
+
+    async def stop_turns(self, turn_ids: Sequence[str], reason: str) -> None:
+        """Record that a cancel shut these open turns' gates: never resumed (§18)."""
+        await self._pool.write(lambda conn: conn.execute(
+            "UPDATE turns SET stop_reason=%s WHERE id = ANY(%s) AND ended_at IS NULL",
+            (reason, list(turn_ids))))
 
     # -- inbox ----------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from daemon.store.models import (
     StoredContext,
     TokenUsage,
     TurnHistory,
+    TurnRecord,
 )
 
 SESSION_COLUMNS = (
@@ -35,7 +36,13 @@ COMPACTION_COLUMNS = (
 TURN_HISTORY_COLUMNS = (
     "id, trigger, from_session_id, started_at, ended_at, terminal_code, cancel_reason, "
     "input_tokens, output_tokens, cache_tokens, cost, model, start_seq, schedule, "
-    "error_message, finish_reason, usage_estimated"
+    "error_message, finish_reason, usage_estimated, attempt"
+)
+# An open turn as a resume (or an interruption) reads it back: unfinished_turn().
+UNFINISHED_TURN_COLUMNS = (
+    "id, session_id, trigger, started_at, reply_to, from_session_id, start_seq, schedule, "
+    "budget_tokens, attempt, progress_at, stop_reason, input_tokens, output_tokens, "
+    "cache_tokens, cost, model"
 )
 SCHEDULE_COLUMNS = (
     "name, paused, last_run_at, next_run_at, last_session_id, last_turn_id, last_outcome, "
@@ -75,7 +82,15 @@ def turn_history(row: Sequence[Any]) -> TurnHistory:
     r = row
     return TurnHistory(r[0], r[1], r[2], r[3], r[4], r[5], r[6],
                        TokenUsage(r[7], r[8], r[9], r[10], bool(r[16])), r[11], r[12], r[13],
-                       error_message=r[14], finish_reason=r[15])
+                       error_message=r[14], finish_reason=r[15], resumed=r[17])
+
+
+def unfinished_turn(row: Sequence[Any]) -> TurnRecord:
+    """A row of UNFINISHED_TURN_COLUMNS."""
+    r = row
+    return TurnRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], budget_tokens=r[8],
+                      attempt=r[9], progress_at=r[10], stop_reason=r[11],
+                      usage=TokenUsage(r[12], r[13], r[14], r[15]), model=r[16])
 
 
 def schedule_record(row: Sequence[Any]) -> ScheduleRecord:

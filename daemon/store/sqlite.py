@@ -32,6 +32,7 @@ from daemon.store.models import (
     TokenUsage,
     TurnEnd,
     TurnHistory,
+    TurnProgress,
     TurnRecord,
 )
 from daemon.store.queueing import Shield
@@ -42,6 +43,7 @@ from daemon.store.rows import (
     SCHEDULE_COLUMNS,
     SESSION_COLUMNS,
     TURN_HISTORY_COLUMNS,
+    UNFINISHED_TURN_COLUMNS,
     compaction_record,
     inbox_record,
     message_record,
@@ -49,6 +51,7 @@ from daemon.store.rows import (
     session_record,
     stored_context,
     turn_history,
+    unfinished_turn,
 )
 from daemon.store.sqlite_runner import SqliteRunner, connect
 
@@ -103,6 +106,18 @@ def _insert_message(conn: sqlite3.Connection, session_id: str, m: MessageRecord,
          json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id,
          m.created_at, turn_id),
     )
+
+
+def _record_progress(conn: sqlite3.Connection, turn_id: str | None,
+                     progress: TurnProgress | None) -> None:
+    """The turn's usage so far, with the message that stores its progress (§18)."""
+    if progress is None or turn_id is None:
+        return
+    u = progress.usage
+    conn.execute(
+        "UPDATE turns SET input_tokens=?, output_tokens=?, cache_tokens=?, cost=?, "
+        "model=COALESCE(?, model), progress_at=? WHERE id=? AND ended_at IS NULL",
+        (u.input, u.output, u.cache, u.cost, progress.model, progress.at, turn_id))
 
 
 # What a session's next LLM call starts from (`Store.context`), in one statement so that
@@ -271,18 +286,26 @@ class Store:
     # -- messages -------------------------------------------------------------------------
 
     async def append_message(
-        self, session_id: str, m: MessageRecord, turn_id: str | None = None
+        self, session_id: str, m: MessageRecord, turn_id: str | None = None,
+        *, progress: TurnProgress | None = None,
     ) -> None:
-        """Store a message; with `inbox_ids`, consume those entries in the same transaction."""
-        await self.runner.write(lambda conn: _insert_message(conn, session_id, m, turn_id))
+        """Store a message; with `inbox_ids`, consume those entries in the same
+        transaction; with `progress`, record it on the turn's row too."""
+        def _append(conn: sqlite3.Connection) -> None:
+            _insert_message(conn, session_id, m, turn_id)
+            _record_progress(conn, turn_id, progress)
+
+        await self.runner.write(_append)
 
     async def append_messages(self, session_id: str, ms: Sequence[MessageRecord],
-                              turn_id: str | None = None) -> None:
+                              turn_id: str | None = None, *,
+                              progress: TurnProgress | None = None) -> None:
         """Store messages in order, all or none, in one write (a tool round's results:
         a burst of 1,000 spawns is one write here, not 1,000 one after another)."""
         def _append_all(conn: sqlite3.Connection) -> None:
             for m in ms:
                 _insert_message(conn, session_id, m, turn_id)
+            _record_progress(conn, turn_id, progress)
 
         await self.runner.write(_append_all)
 
@@ -336,9 +359,10 @@ class Store:
         def _start(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "INSERT INTO turns(id, session_id, trigger, started_at, reply_to, "
-                "from_session_id, start_seq, schedule) VALUES (?,?,?,?,?,?,?,?)",
+                "from_session_id, start_seq, schedule, budget_tokens, progress_at) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (t.id, t.session_id, t.trigger, t.started_at, t.reply_to, t.from_session_id,
-                 t.start_seq, t.schedule),
+                 t.start_seq, t.schedule, t.budget_tokens, t.started_at),
             )
             conn.execute(
                 "UPDATE sessions SET status=?, updated_at=? WHERE id=?",
@@ -414,12 +438,23 @@ class Store:
     async def unfinished_turns(self) -> list[TurnRecord]:
         def _unfinished(conn: sqlite3.Connection) -> list[TurnRecord]:
             rows = conn.execute(
-                "SELECT id, session_id, trigger, started_at, reply_to, start_seq FROM turns "
+                f"SELECT {UNFINISHED_TURN_COLUMNS} FROM turns "
                 "WHERE ended_at IS NULL ORDER BY started_at"
             )
-            return [TurnRecord(r[0], r[1], r[2], r[3], r[4], start_seq=r[5]) for r in rows]
+            return [unfinished_turn(r) for r in rows]
 
         return await self.runner.read(_unfinished)
+
+    async def resume_turn(self, turn_id: str, attempt: int) -> None:
+        """Count a resume of an open turn (CONTRACT §18), before it runs again."""
+        await self.runner.write(lambda conn: conn.execute(
+            "UPDATE turns SET attempt=? WHERE id=? AND ended_at IS NULL", (attempt, turn_id)))
+
+    async def stop_turns(self, turn_ids: Sequence[str], reason: str) -> None:
+        """Record that a cancel shut these open turns' gates: never resumed (§18)."""
+        await self.runner.write(lambda conn: conn.executemany(
+            "UPDATE turns SET stop_reason=? WHERE id=? AND ended_at IS NULL",
+            [(reason, t) for t in turn_ids]))
 
     async def running_sessions(self) -> list[str]:
         def _running(conn: sqlite3.Connection) -> list[str]:

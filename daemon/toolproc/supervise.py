@@ -13,7 +13,9 @@ daemon never adopts anybody's orphans:
    (`PR_SET_PDEATHSIG`, which is safe here: this process forks from its only thread).
 3. It waits for bash to exit — not for the pipes to close, which a background job may
    hold for ever — or for SIGTERM/SIGINT/SIGHUP (the daemon's cancel or timeout), or
-   for the daemon to die: a timer checks every second that its parent is still the
+   for the daemon to die: a thread waits on a pidfd of the daemon (readable the moment
+   the daemon process is gone, also after a SIGKILL) and interrupts the wait at once;
+   where pidfds are missing a timer checks every second that its parent is still the
    daemon. (PDEATHSIG cannot do that: the daemon starts processes from a worker
    thread, and the signal fires when *that thread* ends.)
 4. Then it kills every descendant: SIGKILL to bash's group and to each child it has
@@ -38,7 +40,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import sys
+import threading
 
 TYPE_CHECKING = False  # not typing's: importing typing costs more than it saves
 if TYPE_CHECKING:
@@ -244,6 +248,26 @@ def _end_cgroup(options: _Options) -> str | None:
     return over
 
 
+def _watch_pidfd(daemon: int) -> None:
+    """Interrupt the main thread (SIGTERM: `_Stop`) the moment the daemon process ends
+    (CONTRACT §18: no tool outlives its daemon). Started after the fork."""
+    try:
+        fd = os.pidfd_open(daemon)
+    except (AttributeError, OSError):
+        return  # the timer's check remains
+    if os.getppid() != daemon:  # gone before the pidfd was opened
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def wait() -> None:
+        select.select([fd], [], [])
+        signal.pthread_kill(main, signal.SIGTERM)
+
+    threading.Thread(target=wait, daemon=True).start()
+
+
 def _prctl(option: int, value: int) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -383,6 +407,7 @@ def main() -> int:
             started.append(bash)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+        _watch_pidfd(daemon)
         while status is None:
             pid, got = os.waitpid(-1, 0)  # adopted orphans that end are reaped here
             if pid == bash:

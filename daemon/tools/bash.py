@@ -25,6 +25,7 @@ from typing import Any
 import trio
 
 from daemon.config import ToolLimits
+from daemon.toolproc import survivors
 from daemon.toolproc.procgroup import stop_gently
 from daemon.tools.base import ToolContext, ToolError, ToolOutcome
 
@@ -113,6 +114,7 @@ class BashTool:
             raise
         finally:
             os.close(report_w)
+        survivors.record(process.pid)  # ended at the next start if it outlives us (§18)
         try:
             return await self._supervised(ctx, process, capture, float(timeout), report)
         finally:
@@ -142,6 +144,7 @@ class BashTool:
             # Cancel or timeout: the supervisor kills everything the command started,
             # then exits; past the grace, its group is killed (bash dies with it).
             await stop_gently(process, KILL_GRACE_S)
+            survivors.forget(process.pid)
         output = capture.text()
         over = _limit_note(report, ctx.limits) if exited else None
         if over is not None:
