@@ -27,7 +27,8 @@ async def test_sigterm_within_10_s_with_a_client_that_never_reads(
     tmp_path: Path, provider: Provider
 ) -> None:
     config = write_config(tmp_path, provider.url,
-                          server=f"client_close_grace_s = 60\n{RESUME_OFF}")
+                          server=f"client_close_grace_s = 60\n{RESUME_OFF}\n"
+                          "tool_stream_bytes = 67108864\n")  # the flood streams whole
     async with spawn_daemon(config) as proc, \
             httpx.AsyncClient(base_url=proc.url, timeout=30) as http, \
             open_websocket_url(proc.ws_url, message_queue_size=1) as stuck, \
