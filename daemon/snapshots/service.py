@@ -1,0 +1,530 @@
+"""`Snapshots`: every turn's workspace kept, and any of them put back (CONTRACT §19).
+
+Layout under `SnapshotConfig.root` (outside every workspace; hidden from tools by the
+sandbox like the rest of the data dir):
+
+    .home/                  the empty HOME of every git call
+    SESSION/git/            a bare repository: the session's object store;
+                            refs/turns/TURN is the snapshot taken before TURN ran
+    SESSION/index           git's index of the workspace: its stat cache, so an
+                            unchanged file is neither read nor stored again
+    SESSION/index-HASH      the same for a `.git` directory inside the workspace
+    SESSION/why/TURN        why TURN has no snapshot (too large, failed, dropped)
+
+A snapshot commit's tree holds `files` (the workspace's tree) and `manifest` (walk.py:
+directories and modes, nested `.git` trees, names git refuses, what was skipped). Its
+committer date orders the snapshots of a session (one second apart at least).
+
+Errors: `snapshot` never raises but `trio.Cancelled` (a failure is logged and gives
+None; `why_not` says why later). `restore`, `copy_to` and `delete` raise SnapshotError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from . import swap, walk
+from .config import SnapshotConfig
+from .git import ATTRIBUTES, Git, GitError
+
+log = logging.getLogger(__name__)
+
+ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+REFS = "refs/turns/"
+TOO_LARGE = "workspace too large"
+OFF = "snapshots off"
+DROPPED = "dropped by snapshot_keep"
+INLINE_MANIFEST = 8192  # a manifest this small is a line of the commit message
+
+
+class SnapshotError(Exception):
+    """A restore or copy that cannot be done; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRef:
+    session_id: str
+    turn_id: str
+    commit: str
+    files: int  # regular files and symlinks
+    bytes: int  # their sizes together (what the limit measures)
+
+
+class Snapshots:
+    """The snapshot service of one daemon. Calls for one session are serialised (a
+    lock per session); different sessions proceed independently."""
+
+    def __init__(self, config: SnapshotConfig, *, search_path: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self._search_path = search_path  # None: the daemon's PATH (a seam for tests)
+        self._clock = clock
+        self._locks: dict[str, trio.Lock] = {}
+        self._fresh: set[str] = set()  # sessions whose stale locks were cleared
+        self._drops: dict[str, int] = {}  # refs dropped since the last prune
+        self._logged: set[str] = set()
+        # What this process last saw of a store's refs and of an index's paths, with
+        # the stat that says whether the file on disk is still that.
+        self._ref_cache: dict[Path, tuple[tuple[int, ...] | None, list[tuple[int, str]]]] = {}
+        self._tracked: dict[Path, tuple[tuple[int, int, int], set[bytes]]] = {}
+
+    # -- paths
+
+    def _dir(self, session_id: str) -> Path:
+        if not ID.fullmatch(session_id):
+            raise SnapshotError(f"not a session id: {session_id!r}")
+        return self.config.root / session_id
+
+    def _git(self, session_id: str) -> Git:
+        found = shutil.which("git", path=self._search_path)
+        if found is None:
+            raise GitError("git not found on PATH (install Debian's git)")
+        return Git(os.path.abspath(found), self._dir(session_id) / "git",
+                   self.config.root / ".home", self.config.max_output_bytes)
+
+    @asynccontextmanager
+    async def _session(self, session_id: str) -> AsyncIterator[Git]:
+        lock = self._locks.setdefault(session_id, trio.Lock())
+        async with lock:
+            git = self._git(session_id)
+            if session_id not in self._fresh:
+                await trio.to_thread.run_sync(_clear_stale_locks, git.git_dir.parent)
+                self._fresh.add(session_id)
+            yield git
+
+    # -- public
+
+    async def snapshot(self, session_id: str, turn_id: str,
+                       workspace: Path) -> SnapshotRef | None:
+        """Keep `workspace` as the snapshot of `turn_id` (before it runs). None when
+        snapshots are off, the workspace is over `max_bytes`, or anything fails (logged
+        once; `why_not` tells). Never raises but `trio.Cancelled`."""
+        if not self.config.enabled:
+            return None
+        try:
+            if not ID.fullmatch(turn_id):
+                raise SnapshotError(f"not a turn id: {turn_id!r}")
+            with trio.fail_after(self.config.timeout_s):
+                async with self._session(session_id) as git:
+                    return await self._snapshot(git, session_id, turn_id, workspace)
+        except trio.Cancelled:
+            raise
+        except trio.TooSlowError:
+            reason = f"timed out after {self.config.timeout_s:g} s"
+        except (GitError, SnapshotError, OSError) as exc:
+            reason = str(exc) or type(exc).__name__
+        except Exception as exc:  # a bug must not fail the turn either
+            log.exception("snapshot of session %s turn %s failed", session_id, turn_id)
+            reason = f"failed: {type(exc).__name__}"
+        else:
+            raise AssertionError("unreachable")
+        self._say(f"no snapshot of session {session_id} turn {turn_id}: {reason}", reason)
+        await self._record(session_id, turn_id, f"failed: {reason}")
+        return None
+
+    async def has(self, session_id: str, turn_id: str) -> bool:
+        return turn_id in await self.turns(session_id)
+
+    async def turns(self, session_id: str) -> frozenset[str]:
+        """The turns of this session that have a snapshot (for `GET …/turns`)."""
+        try:
+            async with self._session(session_id) as git:
+                return frozenset(t for _, t in await self._refs(git))
+        except (GitError, SnapshotError, OSError):
+            return frozenset()
+
+    async def why_not(self, session_id: str, turn_id: str) -> str | None:
+        """None when `turn_id` has a snapshot; else why not, for a 409."""
+        if await self.has(session_id, turn_id):
+            return None
+        try:
+            path = self._dir(session_id) / "why" / turn_id
+            said = await trio.to_thread.run_sync(path.read_text) if ID.fullmatch(
+                turn_id) else ""
+        except OSError:
+            said = ""
+        if said:
+            return said.strip()
+        return OFF if not self.config.enabled else "no snapshot was taken of this turn"
+
+    async def restore(self, session_id: str, turn_id: str, workspace: Path, *,
+                      keep_old_as: Path | None = None,
+                      step: Callable[[str], None] | None = None) -> None:
+        """Make `workspace` exactly what it was in the snapshot of `turn_id`, atomically
+        (swap.py). The workspace it replaces is removed, or renamed to `keep_old_as`
+        (same file system, must not exist: e.g. the workspace of a rewind's saved fork).
+        `step` is a test seam (swap.swap). Raises SnapshotError."""
+        try:
+            with trio.fail_after(self.config.timeout_s):
+                async with self._session(session_id) as git:
+                    await self._restore(git, turn_id, workspace, keep_old_as, step)
+        except (GitError, OSError, ValueError, trio.TooSlowError) as exc:
+            raise SnapshotError(f"cannot restore turn {turn_id}: {exc}") from exc
+
+    async def copy_to(self, src_session: str, turn_id: str, dst_session: str,
+                      dst_workspace: Path) -> None:
+        """For a fork: `dst_workspace` becomes the snapshot of `src_session`'s
+        `turn_id`, and `dst_session`'s object store starts with the snapshots of
+        `src_session` up to that one (same turn ids; objects hard-linked, not copied).
+        Raises SnapshotError."""
+        if src_session == dst_session:
+            raise SnapshotError("a fork is another session")
+        first, second = sorted((src_session, dst_session))
+        try:
+            with trio.fail_after(self.config.timeout_s):
+                async with self._session(first) as g1, self._session(second) as g2:
+                    src, dst = (g1, g2) if first == src_session else (g2, g1)
+                    await self._copy(src, dst, turn_id)
+                    await self._restore(dst, turn_id, dst_workspace, None, None)
+        except (GitError, OSError, ValueError, trio.TooSlowError) as exc:
+            raise SnapshotError(f"cannot fork turn {turn_id}: {exc}") from exc
+
+    async def delete(self, session_id: str, workspace: Path | None = None) -> None:
+        """Remove every snapshot of the session (DELETE, pruning), and with `workspace`
+        what a crashed restore left beside it."""
+        async with self._locks.setdefault(session_id, trio.Lock()):
+            target = self._dir(session_id)
+            try:
+                await trio.to_thread.run_sync(swap.rmtree, target)
+                if workspace is not None:
+                    await trio.to_thread.run_sync(swap.recover, workspace)
+            except OSError as exc:
+                raise SnapshotError(f"cannot remove snapshots of {session_id}: {exc}") from exc
+        self._locks.pop(session_id, None)
+        self._fresh.discard(session_id)
+        self._drops.pop(session_id, None)
+
+    async def recover(self, workspace: Path) -> bool:
+        """Finish or forget a restore that a crash interrupted (at start, per
+        workspace). True when there was one."""
+        return await trio.to_thread.run_sync(swap.recover, workspace)
+
+    async def gc(self, session_id: str) -> None:
+        """Repack the session's store (`git gc --prune=now`): for a daily sweep, not for
+        a turn's start. Raises SnapshotError."""
+        try:
+            with trio.fail_after(self.config.timeout_s):
+                async with self._session(session_id) as git:
+                    if (git.git_dir / "HEAD").exists():
+                        await git.run("gc", "--quiet", "--prune=now")
+        except (GitError, OSError, trio.TooSlowError) as exc:
+            raise SnapshotError(f"cannot gc snapshots of {session_id}: {exc}") from exc
+
+    # -- the steps
+
+    async def _snapshot(self, git: Git, session_id: str, turn_id: str,
+                        workspace: Path) -> SnapshotRef | None:
+        if _within(git.git_dir, workspace) or _within(workspace, git.git_dir):
+            raise SnapshotError("the object store and the workspace overlap")
+        await trio.to_thread.run_sync(swap.recover, workspace)
+        listing = await trio.to_thread.run_sync(
+            walk.walk, workspace, self.config.max_bytes, abandon_on_cancel=True)
+        if listing.too_large:
+            reason = f"{TOO_LARGE} (over snapshot_max_bytes = {self.config.max_bytes})"
+            self._say(f"no snapshot of session {session_id} turn {turn_id}: {reason}",
+                      TOO_LARGE, level=logging.INFO)
+            await self._record(session_id, turn_id, reason)
+            return None
+        await _ensure_store(git)
+        index_dir = git.git_dir.parent
+        trees: dict[bytes, str] = {}
+        for root in listing.roots:
+            trees[root.rel] = await self._write_tree(git, workspace, root,
+                                                     _index(index_dir, root))
+        await trio.to_thread.run_sync(_drop_unused_indexes, index_dir, listing.roots)
+        blobs: dict[str, str] = {}
+        files = [rel for rel, (kind, _) in listing.extras.items() if kind == "file"]
+        if files:
+            paths = b"".join(os.fsencode(workspace / rel) + b"\n" for rel in files)
+            out = await git.run("hash-object", "-w", "--no-filters", "--stdin-paths",
+                                stdin=paths)
+            blobs = dict(zip(files, out.decode().split(), strict=True))
+        manifest = walk.manifest(listing, trees, blobs)
+        message = (f"veild snapshot before turn {turn_id}\n\nfiles {listing.files}\n"
+                   f"bytes {listing.size}\nskipped {len(listing.skipped)}\n")
+        if len(manifest) <= INLINE_MANIFEST:
+            # The common case: one line in the commit, two git processes fewer.
+            top, message = trees[b""], message + "manifest " + manifest.decode()
+        else:  # a blob beside the tree: unchanged, it costs nothing again
+            blob = (await git.run("hash-object", "-w", "--stdin", stdin=manifest)
+                    ).decode().strip()
+            top = (await git.run("mktree", stdin=(
+                f"040000 tree {trees[b'']}\tfiles\n100644 blob {blob}\tmanifest\n"
+            ).encode())).decode().strip()
+        refs = [(d, t) for d, t in await self._refs(git) if t != turn_id]
+        date = max(int(self._clock()), refs[-1][0] + 1 if refs else 0)
+        commit = (await git.run("commit-tree", top, "-F", "-", stdin=message.encode(),
+                                date=date)).decode().strip()
+        dropped = [t for _, t in refs[: max(0, len(refs) + 1 - self.config.keep)]]
+        update = f"update {REFS}{turn_id} {commit}\n" + "".join(
+            f"delete {REFS}{t}\n" for t in dropped)
+        try:
+            await git.run("update-ref", "--stdin", stdin=update.encode())
+        finally:
+            self._ref_cache.pop(git.git_dir, None)
+        self._ref_cache[git.git_dir] = (await trio.to_thread.run_sync(_refs_stamp, git),
+                                        [*refs[len(dropped):], (date, turn_id)])
+        for t in dropped:
+            await self._record(session_id, t, f"{DROPPED} (= {self.config.keep})")
+        if dropped:
+            drops = self._drops.get(session_id, 0) + len(dropped)
+            self._drops[session_id] = drops
+            if drops >= max(10, self.config.keep // 4):
+                await git.run("prune", "--expire=now")  # loose objects no ref reaches
+                self._drops[session_id] = 0
+        await trio.to_thread.run_sync(_forget, self._dir(session_id) / "why" / turn_id)
+        return SnapshotRef(session_id, turn_id, commit, listing.files, listing.size)
+
+    async def _restore(self, git: Git, turn_id: str, workspace: Path,
+                       keep_old_as: Path | None, step: Callable[[str], None] | None) -> None:
+        if not ID.fullmatch(turn_id) or not await trio.to_thread.run_sync(_exists, git):
+            raise SnapshotError(f"no snapshot of turn {turn_id}")
+        try:
+            commit = (await git.run("cat-file", "commit", f"{REFS}{turn_id}")).decode()
+        except GitError:
+            raise SnapshotError(f"no snapshot of turn {turn_id}") from None
+        tree = commit.split("\n", 1)[0].removeprefix("tree ")
+        inline = [line for line in commit.splitlines() if line.startswith("manifest ")]
+        if inline:
+            files, doc = tree, walk.read_manifest(inline[-1].removeprefix("manifest ").encode())
+        else:
+            files = f"{tree}:files"
+            doc = walk.read_manifest(await git.run("cat-file", "blob", f"{tree}:manifest"))
+        await trio.to_thread.run_sync(swap.recover, workspace)
+        new = swap.siblings(workspace)[0]
+        roots = [("", files), *doc["roots"].items()]
+        index = git.git_dir.parent / "restore-index"
+        await trio.to_thread.run_sync(_prepare, new, [r for r, _ in roots])
+        for rel, tree in roots:
+            await trio.to_thread.run_sync(_forget, index)
+            await git.run("read-tree", "--reset", "-u", tree,
+                          work_tree=new / rel if rel else new, index=index)
+        await trio.to_thread.run_sync(_forget, index)
+        extras: dict[str, bytes] = {}
+        for rel, extra in doc["extras"].items():
+            if extra[0] == "file":
+                extras[rel] = await git.run("cat-file", "blob", extra[1])
+        await trio.to_thread.run_sync(_write_extras, new, doc["extras"], extras)
+        await trio.to_thread.run_sync(walk.finish, new, doc)
+        await trio.to_thread.run_sync(swap.swap, workspace, keep_old_as, step)
+
+    async def _copy(self, src: Git, dst: Git, turn_id: str) -> None:
+        refs = await self._refs(src)
+        dates = {t: d for d, t in refs}
+        if turn_id not in dates:
+            raise SnapshotError(f"no snapshot of turn {turn_id}")
+        wanted = [t for d, t in refs if d <= dates[turn_id]]
+        if not (dst.git_dir / "HEAD").exists():
+            tmp = dst.git_dir.with_name("git.tmp")
+            await trio.to_thread.run_sync(swap.rmtree, tmp)
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            await dst.run("clone", "--quiet", "--mirror", "--local", "--no-hardlinks"
+                          if _other_fs(src.git_dir, tmp.parent) else "--local",
+                          str(src.git_dir), str(tmp))
+            await dst.run("config", "--file", str(tmp / "config"), "--remove-section",
+                          "remote.origin")
+            (tmp / "info").mkdir(exist_ok=True)
+            (tmp / "info" / "attributes").write_bytes(ATTRIBUTES)
+            os.rename(tmp, dst.git_dir)
+            have = {t for _, t in await self._refs(dst)}
+            extra = have - set(wanted)
+            if extra:
+                self._ref_cache.pop(dst.git_dir, None)
+                await dst.run("update-ref", "--stdin", stdin="".join(
+                    f"delete {REFS}{t}\n" for t in sorted(extra)).encode())
+        else:
+            await dst.run("fetch", "--quiet", "--no-tags", "--no-write-fetch-head",
+                          str(src.git_dir), *(f"+{REFS}{t}:{REFS}{t}" for t in wanted))
+        self._ref_cache.pop(dst.git_dir, None)
+
+    async def _write_tree(self, git: Git, workspace: Path, root: walk.Root,
+                          index: Path) -> str:
+        """The tree of one root, through its index: files whose stat did not change are
+        taken from the index without being read; removed ones leave it. What the index
+        holds is remembered while the index file is as this process left it."""
+        work_tree = workspace / os.fsdecode(root.rel) if root.rel else workspace
+        stamp = await trio.to_thread.run_sync(_index_stamp, index)
+        cached = self._tracked.get(index)
+        if stamp is None:
+            tracked: set[bytes] = set()
+        elif cached is not None and cached[0] == stamp:
+            tracked = cached[1]
+        else:
+            out = await git.run("ls-files", "-z", "--cached", work_tree=work_tree,
+                                index=index)
+            tracked = set(out.split(b"\0")) - {b""}
+        self._tracked.pop(index, None)
+        current = set(root.paths)
+        gone = tracked - current
+        if gone:
+            await git.run("update-index", "--force-remove", "-z", "--stdin",
+                          work_tree=work_tree, index=index, stdin=b"".join(
+                              p + b"\0" for p in sorted(gone)))
+        if current:
+            await git.run("update-index", "--add", "--remove", "--replace", "-z", "--stdin",
+                          work_tree=work_tree, index=index, stdin=b"".join(
+                              p + b"\0" for p in sorted(current)))
+        out = await git.run("write-tree", work_tree=work_tree, index=index)
+        stamp = await trio.to_thread.run_sync(_index_stamp, index)
+        if stamp is not None:
+            self._tracked[index] = (stamp, current)
+        return out.decode().strip()
+
+    async def _refs(self, git: Git) -> list[tuple[int, str]]:
+        """(committer date, turn id) of every snapshot, oldest first. Kept between
+        calls while the ref store on disk is as this process last left it."""
+        stamp = await trio.to_thread.run_sync(_refs_stamp, git)
+        if stamp is None:
+            return []
+        cached = self._ref_cache.get(git.git_dir)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        refs = await _read_refs(git)
+        self._ref_cache[git.git_dir] = (stamp, refs)
+        return refs
+
+    async def _record(self, session_id: str, turn_id: str, reason: str) -> None:
+        try:
+            folder = self._dir(session_id) / "why"
+            await trio.to_thread.run_sync(_write_reason, folder, turn_id, reason)
+        except (OSError, SnapshotError):
+            pass  # why_not then says less; the log has it
+
+    def _say(self, line: str, kind: str, level: int = logging.WARNING) -> None:
+        """One line per failure; a failure already said (git missing on every turn)
+        again at DEBUG only."""
+        log.log(level if kind not in self._logged else logging.DEBUG, "%s", line)
+        self._logged.add(kind)
+
+
+async def _ensure_store(git: Git) -> None:
+    if (git.git_dir / "HEAD").exists():
+        return
+    tmp = git.git_dir.with_name("git.tmp")
+    await trio.to_thread.run_sync(swap.rmtree, tmp)
+    git.home.mkdir(parents=True, exist_ok=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    await git.run("init", "--quiet", "--bare", str(tmp))
+    (tmp / "info").mkdir(exist_ok=True)
+    (tmp / "info" / "attributes").write_bytes(ATTRIBUTES)
+    os.rename(tmp, git.git_dir)
+
+
+async def _read_refs(git: Git) -> list[tuple[int, str]]:
+    out = await git.run("for-each-ref", "--sort=committerdate",
+                        "--format=%(committerdate:unix) %(refname:lstrip=2)", REFS)
+    found = []
+    for line in out.decode().splitlines():
+        date, _, turn = line.partition(" ")
+        found.append((int(date), turn))
+    return found
+
+
+def _exists(git: Git) -> bool:
+    return (git.git_dir / "HEAD").exists()
+
+
+def _refs_stamp(git: Git) -> tuple[int, ...] | None:
+    """What changes whenever a ref of the store does (loose refs are files of
+    refs/turns/, written by rename; `git gc` moves them to packed-refs). None: no store."""
+    try:
+        turns = os.stat(git.git_dir / "refs" / "turns")
+    except FileNotFoundError:
+        return None if not (git.git_dir / "HEAD").exists() else (0,)
+    extra: tuple[int, ...]
+    try:
+        packed = os.stat(git.git_dir / "packed-refs")
+        extra = (packed.st_mtime_ns, packed.st_size, packed.st_ino)
+    except FileNotFoundError:
+        extra = ()
+    return (turns.st_mtime_ns, turns.st_ino, *extra)
+
+
+def _index_stamp(index: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(index)
+    except FileNotFoundError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _index(folder: Path, root: walk.Root) -> Path:
+    if not root.rel:
+        return folder / "index"
+    return folder / f"index-{hashlib.sha1(root.rel).hexdigest()[:20]}"
+
+
+def _prepare(new: Path, roots: list[str]) -> None:
+    """An empty `new` with a directory for each root to check out into."""
+    swap.rmtree(new)
+    new.mkdir()
+    for rel in roots:
+        if rel:
+            walk.makedirs(os.fsencode(new), os.fsencode(rel))
+
+
+def _write_extras(new: Path, extras: dict[str, list[Any]], blobs: dict[str, bytes]) -> None:
+    """What git's index refused to hold (a file or link named `.git`, …)."""
+    for rel, extra in extras.items():
+        path = os.fsencode(new / rel)
+        if "/" in rel:
+            walk.makedirs(os.fsencode(new), os.fsencode(rel.rpartition("/")[0]))
+        if extra[0] == "link":
+            os.symlink(os.fsencode(extra[1]), path)
+        else:
+            with open(path, "wb") as f:
+                f.write(blobs[rel])
+            os.chmod(path, extra[2])
+
+
+def _drop_unused_indexes(folder: Path, roots: list[walk.Root]) -> None:
+    used = {_index(folder, r).name for r in roots}
+    for path in folder.glob("index-*"):
+        if path.name not in used:
+            path.unlink(missing_ok=True)
+
+
+def _clear_stale_locks(folder: Path) -> None:
+    """Lock files a killed git left (this process holds the session's lock, and a
+    session has one owner): without this every later call would fail."""
+    for pattern in ("index*.lock", "git/*.lock", "git/refs/turns/*.lock"):
+        for path in folder.glob(pattern):
+            path.unlink(missing_ok=True)
+
+
+def _write_reason(folder: Path, turn_id: str, reason: str) -> None:
+    if not ID.fullmatch(turn_id):
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / turn_id).write_text(reason + "\n")
+
+
+def _forget(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return os.path.abspath(path).startswith(os.path.abspath(folder) + os.sep) or (
+        os.path.abspath(path) == os.path.abspath(folder))
+
+
+def _other_fs(a: Path, b: Path) -> bool:
+    try:
+        return os.stat(a).st_dev != os.stat(b).st_dev
+    except OSError:
+        return True
+
+
+__all__ = ["DROPPED", "OFF", "TOO_LARGE", "SnapshotError", "SnapshotRef", "Snapshots"]
