@@ -46,6 +46,7 @@ REFS = "refs/turns/"
 TOO_LARGE = "workspace too large"
 OFF = "snapshots off"
 DROPPED = "dropped by snapshot_keep"
+GRACE_S = 30.0  # removing a half-built restore after a failure or a cancel
 INLINE_MANIFEST = 8192  # a manifest this small is a line of the commit message
 
 
@@ -303,7 +304,21 @@ class Snapshots:
             files = f"{tree}:files"
             doc = walk.read_manifest(await git.run("cat-file", "blob", f"{tree}:manifest"))
         await trio.to_thread.run_sync(swap.recover, workspace)
+        if keep_old_as is not None and await trio.to_thread.run_sync(os.path.lexists,
+                                                                     keep_old_as):
+            raise SnapshotError(f"{keep_old_as} exists")
         new = swap.siblings(workspace)[0]
+        try:
+            await self._build(git, new, files, doc)
+        except BaseException:
+            with trio.move_on_after(GRACE_S, shield=True):  # else the next recover does
+                await trio.to_thread.run_sync(swap.rmtree, new)
+            raise
+        await trio.to_thread.run_sync(swap.swap, workspace, keep_old_as, step)
+
+    async def _build(self, git: Git, new: Path, files: str, doc: dict[str, Any]) -> None:
+        """The snapshot's workspace at `new`, complete: git checks out the trees (the
+        workspace's and each nested `.git`'s); the manifest adds the rest."""
         roots = [("", files), *doc["roots"].items()]
         index = git.git_dir.parent / "restore-index"
         await trio.to_thread.run_sync(_prepare, new, [r for r, _ in roots])
@@ -318,7 +333,6 @@ class Snapshots:
                 extras[rel] = await git.run("cat-file", "blob", extra[1])
         await trio.to_thread.run_sync(_write_extras, new, doc["extras"], extras)
         await trio.to_thread.run_sync(walk.finish, new, doc)
-        await trio.to_thread.run_sync(swap.swap, workspace, keep_old_as, step)
 
     async def _copy(self, src: Git, dst: Git, turn_id: str) -> None:
         refs = await self._refs(src)
