@@ -513,7 +513,7 @@ def _drop_unused_indexes(folder: Path, roots: list[walk.Root]) -> None:
 def _clear_stale_locks(folder: Path) -> None:
     """Lock files a killed git left (this process holds the session's lock, and a
     session has one owner): without this every later call would fail."""
-    for pattern in ("index*.lock", "git/*.lock", "git/refs/turns/*.lock"):
+    for pattern in ("*.lock", "git/*.lock", "git/refs/turns/*.lock"):
         for path in folder.glob(pattern):
             path.unlink(missing_ok=True)
 
