@@ -351,6 +351,37 @@ async def test_fork_copies_one_snapshot_to_another_session(tmp_path: Path,
         assert not (workspaces / "ses_c").exists()
 
 
+async def test_copy_snapshots_into_a_new_and_an_existing_store(
+        tmp_path: Path, workspaces: Path) -> None:
+    with trio.fail_after(DEADLINE_S):
+        snaps = service(tmp_path)
+        src = workspaces / "ses_a"
+        src.mkdir()
+        states = {}
+        for n in range(3):
+            (src / "f").write_text(f"{n}\n")
+            states[f"turn_{n}"] = tree(src)
+            assert await snaps.snapshot("ses_a", f"turn_{n}", src) is not None
+        await snaps.copy_snapshots("ses_a", "ses_b")  # a new store: all of them
+        assert await snaps.turns("ses_b") == set(states)
+        dst = workspaces / "ses_c"
+        dst.mkdir()
+        (dst / "own").write_text("c's own\n")
+        own = tree(dst)
+        assert await snaps.snapshot("ses_c", "turn_c", dst) is not None
+        await snaps.copy_snapshots("ses_a", "ses_c", upto_turn="turn_1")  # fetched
+        assert await snaps.turns("ses_c") == {"turn_0", "turn_1", "turn_c"}
+        for turn in ("turn_0", "turn_1"):
+            await snaps.restore("ses_c", turn, dst)
+            assert tree(dst) == states[turn]
+        await snaps.restore("ses_c", "turn_c", dst)
+        assert tree(dst) == own
+        with pytest.raises(SnapshotError):
+            await snaps.copy_snapshots("ses_a", "ses_a")
+        with pytest.raises(SnapshotError):
+            await snaps.copy_snapshots("ses_a", "ses_d", upto_turn="turn_9")
+
+
 async def test_a_rewind_keeps_the_old_workspace_as_the_fork(tmp_path: Path,
                                                             workspaces: Path) -> None:
     with trio.fail_after(DEADLINE_S):
