@@ -192,6 +192,19 @@ async def test_every_step_restores_exactly(tmp_path: Path, workspaces: Path) -> 
         assert expected["turn_4"] == last
 
 
+async def test_a_workspace_not_made_yet_is_an_empty_one(tmp_path: Path,
+                                                        workspaces: Path) -> None:
+    with trio.fail_after(DEADLINE_S):
+        snaps = service(tmp_path)
+        ws = workspaces / "ses_a"  # a session whose bash never ran has none
+        assert await snaps.snapshot("ses_a", "turn_1", ws) is not None
+        assert not ws.exists()
+        ws.mkdir()
+        (ws / "f").write_text("x")
+        await snaps.restore("ses_a", "turn_1", ws)
+        assert tree(ws) == {".": ("dir", 0o755, "")}
+
+
 async def test_the_store_is_outside_the_workspace_and_reads_no_user_config(
         tmp_path: Path, workspaces: Path) -> None:
     with trio.fail_after(DEADLINE_S):
@@ -308,9 +321,13 @@ async def test_a_failure_is_none_and_cancel_still_cancels(tmp_path: Path,
                                                            workspaces: Path) -> None:
     with trio.fail_after(DEADLINE_S):
         snaps = service(tmp_path)
-        # No workspace at all: an OSError inside, None outside.
+        # A workspace that is a file: an OSError inside, None outside, a reason kept.
+        (workspaces / "ses_a").write_text("not a directory")
         assert await snaps.snapshot("ses_a", "turn_1", workspaces / "ses_a") is None
+        why = await snaps.why_not("ses_a", "turn_1")
+        assert why is not None and why.startswith("failed:") and "directory" in why, why
         assert await snaps.snapshot("ses_a", "bad/turn", workspaces) is None
+        assert await snaps.why_not("../x", "turn_1") == "no snapshot was taken of this turn"
         ws = workspaces / "ses_b"
         ws.mkdir()
         finished = False

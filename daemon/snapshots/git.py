@@ -98,9 +98,10 @@ class Git:
         """`git ARGS`: its stdout. Raises GitError when it cannot start, exits non-zero
         or prints too much."""
         argv = [self.executable, *(f for s in SETTINGS for f in ("-c", s)), *args]
+        # The cwd is outside any work tree (paths are then relative to its top), and
+        # exists before the work tree does (a restore's, a workspace not made yet).
         return await run_bounded(argv, self.env(work_tree, index, date), stdin=stdin,
-                                 max_output=self.max_output,
-                                 cwd=work_tree or self.git_dir.parent)
+                                 max_output=self.max_output, cwd=self.git_dir.parent)
 
 
 async def run_bounded(argv: list[str], env: Mapping[str, str], *, stdin: bytes | None,

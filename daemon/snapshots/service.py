@@ -154,7 +154,7 @@ class Snapshots:
             path = self._dir(session_id) / "why" / turn_id
             said = await trio.to_thread.run_sync(path.read_text) if ID.fullmatch(
                 turn_id) else ""
-        except OSError:
+        except (OSError, SnapshotError):
             said = ""
         if said:
             return said.strip()
@@ -171,7 +171,8 @@ class Snapshots:
             with trio.fail_after(self.config.timeout_s):
                 async with self._session(session_id) as git:
                     await self._restore(git, turn_id, workspace, keep_old_as, step)
-        except (GitError, OSError, ValueError, trio.TooSlowError) as exc:
+        except (GitError, OSError, ValueError, KeyError, TypeError,
+                trio.TooSlowError) as exc:
             raise SnapshotError(f"cannot restore turn {turn_id}: {exc}") from exc
 
     async def copy_to(self, src_session: str, turn_id: str, dst_session: str,
@@ -204,7 +205,8 @@ class Snapshots:
             with trio.fail_after(self.config.timeout_s):
                 async with self._session(first) as g1, self._session(second) as g2:
                     yield (g1, g2) if first == src_session else (g2, g1)
-        except (GitError, OSError, ValueError, trio.TooSlowError) as exc:
+        except (GitError, OSError, ValueError, KeyError, TypeError,
+                trio.TooSlowError) as exc:
             raise SnapshotError(f"cannot fork at turn {turn_id}: {exc}") from exc
 
     async def delete(self, session_id: str, workspace: Path | None = None) -> None:

@@ -64,11 +64,16 @@ def refused(name: bytes, link: bool) -> bool:
 
 def walk(workspace: Path, max_bytes: int) -> Listing:
     """The workspace's listing, or one with `too_large` set once the regular files seen
-    add up to more than `max_bytes`. A file or directory that vanishes mid-walk is not
-    there; any other error (permission denied) is raised."""
+    add up to more than `max_bytes`. A workspace that does not exist is an empty one; a
+    file or directory that vanishes mid-walk is not there; any other error (permission
+    denied, a workspace that is not a directory) is raised."""
     top = os.fsencode(workspace)
     listing = Listing(roots=[Root(b"")])
-    listing.dirs[""] = stat.S_IMODE(os.lstat(top).st_mode)
+    try:
+        listing.dirs[""] = stat.S_IMODE(os.lstat(top).st_mode)
+    except FileNotFoundError:  # not made yet (bash makes it on first use): empty
+        listing.dirs[""] = 0o755
+        return listing
     stack: list[tuple[bytes, Root, bytes, int]] = [(b"", listing.roots[0], b"", 0)]
     while stack:
         rel, root, rroot, perm = stack.pop()
