@@ -80,6 +80,11 @@ def git_objects(store: Path) -> str:
                           check=True, capture_output=True, text=True).stdout
 
 
+def git_blob_id(path: Path) -> str:
+    return subprocess.run(["git", "hash-object", "--no-filters", str(path)], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
 @pytest.fixture
 def workspaces(tmp_path: Path) -> Path:
     root = tmp_path / "workspaces"
@@ -187,6 +192,13 @@ async def test_every_step_restores_exactly(tmp_path: Path, workspaces: Path) -> 
             assert tree(ws) == expected[turn], turn
         assert tree(other) == other_before
         assert (other / "secret").read_text() == "another session's\n"
+        # The links out of the workspace were kept as links: what they point at was
+        # never read into the store.
+        objects = await trio.to_thread.run_sync(
+            git_objects, tmp_path / "snapshots" / "ses_a" / "git")
+        for outside in (other / "secret", Path("/etc/passwd")):
+            blob = await trio.to_thread.run_sync(git_blob_id, outside)
+            assert blob not in objects, outside
         assert ".git" not in tree(ws)  # our store is elsewhere
         assert names(workspaces) == ["ses_a", "ses_other"]  # no rubble of a restore
         assert expected["turn_4"] == last

@@ -11,9 +11,17 @@ sandbox like the rest of the data dir):
     SESSION/index-HASH      the same for a `.git` directory inside the workspace
     SESSION/why/TURN        why TURN has no snapshot (too large, failed, dropped)
 
-A snapshot commit's tree holds `files` (the workspace's tree) and `manifest` (walk.py:
-directories and modes, nested `.git` trees, names git refuses, what was skipped). Its
-committer date orders the snapshots of a session (one second apart at least).
+A snapshot is a commit (no parent: dropping its ref frees what only it used) of the
+workspace's tree, with a manifest (walk.py: empty directories and modes git does not
+keep, nested `.git` trees, names git refuses, what was skipped) as a line of its
+message — or, past 8 KB, as a blob beside the tree (the commit's tree then holds
+`files` and `manifest`). Its committer date orders a session's snapshots (one second
+apart at least). A snapshot costs four git processes when the manifest is inline
+(update-index, write-tree, commit-tree, update-ref) plus a walk of lstat calls in a
+worker thread; files whose stat did not change are not read.
+
+Calls for one session are serialised by a lock in this process (a session has one
+owner node); the git lock files a killed process left are cleared on first use.
 
 Errors: `snapshot` never raises but `trio.Cancelled` (a failure is logged and gives
 None; `why_not` says why later). `restore`, `copy_to` and `delete` raise SnapshotError.
@@ -223,6 +231,9 @@ class Snapshots:
         self._locks.pop(session_id, None)
         self._fresh.discard(session_id)
         self._drops.pop(session_id, None)
+        for cache in (self._ref_cache, self._tracked):
+            for path in [p for p in cache if p.is_relative_to(target)]:
+                del cache[path]
 
     async def recover(self, workspace: Path) -> bool:
         """Finish or forget a restore that a crash interrupted (at start, per
@@ -444,6 +455,8 @@ class Snapshots:
         """One line per failure; a failure already said (git missing on every turn)
         again at DEBUG only."""
         log.log(level if kind not in self._logged else logging.DEBUG, "%s", line)
+        if len(self._logged) > 1000:
+            self._logged.clear()
         self._logged.add(kind)
 
 
@@ -535,9 +548,10 @@ def _write_extras(new: Path, extras: dict[str, list[Any]], blobs: dict[str, byte
         if extra[0] == "link":
             os.symlink(os.fsencode(extra[1]), path)
         else:
-            with open(path, "wb") as f:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with open(fd, "wb") as f:
                 f.write(blobs[rel])
-            os.chmod(path, extra[2])
+                os.fchmod(f.fileno(), extra[2])
 
 
 def _drop_unused_indexes(folder: Path, roots: list[walk.Root]) -> None:

@@ -159,13 +159,26 @@ def read_manifest(data: bytes) -> dict[str, Any]:
 
 def makedirs(base: bytes, rel: bytes) -> None:
     """`base/rel` and the directories on the way, each made 755 whatever the umask
-    (what git makes under umask 022); the manifest's modes come after."""
+    (what git makes under umask 022); the manifest's modes come after. A component
+    that is not a directory (a link git made there) is an error, never followed."""
     path = base
     for part in rel.split(b"/"):
         path = os.path.join(path, part)
-        if not os.path.lexists(path):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
             os.mkdir(path)
             os.chmod(path, 0o755)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(f"{os.fsdecode(path)} is not a directory")
+
+
+def _chmod(path: bytes, bits: int) -> None:
+    """chmod that never follows a link (Linux has no lchmod: a link is refused)."""
+    if stat.S_ISLNK(os.lstat(path).st_mode):
+        raise OSError(f"{os.fsdecode(path)} is a link, not what the manifest says")
+    os.chmod(path, bits)
 
 
 def finish(target: Path, doc: dict[str, Any]) -> None:
@@ -178,6 +191,6 @@ def finish(target: Path, doc: dict[str, Any]) -> None:
         if rel:
             makedirs(base, os.fsencode(rel))
     for rel, perm in doc["modes"].items():
-        os.chmod(os.path.join(base, os.fsencode(rel)), perm)
+        _chmod(os.path.join(base, os.fsencode(rel)), perm)
     for rel in sorted(dirs, key=lambda r: r.count("/") + bool(r), reverse=True):
-        os.chmod(os.path.join(base, os.fsencode(rel)) if rel else base, dirs[rel])
+        _chmod(os.path.join(base, os.fsencode(rel)) if rel else base, dirs[rel])
