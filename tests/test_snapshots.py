@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from daemon.snapshots import SnapshotConfig, SnapshotError, Snapshots
 
@@ -83,6 +85,11 @@ def git_objects(store: Path) -> str:
 def git_blob_id(path: Path) -> str:
     return subprocess.run(["git", "hash-object", "--no-filters", str(path)], check=True,
                           capture_output=True, text=True).stdout.strip()
+
+
+def git_ls_tree(store: Path, commit: str) -> list[str]:
+    return subprocess.run(["git", "--git-dir", str(store), "ls-tree", commit], check=True,
+                          capture_output=True, text=True).stdout.splitlines()
 
 
 @pytest.fixture
@@ -202,6 +209,44 @@ async def test_every_step_restores_exactly(tmp_path: Path, workspaces: Path) -> 
         assert ".git" not in tree(ws)  # our store is elsewhere
         assert names(workspaces) == ["ses_a", "ses_other"]  # no rubble of a restore
         assert expected["turn_4"] == last
+
+
+async def test_a_large_manifest_is_a_blob_beside_the_tree(tmp_path: Path,
+                                                          workspaces: Path) -> None:
+    with trio.fail_after(DEADLINE_S):
+        snaps = service(tmp_path)
+        ws = workspaces / "ses_a"
+        for i in range(400):  # empty directories and odd modes: a manifest over 8 KB
+            (ws / f"empty-directory-number-{i:04d}").mkdir(parents=True)
+            (ws / f"private-{i:04d}").write_text(str(i))
+            (ws / f"private-{i:04d}").chmod(0o600)
+        expected = tree(ws)
+        ref = await snaps.snapshot("ses_a", "turn_1", ws)
+        assert ref is not None
+        store = tmp_path / "snapshots" / "ses_a" / "git"
+        listing = await trio.to_thread.run_sync(git_ls_tree, store, ref.commit)
+        assert sorted(line.split("\t")[1] for line in listing) == ["files", "manifest"]
+        (ws / "private-0001").chmod(0o644)
+        (ws / "empty-directory-number-0002").rmdir()
+        await snaps.restore("ses_a", "turn_1", ws)
+        assert tree(ws) == expected
+
+
+async def test_a_killed_git_leaves_no_lock_in_the_way(tmp_path: Path,
+                                                      workspaces: Path) -> None:
+    with trio.fail_after(DEADLINE_S):
+        ws = workspaces / "ses_a"
+        ws.mkdir()
+        (ws / "f").write_text("1")
+        assert await service(tmp_path).snapshot("ses_a", "turn_1", ws) is not None
+        session = tmp_path / "snapshots" / "ses_a"
+        for lock in ("index.lock", "restore-index.lock", "git/refs/turns/turn_2.lock"):
+            (session / lock).write_text("")  # what a SIGKILLed git leaves
+        (ws / "f").write_text("2")
+        restarted = service(tmp_path)
+        assert await restarted.snapshot("ses_a", "turn_2", ws) is not None
+        await restarted.restore("ses_a", "turn_1", ws)
+        assert (ws / "f").read_text() == "1"
 
 
 async def test_a_workspace_not_made_yet_is_an_empty_one(tmp_path: Path,
@@ -446,3 +491,65 @@ async def test_delete_removes_the_sessions_snapshots_only(tmp_path: Path,
         assert await snaps.turns("ses_a") == set()
         assert await snaps.turns("ses_b") == {"turn_1"}
         assert (workspaces / "ses_a" / "f").read_text() == "ses_a"  # the workspace is not ours
+
+
+# Any sequence of changes, any snapshot restored: paths from a small set (so changes
+# collide: a file becomes a directory, a link replaces a file), `.git` among the names.
+NAMES = ["a", "b", ".git", "sp ace"]
+PATHS = [*NAMES, *(f"{d}/{n}" for d in ("a", "b", ".git") for n in NAMES[:3])]
+OP = st.one_of(
+    st.tuples(st.just("write"), st.sampled_from(PATHS), st.binary(max_size=64)),
+    st.tuples(st.just("mkdir"), st.sampled_from(PATHS), st.just(b"")),
+    st.tuples(st.just("remove"), st.sampled_from(PATHS), st.just(b"")),
+    st.tuples(st.just("chmod"), st.sampled_from(PATHS),
+              st.sampled_from([b"644", b"755", b"600", b"700", b"555"])),
+    st.tuples(st.just("link"), st.sampled_from(PATHS),
+              st.sampled_from([b"a", b"../ses_other/secret", b"/etc/hostname", b"nowhere"])),
+    st.tuples(st.just("snapshot"), st.just(""), st.just(b"")),
+)
+
+
+def apply(ws: Path, op: str, rel: str, arg: bytes) -> None:
+    """One change, if it makes sense where things are (else nothing)."""
+    path = ws / rel
+    parent_ok = path.parent.is_dir() and not path.parent.is_symlink()
+    try:
+        if op == "write" and parent_ok and not path.is_dir():
+            if path.is_symlink():
+                path.unlink()
+            path.write_bytes(arg)
+        elif op == "mkdir" and parent_ok and not os.path.lexists(path):
+            path.mkdir()
+        elif op == "remove" and os.path.lexists(path):
+            from daemon.snapshots.swap import rmtree
+            rmtree(path)
+        elif op == "chmod" and os.path.lexists(path) and not path.is_symlink():
+            bits = int(arg, 8)
+            path.chmod(bits | (0o700 if path.is_dir() else 0o600))  # still ours to change
+        elif op == "link" and parent_ok and not os.path.lexists(path):
+            os.symlink(arg, path)
+    except OSError:
+        pass
+
+
+@settings(max_examples=30)
+@given(ops=st.lists(OP, min_size=1, max_size=14))
+async def test_any_changes_any_snapshot_restores_exactly(tmp_path_factory: pytest.TempPathFactory,
+                                                         ops: list[tuple[str, str, bytes]]
+                                                         ) -> None:
+    tmp = tmp_path_factory.mktemp("prop")
+    with trio.fail_after(DEADLINE_S):
+        snaps = service(tmp)
+        ws = tmp / "workspaces" / "ses_a"
+        ws.mkdir(parents=True)
+        expected = {}
+        for op, rel, arg in [*ops, ("snapshot", "", b"")]:
+            if op == "snapshot":
+                turn = f"turn_{len(expected)}"
+                expected[turn] = tree(ws)
+                assert await snaps.snapshot("ses_a", turn, ws) is not None
+            else:
+                apply(ws, op, rel, arg)
+        for turn in [*reversed(expected), *expected]:
+            await snaps.restore("ses_a", turn, ws)
+            assert tree(ws) == expected[turn], (turn, ops)
