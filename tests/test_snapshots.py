@@ -185,14 +185,18 @@ async def test_every_step_restores_exactly(tmp_path: Path, workspaces: Path) -> 
         (other / "secret").write_text("another session's\n")
         other_before = tree(other)
         expected = {}
+        refs = {}
         for n, step in enumerate(STEPS):
             step(ws)
             expected[f"turn_{n}"] = kept(tree(ws))
             ref = await snaps.snapshot("ses_a", f"turn_{n}", ws)
             assert ref is not None and ref.turn_id == f"turn_{n}"
+            refs[ref.turn_id] = ref
             assert tree(ws) == {**expected[f"turn_{n}"], **{
                 p: e for p, e in tree(ws).items() if e[0] == "special"}}  # read only
         assert await snaps.turns("ses_a") == set(expected)
+        # A resumed turn (§18) is not snapshotted again: its snapshot is the first one.
+        assert await snaps.snapshot("ses_a", "turn_2", ws) == refs["turn_2"]
         last = expected["turn_4"]
         for turn in ["turn_2", "turn_0", "turn_3", "turn_1", "turn_4", "turn_2"]:
             await snaps.restore("ses_a", turn, ws)

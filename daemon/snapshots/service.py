@@ -119,7 +119,8 @@ class Snapshots:
                        workspace: Path) -> SnapshotRef | None:
         """Keep `workspace` as the snapshot of `turn_id` (before it runs). None when
         snapshots are off, the workspace is over `max_bytes`, or anything fails (logged
-        once; `why_not` tells). Never raises but `trio.Cancelled`."""
+        once; `why_not` tells). A turn that has one keeps it (a resumed turn is not
+        snapshotted again). Never raises but `trio.Cancelled`."""
         if not self.config.enabled:
             return None
         try:
@@ -266,6 +267,9 @@ class Snapshots:
                         workspace: Path) -> SnapshotRef | None:
         if _within(git.git_dir, workspace) or _within(workspace, git.git_dir):
             raise SnapshotError("the object store and the workspace overlap")
+        if any(t == turn_id for _, t in await self._refs(git)):
+            # Taken when the turn first started; a resumed turn (§18) keeps that one.
+            return await _existing(git, session_id, turn_id)
         await trio.to_thread.run_sync(swap.recover, workspace)
         listing = await trio.to_thread.run_sync(
             walk.walk, workspace, self.config.max_bytes, abandon_on_cancel=True)
@@ -301,7 +305,7 @@ class Snapshots:
             top = (await git.run("mktree", stdin=(
                 f"040000 tree {trees[b'']}\tfiles\n100644 blob {blob}\tmanifest\n"
             ).encode())).decode().strip()
-        refs = [(d, t) for d, t in await self._refs(git) if t != turn_id]
+        refs = await self._refs(git)
         date = max(int(self._clock()), refs[-1][0] + 1 if refs else 0)
         commit = (await git.run("commit-tree", top, "-F", "-", stdin=message.encode(),
                                 date=date)).decode().strip()
@@ -484,6 +488,16 @@ def _seal(tmp: Path, git_dir: Path) -> None:
     (tmp / "info").mkdir(exist_ok=True)
     (tmp / "info" / "attributes").write_bytes(ATTRIBUTES)
     os.rename(tmp, git_dir)
+
+
+async def _existing(git: Git, session_id: str, turn_id: str) -> SnapshotRef:
+    commit = (await git.run("rev-parse", "--verify", f"{REFS}{turn_id}^{{commit}}")
+              ).decode().strip()
+    message = (await git.run("cat-file", "commit", commit)).decode()
+    counts = dict(line.split(" ", 1) for line in message.splitlines()
+                  if line.startswith(("files ", "bytes ")))
+    return SnapshotRef(session_id, turn_id, commit, int(counts.get("files", 0)),
+                       int(counts.get("bytes", 0)))
 
 
 async def _read_refs(git: Git) -> list[tuple[int, str]]:
