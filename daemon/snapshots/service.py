@@ -9,7 +9,8 @@ sandbox like the rest of the data dir):
     SESSION/index           git's index of the workspace: its stat cache, so an
                             unchanged file is neither read nor stored again
     SESSION/index-HASH      the same for a `.git` directory inside the workspace
-    SESSION/why/TURN        why TURN has no snapshot (too large, failed, dropped)
+    SESSION/why/TURN        why TURN has no snapshot (too large, failed)
+    SESSION/why/_dropped    the turns whose snapshot `snapshot_keep` dropped, a line each
 
 A snapshot is a commit (no parent: dropping its ref frees what only it used) of the
 workspace's tree, with a manifest (walk.py: empty directories and modes git does not
@@ -54,6 +55,7 @@ REFS = "refs/turns/"
 TOO_LARGE = "workspace too large"
 OFF = "snapshots off"
 DROPPED = "dropped by snapshot_keep"
+DROPPED_LOG = "_dropped"  # not a turn id (ids start with a letter or digit)
 GRACE_S = 30.0  # removing a half-built restore after a failure or a cancel
 INLINE_MANIFEST = 8192  # a manifest this small is a line of the commit message
 
@@ -160,13 +162,12 @@ class Snapshots:
         if await self.has(session_id, turn_id):
             return None
         try:
-            path = self._dir(session_id) / "why" / turn_id
-            said = await trio.to_thread.run_sync(path.read_text) if ID.fullmatch(
-                turn_id) else ""
+            folder = self._dir(session_id) / "why"
+            said = await trio.to_thread.run_sync(_reason, folder, turn_id)
         except (OSError, SnapshotError):
-            said = ""
-        if said:
-            return said.strip()
+            said = None
+        if said is not None:
+            return said
         return OFF if not self.config.enabled else "no snapshot was taken of this turn"
 
     async def restore(self, session_id: str, turn_id: str, workspace: Path, *,
@@ -318,8 +319,9 @@ class Snapshots:
             self._ref_cache.pop(git.git_dir, None)
         self._ref_cache[git.git_dir] = (await trio.to_thread.run_sync(_refs_stamp, git),
                                         [*refs[len(dropped):], (date, turn_id)])
-        for t in dropped:
-            await self._record(session_id, t, f"{DROPPED} (= {self.config.keep})")
+        if dropped:  # one line each in one file: a long session's drops stay small
+            await self._record(session_id, DROPPED_LOG, "".join(t + "\n" for t in dropped),
+                               append=True)
         if dropped:
             drops = self._drops.get(session_id, 0) + len(dropped)
             self._drops[session_id] = drops
@@ -448,10 +450,11 @@ class Snapshots:
         self._ref_cache[git.git_dir] = (stamp, refs)
         return refs
 
-    async def _record(self, session_id: str, turn_id: str, reason: str) -> None:
+    async def _record(self, session_id: str, turn_id: str, reason: str, *,
+                      append: bool = False) -> None:
         try:
             folder = self._dir(session_id) / "why"
-            await trio.to_thread.run_sync(_write_reason, folder, turn_id, reason)
+            await trio.to_thread.run_sync(_write_reason, folder, turn_id, reason, append)
         except (OSError, SnapshotError):
             pass  # why_not then says less; the log has it
 
@@ -583,11 +586,30 @@ def _clear_stale_locks(folder: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def _write_reason(folder: Path, turn_id: str, reason: str) -> None:
-    if not ID.fullmatch(turn_id):
+def _write_reason(folder: Path, name: str, text: str, append: bool) -> None:
+    if not ID.fullmatch(name) and name != DROPPED_LOG:
         return
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / turn_id).write_text(reason + "\n")
+    with open(folder / name, "a" if append else "w") as f:
+        f.write(text if append else text + "\n")
+
+
+def _reason(folder: Path, turn_id: str) -> str | None:
+    """Why `turn_id` has no snapshot, as recorded: its own file (it failed or was too
+    large), or its line in the log of what `snapshot_keep` dropped."""
+    if not ID.fullmatch(turn_id):
+        return None
+    try:
+        return (folder / turn_id).read_text().strip()
+    except FileNotFoundError:
+        pass
+    try:
+        with open(folder / DROPPED_LOG) as f:
+            if any(line.rstrip("\n") == turn_id for line in f):
+                return DROPPED
+    except FileNotFoundError:
+        pass
+    return None
 
 
 def _forget(path: Path) -> None:
