@@ -28,6 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.snapshots import SnapshotConfig, SnapshotError, Snapshots
+from daemon.snapshots.git import GitError, run_bounded
 
 DEADLINE_S = 120
 MIB = 1024 * 1024
@@ -251,6 +252,36 @@ async def test_a_killed_git_leaves_no_lock_in_the_way(tmp_path: Path,
         assert await restarted.snapshot("ses_a", "turn_2", ws) is not None
         await restarted.restore("ses_a", "turn_1", ws)
         assert (ws / "f").read_text() == "1"
+
+
+async def test_a_process_is_bounded_in_output_and_killed_on_cancel(tmp_path: Path) -> None:
+    with trio.fail_after(DEADLINE_S):
+        env = {"PATH": os.defpath}
+        with pytest.raises(GitError, match="printed more than 1000 bytes"):
+            await run_bounded(["/bin/sh", "-c", "yes | head -c 10000000"], env, stdin=None,
+                              max_output=1000, cwd=tmp_path, label="yes")
+        assert await run_bounded(["/bin/cat"], env, stdin=b"in and out", max_output=1000,
+                                 cwd=tmp_path, label="cat") == b"in and out"
+        with pytest.raises(GitError, match="exited 3: oops"):
+            await run_bounded(["/bin/sh", "-c", "echo oops >&2; exit 3"], env, stdin=None,
+                              max_output=1000, cwd=tmp_path, label="sh")
+        fifo = tmp_path / "pid"
+        os.mkfifo(fifo)
+        async with trio.open_nursery() as nursery:
+            scope = trio.CancelScope()
+
+            async def run() -> None:
+                with scope:
+                    await run_bounded(["/bin/sh", "-c", f"echo $$ > {fifo}; exec sleep 60"],
+                                      env, stdin=None, max_output=1000, cwd=tmp_path,
+                                      label="sleep")
+
+            nursery.start_soon(run)
+            pid = int(await trio.to_thread.run_sync(fifo.read_text))  # it is running
+            scope.cancel()
+        assert scope.cancelled_caught
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # killed and reaped before the call returned
 
 
 async def test_a_workspace_not_made_yet_is_an_empty_one(tmp_path: Path,

@@ -101,11 +101,14 @@ class Git:
         # The cwd is outside any work tree (paths are then relative to its top), and
         # exists before the work tree does (a restore's, a workspace not made yet).
         return await run_bounded(argv, self.env(work_tree, index, date), stdin=stdin,
-                                 max_output=self.max_output, cwd=self.git_dir.parent)
+                                 max_output=self.max_output, cwd=self.git_dir.parent,
+                                 label=f"git {' '.join(args[:2])}")
 
 
 async def run_bounded(argv: list[str], env: Mapping[str, str], *, stdin: bytes | None,
-                      max_output: int, cwd: Path) -> bytes:
+                      max_output: int, cwd: Path, label: str) -> bytes:
+    """Run `argv` to its end: its stdout, at most `max_output` bytes (past that it is
+    killed). Cancelled, it is killed with its process group and reaped (bounded)."""
     try:
         process = await trio.lowlevel.open_process(
             argv, env=dict(env), cwd=str(cwd), start_new_session=True, umask=0o022,
@@ -113,7 +116,7 @@ async def run_bounded(argv: list[str], env: Mapping[str, str], *, stdin: bytes |
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE)
     except OSError as exc:
-        raise GitError(f"cannot run {argv[0]}: {exc.strerror or exc}") from exc
+        raise GitError(f"cannot run {label}: {exc.strerror or exc}") from exc
     out = bytearray()
     err = bytearray()
     try:
@@ -133,12 +136,10 @@ async def run_bounded(argv: list[str], env: Mapping[str, str], *, stdin: bytes |
                 with trio.move_on_after(GRACE_S, shield=True):
                     await pipe.aclose()
     if len(out) > max_output:
-        raise GitError(f"git printed more than {max_output} bytes")
+        raise GitError(f"{label} printed more than {max_output} bytes")
     if code != 0:
-        words = " ".join(a for a in argv[1:] if not a.startswith(("-c", "core.", "gc.")))
         detail = err.decode(errors="replace").strip().splitlines()
-        raise GitError(f"git {words[:80]} exited {code}: "
-                       f"{detail[-1] if detail else 'no message'}")
+        raise GitError(f"{label} exited {code}: {detail[-1] if detail else 'no message'}")
     return bytes(out)
 
 
