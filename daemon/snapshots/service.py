@@ -242,6 +242,17 @@ class Snapshots:
         workspace). True when there was one."""
         return await trio.to_thread.run_sync(swap.recover, workspace)
 
+    async def recover_all(self, workspaces: Path) -> list[Path]:
+        """At start: `recover` every workspace under `workspaces` that a restore left
+        something beside (a crash mid-restore). The workspaces it recovered."""
+        try:
+            found = await trio.to_thread.run_sync(swap.interrupted, workspaces)
+        except FileNotFoundError:
+            return []
+        for workspace in found:
+            await trio.to_thread.run_sync(swap.recover, workspace)
+        return found
+
     async def gc(self, session_id: str, *, repack: bool = False) -> None:
         """For a daily sweep, not a turn's start: drop what no snapshot reaches any more
         (`git prune`; a snapshot also does it now and then as `snapshot_keep` drops

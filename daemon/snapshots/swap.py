@@ -34,6 +34,20 @@ def siblings(workspace: Path) -> tuple[Path, Path, Path]:
             parent / f".{name}.restore-swap")
 
 
+SUFFIXES = (".restore-new", ".restore-old", ".restore-swap", ".restore-swap.tmp")
+
+
+def interrupted(root: Path) -> list[Path]:
+    """The workspaces under `root` that a restore left something beside (at start)."""
+    found = set()
+    for entry in os.scandir(root):
+        name = entry.name
+        for suffix in SUFFIXES:
+            if name.startswith(".") and name.endswith(suffix):
+                found.add(root / name[1: -len(suffix)])
+    return sorted(found)
+
+
 def rmtree(path: Path) -> None:
     """Remove `path` (a tree, a file or a link), read-only directories included."""
     if not os.path.lexists(path):
