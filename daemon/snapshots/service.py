@@ -30,10 +30,8 @@ None; `why_not` says why later). `restore`, `copy_to` and `delete` raise Snapsho
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable
@@ -44,18 +42,15 @@ from typing import Any
 
 import trio
 
-from . import swap, walk
+from . import layout, swap, walk
 from .config import SnapshotConfig
-from .git import ATTRIBUTES, Git, GitError
+from .git import Git, GitError
+from .layout import DROPPED, DROPPED_LOG, ID, REFS
 
 log = logging.getLogger(__name__)
 
-ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
-REFS = "refs/turns/"
 TOO_LARGE = "workspace too large"
 OFF = "snapshots off"
-DROPPED = "dropped by snapshot_keep"
-DROPPED_LOG = "_dropped"  # not a turn id (ids start with a letter or digit)
 GRACE_S = 30.0  # removing a half-built restore after a failure or a cancel
 INLINE_MANIFEST = 8192  # a manifest this small is a line of the commit message
 
@@ -111,7 +106,7 @@ class Snapshots:
         async with lock:
             git = self._git(session_id)
             if session_id not in self._fresh:
-                await trio.to_thread.run_sync(_clear_stale_locks, git.git_dir.parent)
+                await trio.to_thread.run_sync(layout.clear_stale_locks, git.git_dir.parent)
                 self._fresh.add(session_id)
             yield git
 
@@ -163,7 +158,7 @@ class Snapshots:
             return None
         try:
             folder = self._dir(session_id) / "why"
-            said = await trio.to_thread.run_sync(_reason, folder, turn_id)
+            said = await trio.to_thread.run_sync(layout.reason, folder, turn_id)
         except (OSError, SnapshotError):
             said = None
         if said is not None:
@@ -262,7 +257,7 @@ class Snapshots:
         try:
             with trio.fail_after(self.config.timeout_s):
                 async with self._session(session_id) as git:
-                    if not await trio.to_thread.run_sync(_exists, git):
+                    if not await trio.to_thread.run_sync(layout.has_store, git):
                         return
                     if repack:
                         await git.run("gc", "--quiet", "--prune=now")
@@ -277,7 +272,7 @@ class Snapshots:
 
     async def _snapshot(self, git: Git, session_id: str, turn_id: str,
                         workspace: Path) -> SnapshotRef | None:
-        if _within(git.git_dir, workspace) or _within(workspace, git.git_dir):
+        if layout.within(git.git_dir, workspace) or layout.within(workspace, git.git_dir):
             raise SnapshotError("the object store and the workspace overlap")
         if any(t == turn_id for _, t in await self._refs(git)):
             # Taken when the turn first started; a resumed turn (§18) keeps that one.
@@ -291,13 +286,13 @@ class Snapshots:
                       TOO_LARGE, level=logging.INFO)
             await self._record(session_id, turn_id, reason)
             return None
-        await _ensure_store(git)
+        await layout.ensure_store(git)
         index_dir = git.git_dir.parent
         trees: dict[bytes, str] = {}
         for root in listing.roots:
             trees[root.rel] = await self._write_tree(git, workspace, root,
-                                                     _index(index_dir, root))
-        await trio.to_thread.run_sync(_drop_unused_indexes, index_dir, listing.roots)
+                                                     layout.index_path(index_dir, root))
+        await trio.to_thread.run_sync(layout.drop_unused_indexes, index_dir, listing.roots)
         blobs: dict[str, str] = {}
         files = [rel for rel, (kind, _) in listing.extras.items() if kind == "file"]
         if files:
@@ -328,7 +323,7 @@ class Snapshots:
             await git.run("update-ref", "--stdin", stdin=update.encode())
         finally:
             self._ref_cache.pop(git.git_dir, None)
-        self._ref_cache[git.git_dir] = (await trio.to_thread.run_sync(_refs_stamp, git),
+        self._ref_cache[git.git_dir] = (await trio.to_thread.run_sync(layout.refs_stamp, git),
                                         [*refs[len(dropped):], (date, turn_id)])
         if dropped:  # one line each in one file: a long session's drops stay small
             await self._record(session_id, DROPPED_LOG, "".join(t + "\n" for t in dropped),
@@ -339,12 +334,12 @@ class Snapshots:
             if drops >= max(10, self.config.keep // 4):
                 await git.run("prune", "--expire=now")  # loose objects no ref reaches
                 self._drops[session_id] = 0
-        await trio.to_thread.run_sync(_forget, self._dir(session_id) / "why" / turn_id)
+        await trio.to_thread.run_sync(layout.forget, self._dir(session_id) / "why" / turn_id)
         return SnapshotRef(session_id, turn_id, commit, listing.files, listing.size)
 
     async def _restore(self, git: Git, turn_id: str, workspace: Path,
                        keep_old_as: Path | None, step: Callable[[str], None] | None) -> None:
-        if not ID.fullmatch(turn_id) or not await trio.to_thread.run_sync(_exists, git):
+        if not ID.fullmatch(turn_id) or not await trio.to_thread.run_sync(layout.has_store, git):
             raise SnapshotError(f"no snapshot of turn {turn_id}")
         try:
             commit = (await git.run("cat-file", "commit", f"{REFS}{turn_id}")).decode()
@@ -375,17 +370,17 @@ class Snapshots:
         workspace's and each nested `.git`'s); the manifest adds the rest."""
         roots = [("", files), *doc["roots"].items()]
         index = git.git_dir.parent / "restore-index"
-        await trio.to_thread.run_sync(_prepare, new, [r for r, _ in roots])
+        await trio.to_thread.run_sync(layout.prepare, new, [r for r, _ in roots])
         for rel, tree in roots:
-            await trio.to_thread.run_sync(_forget, index)
+            await trio.to_thread.run_sync(layout.forget, index)
             await git.run("read-tree", "--reset", "-u", tree,
                           work_tree=new / rel if rel else new, index=index)
-        await trio.to_thread.run_sync(_forget, index)
+        await trio.to_thread.run_sync(layout.forget, index)
         extras: dict[str, bytes] = {}
         for rel, extra in doc["extras"].items():
             if extra[0] == "file":
                 extras[rel] = await git.run("cat-file", "blob", extra[1])
-        await trio.to_thread.run_sync(_write_extras, new, doc["extras"], extras)
+        await trio.to_thread.run_sync(layout.write_extras, new, doc["extras"], extras)
         await trio.to_thread.run_sync(walk.finish, new, doc)
 
     async def _copy(self, src: Git, dst: Git, upto_turn: str | None) -> None:
@@ -397,18 +392,18 @@ class Snapshots:
         if not wanted:
             return
         self._ref_cache.pop(dst.git_dir, None)
-        if await trio.to_thread.run_sync(_exists, dst):
+        if await trio.to_thread.run_sync(layout.has_store, dst):
             await dst.run("fetch", "--quiet", "--no-tags", "--no-write-fetch-head",
                           str(src.git_dir), *(f"+{REFS}{t}:{REFS}{t}" for t in wanted))
             return
         tmp = dst.git_dir.with_name("git.tmp")
-        hardlinks = await trio.to_thread.run_sync(_make_room, src.git_dir, tmp)
+        hardlinks = await trio.to_thread.run_sync(layout.make_room, src.git_dir, tmp)
         await dst.run("clone", "--quiet", "--mirror",
                       "--local" if hardlinks else "--no-hardlinks",
                       str(src.git_dir), str(tmp))
         await dst.run("config", "--file", str(tmp / "config"), "--remove-section",
                       "remote.origin")
-        await trio.to_thread.run_sync(_seal, tmp, dst.git_dir)
+        await trio.to_thread.run_sync(layout.seal, tmp, dst.git_dir)
         extra = {t for _, t in await self._refs(dst)} - set(wanted)
         if extra:
             self._ref_cache.pop(dst.git_dir, None)
@@ -421,7 +416,7 @@ class Snapshots:
         taken from the index without being read; removed ones leave it. What the index
         holds is remembered while the index file is as this process left it."""
         work_tree = workspace / os.fsdecode(root.rel) if root.rel else workspace
-        stamp = await trio.to_thread.run_sync(_index_stamp, index)
+        stamp = await trio.to_thread.run_sync(layout.index_stamp, index)
         cached = self._tracked.get(index)
         if stamp is None:
             tracked: set[bytes] = set()
@@ -443,7 +438,7 @@ class Snapshots:
                           work_tree=work_tree, index=index, stdin=b"".join(
                               p + b"\0" for p in sorted(current)))
         out = await git.run("write-tree", work_tree=work_tree, index=index)
-        stamp = await trio.to_thread.run_sync(_index_stamp, index)
+        stamp = await trio.to_thread.run_sync(layout.index_stamp, index)
         if stamp is not None:
             self._tracked[index] = (stamp, current)
         return out.decode().strip()
@@ -451,13 +446,13 @@ class Snapshots:
     async def _refs(self, git: Git) -> list[tuple[int, str]]:
         """(committer date, turn id) of every snapshot, oldest first. Kept between
         calls while the ref store on disk is as this process last left it."""
-        stamp = await trio.to_thread.run_sync(_refs_stamp, git)
+        stamp = await trio.to_thread.run_sync(layout.refs_stamp, git)
         if stamp is None:
             return []
         cached = self._ref_cache.get(git.git_dir)
         if cached is not None and cached[0] == stamp:
             return cached[1]
-        refs = await _read_refs(git)
+        refs = await layout.read_refs(git)
         self._ref_cache[git.git_dir] = (stamp, refs)
         return refs
 
@@ -465,7 +460,7 @@ class Snapshots:
                       append: bool = False) -> None:
         try:
             folder = self._dir(session_id) / "why"
-            await trio.to_thread.run_sync(_write_reason, folder, turn_id, reason, append)
+            await trio.to_thread.run_sync(layout.write_reason, folder, turn_id, reason, append)
         except (OSError, SnapshotError):
             pass  # why_not then says less; the log has it
 
@@ -478,32 +473,6 @@ class Snapshots:
         self._logged.add(kind)
 
 
-async def _ensure_store(git: Git) -> None:
-    if await trio.to_thread.run_sync(_exists, git):
-        return
-    tmp = git.git_dir.with_name("git.tmp")
-    await trio.to_thread.run_sync(_make_room, None, tmp)
-    await git.run("init", "--quiet", "--bare", str(tmp))
-    await trio.to_thread.run_sync(_seal, tmp, git.git_dir)
-
-
-def _make_room(src: Path | None, tmp: Path) -> bool:
-    """A clean place to make a store at `tmp` (what a crash left there removed); True
-    when `src` is on the same file system (a clone can hard-link its objects)."""
-    swap.rmtree(tmp)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    (tmp.parent.parent / ".home").mkdir(exist_ok=True)
-    return src is not None and os.stat(src).st_dev == os.stat(tmp.parent).st_dev
-
-
-def _seal(tmp: Path, git_dir: Path) -> None:
-    """The store made at `tmp` gets the attributes that keep bytes as they are, then
-    takes its place (one rename: a store is there whole or not at all)."""
-    (tmp / "info").mkdir(exist_ok=True)
-    (tmp / "info" / "attributes").write_bytes(ATTRIBUTES)
-    os.rename(tmp, git_dir)
-
-
 async def _existing(git: Git, session_id: str, turn_id: str) -> SnapshotRef:
     commit = (await git.run("rev-parse", "--verify", f"{REFS}{turn_id}^{{commit}}")
               ).decode().strip()
@@ -513,123 +482,6 @@ async def _existing(git: Git, session_id: str, turn_id: str) -> SnapshotRef:
     return SnapshotRef(session_id, turn_id, commit, int(counts.get("files", 0)),
                        int(counts.get("bytes", 0)))
 
-
-async def _read_refs(git: Git) -> list[tuple[int, str]]:
-    out = await git.run("for-each-ref", "--sort=committerdate",
-                        "--format=%(committerdate:unix) %(refname:lstrip=2)", REFS)
-    found = []
-    for line in out.decode().splitlines():
-        date, _, turn = line.partition(" ")
-        found.append((int(date), turn))
-    return found
-
-
-def _exists(git: Git) -> bool:
-    return (git.git_dir / "HEAD").exists()
-
-
-def _refs_stamp(git: Git) -> tuple[int, ...] | None:
-    """What changes whenever a ref of the store does (loose refs are files of
-    refs/turns/, written by rename; `git gc` moves them to packed-refs). None: no store."""
-    try:
-        turns = os.stat(git.git_dir / "refs" / "turns")
-    except FileNotFoundError:
-        return None if not (git.git_dir / "HEAD").exists() else (0,)
-    extra: tuple[int, ...]
-    try:
-        packed = os.stat(git.git_dir / "packed-refs")
-        extra = (packed.st_mtime_ns, packed.st_size, packed.st_ino)
-    except FileNotFoundError:
-        extra = ()
-    return (turns.st_mtime_ns, turns.st_ino, *extra)
-
-
-def _index_stamp(index: Path) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(index)
-    except FileNotFoundError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
-def _index(folder: Path, root: walk.Root) -> Path:
-    if not root.rel:
-        return folder / "index"
-    return folder / f"index-{hashlib.sha1(root.rel).hexdigest()[:20]}"
-
-
-def _prepare(new: Path, roots: list[str]) -> None:
-    """An empty `new` with a directory for each root to check out into."""
-    swap.rmtree(new)
-    new.mkdir()
-    for rel in roots:
-        if rel:
-            walk.makedirs(os.fsencode(new), os.fsencode(rel))
-
-
-def _write_extras(new: Path, extras: dict[str, list[Any]], blobs: dict[str, bytes]) -> None:
-    """What git's index refused to hold (a file or link named `.git`, …)."""
-    for rel, extra in extras.items():
-        path = os.fsencode(new / rel)
-        if "/" in rel:
-            walk.makedirs(os.fsencode(new), os.fsencode(rel.rpartition("/")[0]))
-        if extra[0] == "link":
-            os.symlink(os.fsencode(extra[1]), path)
-        else:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with open(fd, "wb") as f:
-                f.write(blobs[rel])
-                os.fchmod(f.fileno(), extra[2])
-
-
-def _drop_unused_indexes(folder: Path, roots: list[walk.Root]) -> None:
-    used = {_index(folder, r).name for r in roots}
-    for path in folder.glob("index-*"):
-        if path.name not in used:
-            path.unlink(missing_ok=True)
-
-
-def _clear_stale_locks(folder: Path) -> None:
-    """Lock files a killed git left (this process holds the session's lock, and a
-    session has one owner): without this every later call would fail."""
-    for pattern in ("*.lock", "git/*.lock", "git/refs/turns/*.lock"):
-        for path in folder.glob(pattern):
-            path.unlink(missing_ok=True)
-
-
-def _write_reason(folder: Path, name: str, text: str, append: bool) -> None:
-    if not ID.fullmatch(name) and name != DROPPED_LOG:
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / name, "a" if append else "w") as f:
-        f.write(text if append else text + "\n")
-
-
-def _reason(folder: Path, turn_id: str) -> str | None:
-    """Why `turn_id` has no snapshot, as recorded: its own file (it failed or was too
-    large), or its line in the log of what `snapshot_keep` dropped."""
-    if not ID.fullmatch(turn_id):
-        return None
-    try:
-        return (folder / turn_id).read_text().strip()
-    except FileNotFoundError:
-        pass
-    try:
-        with open(folder / DROPPED_LOG) as f:
-            if any(line.rstrip("\n") == turn_id for line in f):
-                return DROPPED
-    except FileNotFoundError:
-        pass
-    return None
-
-
-def _forget(path: Path) -> None:
-    path.unlink(missing_ok=True)
-
-
-def _within(path: Path, folder: Path) -> bool:
-    return os.path.abspath(path).startswith(os.path.abspath(folder) + os.sep) or (
-        os.path.abspath(path) == os.path.abspath(folder))
 
 
 __all__ = ["DROPPED", "OFF", "TOO_LARGE", "SnapshotError", "SnapshotRef", "Snapshots"]
