@@ -93,6 +93,12 @@ def git_ls_tree(store: Path, commit: str) -> list[str]:
                           capture_output=True, text=True).stdout.splitlines()
 
 
+def git_refs(store: Path) -> list[str]:
+    return subprocess.run(["git", "--git-dir", str(store), "for-each-ref",
+                           "--format=%(refname)"], check=True, capture_output=True,
+                          text=True).stdout.split()
+
+
 @pytest.fixture
 def workspaces(tmp_path: Path) -> Path:
     root = tmp_path / "workspaces"
@@ -458,6 +464,37 @@ async def test_fork_copies_one_snapshot_to_another_session(tmp_path: Path,
         with pytest.raises(SnapshotError):
             await snaps.copy_to("ses_fork", "turn_2", "ses_c", workspaces / "ses_c")
         assert not (workspaces / "ses_c").exists()
+
+
+async def test_a_fork_of_the_workspace_now(tmp_path: Path, workspaces: Path) -> None:
+    with trio.fail_after(DEADLINE_S):
+        snaps = service(tmp_path, max_bytes=10_000)
+        src = workspaces / "ses_a"
+        src.mkdir()
+        (src / "f").write_text("at turn 1\n")
+        assert await snaps.snapshot("ses_a", "turn_1", src) is not None
+        (src / "f").write_text("now, after the last turn\n")
+        (src / "empty").mkdir()
+        os.symlink("/etc/hostname", src / "out")
+        now = tree(src)
+        for dst in ("ses_new", "ses_old"):
+            if dst == "ses_old":  # a session that has a store already: fetched into it
+                (workspaces / dst).mkdir()
+                assert await snaps.snapshot(dst, "turn_x", workspaces / dst) is not None
+            await snaps.copy_now("ses_a", src, dst, workspaces / dst)
+            assert tree(workspaces / dst) == now
+            assert tree(src) == now
+            assert "turn_1" in await snaps.turns(dst)
+            store = tmp_path / "snapshots" / dst / "git"
+            refs = await trio.to_thread.run_sync(git_refs, store)
+            assert not [r for r in refs if r.startswith("refs/forks/")], refs
+        refs = await trio.to_thread.run_sync(git_refs, tmp_path / "snapshots" / "ses_a" / "git")
+        assert refs == ["refs/turns/turn_1"]  # nothing of the forks left in the source
+        assert await snaps.turns("ses_a") == {"turn_1"}
+        (src / "big").write_bytes(b"x" * 20_000)
+        with pytest.raises(SnapshotError, match="workspace too large"):
+            await snaps.copy_now("ses_a", src, "ses_big", workspaces / "ses_big")
+        assert not (workspaces / "ses_big").exists()
 
 
 async def test_copy_snapshots_into_a_new_and_an_existing_store(

@@ -18,6 +18,7 @@ from .git import ATTRIBUTES, Git
 
 ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")  # session and turn ids (and ref names)
 REFS = "refs/turns/"
+FORKS = "refs/forks/"  # a fork's commit of a workspace now, while it is copied
 DROPPED = "dropped by snapshot_keep"
 DROPPED_LOG = "_dropped"  # not a turn id (ids start with a letter or digit)
 

@@ -45,7 +45,7 @@ import trio
 from . import layout, swap, walk
 from .config import SnapshotConfig
 from .git import Git, GitError
-from .layout import DROPPED, DROPPED_LOG, ID, REFS
+from .layout import DROPPED, DROPPED_LOG, FORKS, ID, REFS
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +189,31 @@ class Snapshots:
             await self._copy(src, dst, turn_id)
             await self._restore(dst, turn_id, dst_workspace, None, None)
 
+    async def copy_now(self, src_session: str, src_workspace: Path, dst_session: str,
+                       dst_workspace: Path) -> None:
+        """For a fork of the workspace as it is now (`fork` with no turn, or after the
+        last turn): `dst_workspace` becomes what `src_workspace` is now — committed to
+        `src_session`'s store like a snapshot, under no turn — and `dst_session`'s store
+        gets all of `src_session`'s snapshots. Raises SnapshotError (workspace too
+        large included)."""
+        async with self._pair(src_session, dst_session, "now") as (src, dst):
+            made = await self._commit(src, src_workspace, f"for the fork {dst_session}",
+                                      int(self._clock()))
+            if isinstance(made, str):
+                raise SnapshotError(made)
+            ref = f"{FORKS}{dst_session}"
+            await src.run("update-ref", ref, made[0])
+            try:
+                await self._copy(src, dst, None, also=ref)
+                await self._restore(dst, "now", dst_workspace, None, None, ref=ref)
+            finally:
+                with trio.move_on_after(GRACE_S, shield=True):
+                    for git in (src, dst):
+                        try:
+                            await git.run("update-ref", "-d", ref)
+                        except GitError:
+                            pass  # not there (the copy failed first); nothing to drop
+
     async def copy_snapshots(self, src_session: str, dst_session: str,
                              upto_turn: str | None = None) -> None:
         """`dst_session`'s store gets `src_session`'s snapshots (all, or those no newer
@@ -274,18 +299,46 @@ class Snapshots:
                         workspace: Path) -> SnapshotRef | None:
         if layout.within(git.git_dir, workspace) or layout.within(workspace, git.git_dir):
             raise SnapshotError("the object store and the workspace overlap")
-        if any(t == turn_id for _, t in await self._refs(git)):
+        refs = await self._refs(git)
+        if any(t == turn_id for _, t in refs):
             # Taken when the turn first started; a resumed turn (§18) keeps that one.
             return await _existing(git, session_id, turn_id)
+        date = max(int(self._clock()), refs[-1][0] + 1 if refs else 0)
+        made = await self._commit(git, workspace, f"before turn {turn_id}", date)
+        if isinstance(made, str):
+            self._say(f"no snapshot of session {session_id} turn {turn_id}: {made}",
+                      TOO_LARGE, level=logging.INFO)
+            await self._record(session_id, turn_id, made)
+            return None
+        commit, listing = made
+        dropped = [t for _, t in refs[: max(0, len(refs) + 1 - self.config.keep)]]
+        update = f"update {REFS}{turn_id} {commit}\n" + "".join(
+            f"delete {REFS}{t}\n" for t in dropped)
+        try:
+            await git.run("update-ref", "--stdin", stdin=update.encode())
+        finally:
+            self._ref_cache.pop(git.git_dir, None)
+        self._ref_cache[git.git_dir] = (await trio.to_thread.run_sync(layout.refs_stamp, git),
+                                        [*refs[len(dropped):], (date, turn_id)])
+        if dropped:  # one line each in one file: a long session's drops stay small
+            await self._record(session_id, DROPPED_LOG, "".join(t + "\n" for t in dropped),
+                               append=True)
+            drops = self._drops.get(session_id, 0) + len(dropped)
+            self._drops[session_id] = drops
+            if drops >= max(10, self.config.keep // 4):
+                await git.run("prune", "--expire=now")  # loose objects no ref reaches
+                self._drops[session_id] = 0
+        await trio.to_thread.run_sync(layout.forget, self._dir(session_id) / "why" / turn_id)
+        return SnapshotRef(session_id, turn_id, commit, listing.files, listing.size)
+
+    async def _commit(self, git: Git, workspace: Path, what: str,
+                      date: int) -> tuple[str, walk.Listing] | str:
+        """The workspace as a commit of the store (no ref yet), or why not (too large)."""
         await trio.to_thread.run_sync(swap.recover, workspace)
         listing = await trio.to_thread.run_sync(
             walk.walk, workspace, self.config.max_bytes, abandon_on_cancel=True)
         if listing.too_large:
-            reason = f"{TOO_LARGE} (over snapshot_max_bytes = {self.config.max_bytes})"
-            self._say(f"no snapshot of session {session_id} turn {turn_id}: {reason}",
-                      TOO_LARGE, level=logging.INFO)
-            await self._record(session_id, turn_id, reason)
-            return None
+            return f"{TOO_LARGE} (over snapshot_max_bytes = {self.config.max_bytes})"
         await layout.ensure_store(git)
         index_dir = git.git_dir.parent
         trees: dict[bytes, str] = {}
@@ -301,7 +354,7 @@ class Snapshots:
                                 stdin=paths)
             blobs = dict(zip(files, out.decode().split(), strict=True))
         manifest = walk.manifest(listing, trees, blobs)
-        message = (f"veild snapshot before turn {turn_id}\n\nfiles {listing.files}\n"
+        message = (f"veild snapshot {what}\n\nfiles {listing.files}\n"
                    f"bytes {listing.size}\nskipped {len(listing.skipped)}\n")
         if len(manifest) <= INLINE_MANIFEST:
             # The common case: one line in the commit, two git processes fewer.
@@ -312,37 +365,20 @@ class Snapshots:
             top = (await git.run("mktree", stdin=(
                 f"040000 tree {trees[b'']}\tfiles\n100644 blob {blob}\tmanifest\n"
             ).encode())).decode().strip()
-        refs = await self._refs(git)
-        date = max(int(self._clock()), refs[-1][0] + 1 if refs else 0)
         commit = (await git.run("commit-tree", top, "-F", "-", stdin=message.encode(),
                                 date=date)).decode().strip()
-        dropped = [t for _, t in refs[: max(0, len(refs) + 1 - self.config.keep)]]
-        update = f"update {REFS}{turn_id} {commit}\n" + "".join(
-            f"delete {REFS}{t}\n" for t in dropped)
-        try:
-            await git.run("update-ref", "--stdin", stdin=update.encode())
-        finally:
-            self._ref_cache.pop(git.git_dir, None)
-        self._ref_cache[git.git_dir] = (await trio.to_thread.run_sync(layout.refs_stamp, git),
-                                        [*refs[len(dropped):], (date, turn_id)])
-        if dropped:  # one line each in one file: a long session's drops stay small
-            await self._record(session_id, DROPPED_LOG, "".join(t + "\n" for t in dropped),
-                               append=True)
-        if dropped:
-            drops = self._drops.get(session_id, 0) + len(dropped)
-            self._drops[session_id] = drops
-            if drops >= max(10, self.config.keep // 4):
-                await git.run("prune", "--expire=now")  # loose objects no ref reaches
-                self._drops[session_id] = 0
-        await trio.to_thread.run_sync(layout.forget, self._dir(session_id) / "why" / turn_id)
-        return SnapshotRef(session_id, turn_id, commit, listing.files, listing.size)
+        return commit, listing
 
     async def _restore(self, git: Git, turn_id: str, workspace: Path,
-                       keep_old_as: Path | None, step: Callable[[str], None] | None) -> None:
-        if not ID.fullmatch(turn_id) or not await trio.to_thread.run_sync(layout.has_store, git):
+                       keep_old_as: Path | None, step: Callable[[str], None] | None,
+                       ref: str | None = None) -> None:
+        """Restore `turn_id`'s snapshot (or the commit at `ref`) into `workspace`."""
+        if ref is None and not ID.fullmatch(turn_id):
+            raise SnapshotError(f"no snapshot of turn {turn_id}")
+        if not await trio.to_thread.run_sync(layout.has_store, git):
             raise SnapshotError(f"no snapshot of turn {turn_id}")
         try:
-            commit = (await git.run("cat-file", "commit", f"{REFS}{turn_id}")).decode()
+            commit = (await git.run("cat-file", "commit", ref or f"{REFS}{turn_id}")).decode()
         except GitError:
             raise SnapshotError(f"no snapshot of turn {turn_id}") from None
         tree = commit.split("\n", 1)[0].removeprefix("tree ")
@@ -383,18 +419,22 @@ class Snapshots:
         await trio.to_thread.run_sync(layout.write_extras, new, doc["extras"], extras)
         await trio.to_thread.run_sync(walk.finish, new, doc)
 
-    async def _copy(self, src: Git, dst: Git, upto_turn: str | None) -> None:
+    async def _copy(self, src: Git, dst: Git, upto_turn: str | None,
+                    also: str | None = None) -> None:
+        """`src`'s snapshots up to `upto_turn` (all: None) into `dst`, and the ref
+        `also` when given (a fork's commit of the workspace now)."""
         refs = await self._refs(src)
         dates = {t: d for d, t in refs}
         if upto_turn is not None and upto_turn not in dates:
             raise SnapshotError(f"no snapshot of turn {upto_turn}")
         wanted = [t for d, t in refs if upto_turn is None or d <= dates[upto_turn]]
-        if not wanted:
+        if not wanted and also is None:
             return
         self._ref_cache.pop(dst.git_dir, None)
         if await trio.to_thread.run_sync(layout.has_store, dst):
+            specs = [f"+{REFS}{t}:{REFS}{t}" for t in wanted]
             await dst.run("fetch", "--quiet", "--no-tags", "--no-write-fetch-head",
-                          str(src.git_dir), *(f"+{REFS}{t}:{REFS}{t}" for t in wanted))
+                          str(src.git_dir), *specs, *([f"+{also}:{also}"] if also else []))
             return
         tmp = dst.git_dir.with_name("git.tmp")
         hardlinks = await trio.to_thread.run_sync(layout.make_room, src.git_dir, tmp)
@@ -404,11 +444,14 @@ class Snapshots:
         await dst.run("config", "--file", str(tmp / "config"), "--remove-section",
                       "remote.origin")
         await trio.to_thread.run_sync(layout.seal, tmp, dst.git_dir)
-        extra = {t for _, t in await self._refs(dst)} - set(wanted)
+        extra = [f"{REFS}{t}" for t in
+                 sorted({t for _, t in await self._refs(dst)} - set(wanted))]
+        forks = (await dst.run("for-each-ref", "--format=%(refname)", FORKS)).decode().split()
+        extra += [r for r in forks if r != also]  # other forks' passing refs
         if extra:
             self._ref_cache.pop(dst.git_dir, None)
             await dst.run("update-ref", "--stdin", stdin="".join(
-                f"delete {REFS}{t}\n" for t in sorted(extra)).encode())
+                f"delete {r}\n" for r in extra).encode())
 
     async def _write_tree(self, git: Git, workspace: Path, root: walk.Root,
                           index: Path) -> str:
