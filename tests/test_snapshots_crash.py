@@ -9,7 +9,8 @@ child pauses there and says so: no timing involved) or at spread-out delays afte
 says it starts, which land anywhere in the checkout, the manifest's work and the swap.
 Then a new service (the daemon restarted) runs the recovery step, and the workspace
 must equal, by a byte-and-mode tree walk, the state before or the state after — with no
-rubble left beside it — and a later restore must work.
+rubble left beside it — and a later restore must work. The same for a rewind's restore,
+which keeps the old workspace as its saved fork's: that one is there whole, or not yet.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import trio
 
 from daemon.snapshots import SnapshotConfig, Snapshots
-from daemon.snapshots.swap import siblings
+from daemon.snapshots.swap import rmtree, siblings
 from tests.test_snapshots import Entry, names, tree
 
 DEADLINE_S = 240
@@ -97,11 +98,12 @@ def kill_gits_under(folder: Path) -> None:
 
 
 async def restore_killed(root: Path, ws: Path, *, step: str | None = None,
-                         delay_s: float | None = None) -> str:
+                         delay_s: float | None = None, keep: Path | None = None) -> str:
     """Run the child's restore of turn_after and SIGKILL it at `step` or `delay_s` after
     it starts; what it printed last."""
     argv = [sys.executable, "-m", "tests.snapshot_child", str(root), str(ws), "ses_a",
-            "turn_after", *(["--pause"] if step else [])]
+            "turn_after", *(["--pause"] if step else []),
+            *(["--keep", str(keep)] if keep else [])]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     process = await trio.lowlevel.open_process(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=str(REPO))
@@ -133,11 +135,11 @@ async def restore_killed(root: Path, ws: Path, *, step: str | None = None,
         await process.stdin.aclose()
 
 
-async def recovered(root: Path, ws: Path) -> dict[str, Entry]:
+async def recovered(root: Path, ws: Path, *others: str) -> dict[str, Entry]:
     """What a restarted daemon finds once its recovery step ran."""
     found = await Snapshots(SnapshotConfig(root=root)).recover_all(ws.parent)
     assert found in ([], [ws])
-    assert names(ws.parent) == [ws.name], siblings(ws)  # no rubble beside it
+    assert names(ws.parent) == sorted([ws.name, *others]), siblings(ws)  # no rubble
     return tree(ws)
 
 
@@ -172,6 +174,21 @@ async def test_a_kill_at_any_point_leaves_before_or_after(tmp_path: Path) -> Non
             assert await restore_killed(root, ws, step=step) == step
             got = await recovered(root, ws)
             assert got == (before if OUTCOME[step] == "before" else after), step
+
+        # A rewind keeps the old workspace as its saved fork: killed at each step, the
+        # session is as before (and no fork's workspace yet) or as after (and the fork's
+        # workspace is the old one, whole).
+        saved = ws.parent / "ses_saved"
+        for step in STEPS:
+            await reset()
+            await trio.to_thread.run_sync(rmtree, saved)
+            assert await restore_killed(root, ws, step=step, keep=saved) == step
+            if OUTCOME[step] == "before":
+                assert await recovered(root, ws) == before, step
+            else:
+                assert await recovered(root, ws, saved.name) == after, step
+                assert tree(saved) == before, step
+        await trio.to_thread.run_sync(rmtree, saved)
 
         # Kills spread over the restore's duration (and a little past it), then one
         # well after its end.
