@@ -92,6 +92,12 @@ class ServerConfig:
     # OTEL_EXPORTER_OTLP_* variables, else no traces), and whether spans hold content.
     otel_endpoint: str | None = None
     otel_content: bool = False
+    # CONTRACT §19: each turn's workspace kept before it runs (rewind, fork), unless the
+    # workspace's files add up to more than `snapshot_max_bytes`; `snapshot_keep` per
+    # session (older ones dropped).
+    snapshots: bool = True
+    snapshot_max_bytes: int = 256 * 1024 * 1024
+    snapshot_keep: int = 100
 
     @property
     def auth_token(self) -> str | None:
@@ -248,6 +254,13 @@ class ClusterConfig:
 
     def workspaces_in(self, data_dir: Path) -> Path:
         return self.workspaces if self.workspaces is not None else data_dir / "workspaces"
+
+    def snapshots_in(self, data_dir: Path) -> Path:
+        """CONTRACT §19: the snapshots beside the workspaces (`WORKSPACES.snapshots`,
+        on the same shared filesystem); data_dir/snapshots by default."""
+        if self.workspaces is None:
+            return data_dir / "snapshots"
+        return self.workspaces.with_name(self.workspaces.name + ".snapshots")
 
 
 def redact_url(url: str) -> str:
@@ -408,6 +421,10 @@ def _server(file: str, table: Any) -> ServerConfig:
         sandbox_hide=_absolute_paths(r, "sandbox_hide"),
         otel_endpoint=_otel_endpoint(r),
         otel_content=r.get("otel_content", bool, False),
+        snapshots=r.get("snapshots", bool, True),
+        snapshot_max_bytes=r.positive_int("snapshot_max_bytes", 256 * 1024 * 1024,
+                                          minimum=0),
+        snapshot_keep=r.positive_int("snapshot_keep", 100),
     )
     r.check_unknown()
     return cfg

@@ -64,7 +64,7 @@ from daemon.runtime.publisher import TurnPublisher
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
 from daemon.runtime.toolrunner import ToolSite, TurnTools
-from daemon.toolproc.sandbox import Sandbox
+from daemon.snapshots import Snapshots
 from daemon.store.models import (
     InboxRecord,
     MessageRecord,
@@ -72,6 +72,7 @@ from daemon.store.models import (
     StoredContext,
     TurnRecord,
 )
+from daemon.toolproc.sandbox import Sandbox
 from daemon.tools.base import SubAgents, Tool
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,8 @@ class TurnServices:
     stop: StopBound = field(default_factory=StopBound)
     # CONTRACT §12.1: the daemon's traces (no-ops when off).
     tracing: Tracing = NO_TRACING
+    # CONTRACT §19: each turn's workspace kept before it runs (None: not kept).
+    snapshots: Snapshots | None = None
 
 
 @dataclass(frozen=True)
@@ -349,6 +352,11 @@ class Turn:
         if persisting.cancelled_caught:
             raise StoreUnavailable(f"could not store the start of turn {self.id} before "
                                    "the daemon stopped")
+        # CONTRACT §19: the workspace as it is before any tool of this turn can change
+        # it (off the event loop; never fails the turn: None and a logged line).
+        if self.services.snapshots is not None:
+            await self.services.snapshots.snapshot(self.session.record.id, self.id,
+                                                   self.toolbox.workspace)
 
     def _start_stored(self, _: None) -> None:
         self.start_stored = True
