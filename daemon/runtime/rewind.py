@@ -312,6 +312,10 @@ class Rewinds:
         running; the snapshot service recovers a workspace before it touches it)."""
         if self.snapshots is None:
             return
+        # The root the workspaces are made in (a snapshot of a session whose workspace
+        # does not exist yet is of an empty one: its parent must be there).
+        await trio.to_thread.run_sync(
+            lambda: self.workspaces.mkdir(parents=True, exist_ok=True))
         directory = self.sessions.directory
         if directory.describe()[0] is None:  # one process: every workspace is ours
             await self.snapshots.recover_all(self.workspaces)
