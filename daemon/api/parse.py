@@ -191,13 +191,14 @@ FORK_SCHEMA: dict[str, Any] = {
     "description": "at most one of beforeTurn and afterTurn; neither: everything stored now",
     "properties": {"beforeTurn": {"type": "string", "minLength": 1},
                    "afterTurn": {"type": "string", "minLength": 1}},
+    "not": {"required": ["beforeTurn", "afterTurn"]},
 }
 
 
 def _turn_field(body: dict[str, Any], name: str) -> str | None:
-    value = body.get(name)
-    if value is None:
+    if name not in body:
         return None
+    value = body[name]
     if not isinstance(value, str) or not value:
         raise BadRequest(f"`{name}` must be a turn id", {"field": name})
     return value
