@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from tests.harness import Running, mock, open_daemon, open_recorder
+from tests.harness import Running, db_rows, mock, open_daemon, open_recorder
 
 State = dict[str, tuple[str, int, bytes]]
 
@@ -254,3 +254,53 @@ async def test_snapshots_off_409_and_delete_removes_snapshots(tmp_path: Path,
         r = await d.http.delete(f"/sessions/{sid}")
         assert r.status_code == 200, r.text
         assert not snaps.exists()
+
+
+WIDE = """
+[agents.wide]
+engine = "openai"
+provider = "mock"
+model = "wide-model"
+tools = []
+"""
+
+
+async def test_compactions_before_the_point_carried_over_and_inbox_untouched(
+        tmp_path: Path, provider: Any) -> None:
+    async with open_daemon(tmp_path, provider, extra=WIDE) as d:
+        async def say(text: str, sid: str | None = None) -> dict[str, Any]:
+            body = {"sessionId": sid} if sid else {}
+            r = await d.chat(f"remember {text} " + mock(say=text), agent="wide", **body)
+            assert r.status_code == 200, r.text
+            out: dict[str, Any] = r.json()
+            return out
+
+        one = await say("one")
+        sid = one["sessionId"]
+        two = await say("two", sid)
+        r = await d.http.post(f"/sessions/{sid}/compact")
+        assert r.status_code == 200, r.text
+        compact = r.json()["turnId"]
+        three = await say("three", sid)
+        whole = await history(d, sid)
+        assert [m["role"] for m in whole].count("summary") == 1
+        # Before the compact turn: no summary; after it (before turn 3): the summary.
+        r = await d.http.post(f"/sessions/{sid}/fork", json={"beforeTurn": compact})
+        assert r.status_code == 201, r.text
+        assert "summary" not in [m["role"] for m in
+                                 await history(d, r.json()["session"]["id"])]
+        r = await d.http.post(f"/sessions/{sid}/fork", json={"afterTurn": compact})
+        fork = r.json()["session"]["id"]
+        assert await history(d, fork) == [m for m in whole if m["turnId"] != three["turnId"]]
+        context = (await d.http.get(f"/sessions/{fork}/context")).json()
+        assert context["coversUntil"] == 3
+        # The inbox (what was delivered, and which turn took it) is not touched.
+        inbox = db_rows(tmp_path, "SELECT id, session_id, consumed_by_turn FROM inbox")
+        r = await d.http.post(f"/sessions/{sid}/rewind", json={"beforeTurn": three["turnId"]})
+        assert r.status_code == 200, r.text
+        assert await history(d, sid) == [m for m in whole if m["turnId"] != three["turnId"]]
+        assert db_rows(tmp_path, "SELECT id, session_id, consumed_by_turn FROM inbox") == inbox
+        r = await d.http.post(f"/sessions/{sid}/rewind", json={"beforeTurn": compact})
+        assert r.status_code == 200, r.text
+        assert [m["turnId"] for m in await history(d, sid)] == [one["turnId"]] * 2 + [
+            two["turnId"]] * 2

@@ -111,13 +111,14 @@ class Store(Protocol):
     async def sessions_to_wake(self) -> list[str]: ...
 
     # CONTRACT §19, one transaction each: a fork with the source's first `upto` messages
-    # and their compactions (with `rewinding`: the source marked as rewound before that
-    # turn, this fork keeping what it held); a rewind's end (truncation, the rewound
-    # turns' rows moved to the fork, the mark cleared) or its undoing (the fork removed,
-    # the mark cleared); the marks a crash left
-    async def fork_session(self, fork: SessionRecord, upto: int, *,
+    # and their compactions, none made by `later_turns` (with `rewinding`: the source
+    # marked as rewound before that turn, this fork keeping what it held); a rewind's
+    # end (truncation, the rows of `later_turns` moved to the fork, the mark cleared)
+    # or its undoing (the fork removed, the mark cleared); the marks a crash left
+    async def fork_session(self, fork: SessionRecord, upto: int,
+                           later_turns: Sequence[str] = (), *,
                            rewinding: str | None = None) -> None: ...
-    async def finish_rewind(self, session_id: str, upto: int, moved_turns: Sequence[str],
+    async def finish_rewind(self, session_id: str, upto: int, later_turns: Sequence[str],
                             updated_at: int) -> None: ...
     async def undo_rewind(self, session_id: str) -> None: ...
     async def rewinds(self) -> list[RewindMark]: ...

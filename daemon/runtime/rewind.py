@@ -10,7 +10,8 @@ A rewind of S before turn T, whose previous state is kept as the fork F:
     2. F's snapshot store gets S's snapshots (so F can be rewound in turn)
     3. S's workspace swapped for T's snapshot, the old one renamed to F's workspace
        (snapshots/swap.py: crash-atomic, its commit point is its marker)
-    4. store: S's history cut before T, the rows of T and later turns moved to F, the
+    4. store: S's history cut before T (its messages, and the compactions of T and
+       later turns or past the cut), the rows of T and later turns moved to F, the
        mark cleared — one transaction
 
 The truth after a crash is the workspace swap's: at the next start, once every
@@ -61,12 +62,13 @@ PAUSE_ENV = "VEILD_REWIND_PAUSE"
 @dataclass(frozen=True)
 class Cut:
     """Where a history is cut: its first `upto` messages are kept; the workspace there
-    is the snapshot of `snapshot_turn` (None: the workspace now). `moved`: the session's
-    own turns from the point on (a rewind gives their rows to the fork)."""
+    is the snapshot of `snapshot_turn` (None: the workspace now)."""
 
     upto: int
     snapshot_turn: str | None
-    moved: tuple[str, ...] = ()
+    # The turns from the point on (their compactions are not part of the cut; a
+    # rewind gives the rows of its own ones to the fork).
+    later: tuple[str, ...] = ()
     message: str | None = None  # the content of the turn's user message
 
 
@@ -120,14 +122,10 @@ def locate(session_id: str, messages: Sequence[MessageRecord],
         return next((i for i, m in enumerate(messages) if m.turn_id in later),
                     len(messages))
 
-    def own_from(tid: str) -> tuple[str, ...]:
-        rows = [t.id for t in turns]
-        return tuple(rows[rows.index(tid):]) if tid in rows else tuple(rows)
-
     if at == "now":
         live = [t for t in order if t in running]
         if live:  # only ended turns are copied; the workspace before the running one
-            return Cut(first(live[0]), live[0])
+            return Cut(first(live[0]), live[0], tuple(order[order.index(live[0]):]))
         return Cut(len(messages), None)
     assert turn_id is not None
     if turn_id not in order:
@@ -137,13 +135,13 @@ def locate(session_id: str, messages: Sequence[MessageRecord],
         start = first(turn_id)
         message = next((m.content for m in messages[start:]
                         if m.turn_id == turn_id and m.role == "user"), "")
-        return Cut(start, turn_id, own_from(turn_id), message)
+        return Cut(start, turn_id, tuple(order[order.index(turn_id):]), message)
     if turn_id in running:
         raise Conflict(f"turn {turn_id!r} is still running: a fork after it would copy "
                        "what has not ended", {"sessionId": session_id, "turnId": turn_id})
     rest = order[order.index(turn_id) + 1:]
     if rest:
-        return Cut(first(rest[0]), rest[0])
+        return Cut(first(rest[0]), rest[0], tuple(rest))
     return Cut(len(messages), None)
 
 
@@ -215,7 +213,7 @@ class Rewinds:
             try:
                 await store_then_mirror(
                     sessions.services.stop,
-                    lambda: self.store.fork_session(record, cut.upto),
+                    lambda: self.store.fork_session(record, cut.upto, cut.later),
                     lambda _: self._announce(record), what=f"the fork {record.id}")
             except BaseException:
                 await self._drop_files(record.id)
@@ -289,7 +287,7 @@ class Rewinds:
             return state.record
 
         record = await store_then_mirror(  # 4
-            stop, lambda: self.store.finish_rewind(sid, cut.upto, cut.moved, now),
+            stop, lambda: self.store.finish_rewind(sid, cut.upto, cut.later, now),
             finished, what=f"the rewind of {sid}")
         self._announce(saved)
         self.sessions.bus.publish(ev.SESSION_REWOUND, state.ref,
@@ -326,7 +324,7 @@ class Rewinds:
             kept = self.workspaces / mark.fork_id
             if await trio.to_thread.run_sync(os.path.lexists, kept):
                 cut = await self._cut(mark.session_id, mark.turn_id, "before")
-                await self.store.finish_rewind(mark.session_id, cut.upto, cut.moved,
+                await self.store.finish_rewind(mark.session_id, cut.upto, cut.later,
                                                now_ms())
                 log.warning("finished the rewind of session %s (before %s), interrupted "
                             "by the last stop", mark.session_id, mark.turn_id)

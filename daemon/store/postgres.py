@@ -504,7 +504,8 @@ class PostgresStore:
 
     # -- rewind and fork (CONTRACT §19): as sqlite.py's, each one transaction ------------
 
-    async def fork_session(self, fork: SessionRecord, upto: int, *,
+    async def fork_session(self, fork: SessionRecord, upto: int,
+                           later_turns: Sequence[str] = (), *,
                            rewinding: str | None = None) -> None:
         assert fork.forked_from is not None
         src = fork.forked_from.session_id
@@ -525,6 +526,8 @@ class PostgresStore:
                 "covers_until, pruned_until, summary, reason, before_tokens, after_tokens, "
                 "pruned_tool_results, created_at FROM compactions WHERE session_id = %(s)s "
                 f"AND {_KEPT} ORDER BY id", args)
+            conn.execute("DELETE FROM compactions WHERE session_id = %s AND turn_id = ANY(%s)",
+                         (fork.id, list(later_turns)))
             if rewinding is not None and conn.execute(
                     "UPDATE sessions SET rewind_turn = %s, rewind_fork = %s "
                     "WHERE id = %s AND rewind_turn IS NULL",
@@ -533,7 +536,7 @@ class PostgresStore:
 
         await self._pool.write(_fork)
 
-    async def finish_rewind(self, session_id: str, upto: int, moved_turns: Sequence[str],
+    async def finish_rewind(self, session_id: str, upto: int, later_turns: Sequence[str],
                             updated_at: int) -> None:
         def _finish(conn: Conn) -> None:
             row = conn.execute("SELECT rewind_fork FROM sessions WHERE id = %s FOR UPDATE",
@@ -547,8 +550,10 @@ class PostgresStore:
                 " LIMIT %(upto)s)", args)
             conn.execute(
                 f"DELETE FROM compactions WHERE session_id = %(s)s AND NOT ({_KEPT})", args)
+            conn.execute("DELETE FROM compactions WHERE session_id = %s AND turn_id = ANY(%s)",
+                         (session_id, list(later_turns)))
             conn.execute("UPDATE turns SET session_id = %s WHERE id = ANY(%s) "
-                         "AND session_id = %s", (row[0], list(moved_turns), session_id))
+                         "AND session_id = %s", (row[0], list(later_turns), session_id))
             conn.execute("UPDATE sessions SET rewind_turn = NULL, rewind_fork = NULL, "
                          "updated_at = %s WHERE id = %s", (updated_at, session_id))
 

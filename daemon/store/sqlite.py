@@ -494,10 +494,12 @@ class Store:
 
     # -- rewind and fork (CONTRACT §19) ---------------------------------------------------
 
-    async def fork_session(self, fork: SessionRecord, upto: int, *,
+    async def fork_session(self, fork: SessionRecord, upto: int,
+                           later_turns: Sequence[str] = (), *,
                            rewinding: str | None = None) -> None:
         """Create `fork` (its `forked_from` names the source) with the source's first
-        `upto` messages and the compactions of that part, in one transaction. With
+        `upto` messages and the compactions of that part (none made by `later_turns`),
+        in one transaction. With
         `rewinding` (a turn id), the source is marked as being rewound before it, with
         this fork keeping what it held (refused, nothing written, if a rewind is
         already marked on it)."""
@@ -519,6 +521,8 @@ class Store:
                 "pruned_until, summary, reason, before_tokens, after_tokens, "
                 f"pruned_tool_results, created_at FROM compactions WHERE session_id = :s "
                 f"AND {_KEPT} ORDER BY id", args)
+            conn.executemany("DELETE FROM compactions WHERE session_id = ? AND turn_id = ?",
+                             [(fork.id, t) for t in later_turns])
             if rewinding is not None and conn.execute(
                     "UPDATE sessions SET rewind_turn = ?, rewind_fork = ? "
                     "WHERE id = ? AND rewind_turn IS NULL",
@@ -527,12 +531,12 @@ class Store:
 
         await self.runner.write(_fork)
 
-    async def finish_rewind(self, session_id: str, upto: int, moved_turns: Sequence[str],
+    async def finish_rewind(self, session_id: str, upto: int, later_turns: Sequence[str],
                             updated_at: int) -> None:
         """The end of a rewind, in one transaction: the session keeps its first `upto`
-        messages and the compactions of that part, the rows of `moved_turns` (the
-        rewound turn and those after it) go to the fork the mark names, and the mark is
-        cleared. Nothing happens when no rewind is marked (finished already)."""
+        messages and the compactions of that part (none made by `later_turns`: the
+        rewound turn and those after it), its rows of `later_turns` go to the fork the
+        mark names, and the mark is cleared. Nothing happens when no rewind is marked (finished already)."""
 
         def _finish(conn: sqlite3.Connection) -> None:
             row = conn.execute("SELECT rewind_fork FROM sessions WHERE id = ?",
@@ -546,8 +550,10 @@ class Store:
                 args)
             conn.execute(f"DELETE FROM compactions WHERE session_id = :s AND NOT ({_KEPT})",
                          args)
+            conn.executemany("DELETE FROM compactions WHERE session_id = ? AND turn_id = ?",
+                             [(session_id, t) for t in later_turns])
             conn.executemany("UPDATE turns SET session_id = ? WHERE id = ? AND session_id = ?",
-                             [(row[0], t, session_id) for t in moved_turns])
+                             [(row[0], t, session_id) for t in later_turns])
             conn.execute("UPDATE sessions SET rewind_turn = NULL, rewind_fork = NULL, "
                          "updated_at = ? WHERE id = ?", (updated_at, session_id))
 
