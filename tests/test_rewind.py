@@ -166,7 +166,7 @@ async def test_rewind_and_fork_at_each_turn(daemon: Running, tmp_path: Path) -> 
 
 async def test_bad_input_changes_nothing(daemon: Running, tmp_path: Path) -> None:
     ws = tmp_path / "data" / "workspaces"
-    sid, turns, states, _ = await three_turns(daemon, ws)
+    sid, turns, _, _ = await three_turns(daemon, ws)
     other = await turn(daemon, bash("true"))
     before = (await history(daemon, sid), workspace_state(ws / sid),
               (await daemon.http.get("/sessions")).json())
@@ -196,7 +196,9 @@ async def test_rewind_while_running_is_409(daemon: Running, tmp_path: Path) -> N
     sid = first["sessionId"]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(turn, daemon, bash("while [ ! -e go ]; do sleep 0.02; done"), sid)
-        while (await daemon.http.get(f"/sessions/{sid}")).json()["status"] != "running":
+        for _ in range(1000):  # until its turn runs
+            if (await daemon.http.get(f"/sessions/{sid}")).json()["status"] == "running":
+                break
             await trio.sleep(0.02)
         r = await daemon.http.post(f"/sessions/{sid}/rewind",
                                    json={"beforeTurn": first["turnId"]})

@@ -64,9 +64,11 @@ async def test_a_killed_rewind_is_before_or_after(tmp_path: Path, provider: Prov
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(rewind)
-                with trio.fail_after(30):
-                    while not paused.exists():
-                        await trio.sleep(0.02)
+                for _ in range(1500):  # until it pauses at the step
+                    if paused.exists():
+                        break
+                    await trio.sleep(0.02)
+                assert paused.exists(), f"the rewind never reached {step}"
                 d.process.send_signal(signal.SIGKILL)
                 await d.process.wait()
                 nursery.cancel_scope.cancel()

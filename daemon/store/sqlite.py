@@ -536,7 +536,8 @@ class Store:
         """The end of a rewind, in one transaction: the session keeps its first `upto`
         messages and the compactions of that part (none made by `later_turns`: the
         rewound turn and those after it), its rows of `later_turns` go to the fork the
-        mark names, and the mark is cleared. Nothing happens when no rewind is marked (finished already)."""
+        mark names, and the mark is cleared. Nothing happens when no rewind is marked
+        (finished already)."""
 
         def _finish(conn: sqlite3.Connection) -> None:
             row = conn.execute("SELECT rewind_fork FROM sessions WHERE id = ?",
