@@ -73,7 +73,7 @@ from daemon.store.models import (
     TurnRecord,
 )
 from daemon.toolproc.sandbox import Sandbox
-from daemon.tools.base import SubAgents, Tool
+from daemon.tools.base import SubAgents, Tool, ToolOutcome
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,8 @@ class Turn:
     # The session's history as this turn stored it, when it is known without reading
     # it back (`fresh`): 1,000 spawns would otherwise queue 1,000 reads.
     _history: list[MessageRecord] | None = None
+    # Set once this turn's workspace snapshot is taken (or failed): tools wait for it.
+    _snapshot_taken: trio.Event | None = None
     # Its pieces: the one publisher of its events (runtime/publisher.py), its tools
     # (runtime/toolrunner.py), the interpreter of its engine's events with their tally
     # (runtime/interpreter.py), and its spans (observe/tracing.py).
@@ -352,11 +354,6 @@ class Turn:
         if persisting.cancelled_caught:
             raise StoreUnavailable(f"could not store the start of turn {self.id} before "
                                    "the daemon stopped")
-        # CONTRACT §19: the workspace as it is before any tool of this turn can change
-        # it (off the event loop; never fails the turn: None and a logged line).
-        if self.services.snapshots is not None:
-            await self.services.snapshots.snapshot(self.session.record.id, self.id,
-                                                   self.toolbox.workspace)
 
     def _start_stored(self, _: None) -> None:
         self.start_stored = True
@@ -380,6 +377,7 @@ class Turn:
             "waitedMs": round((trio.current_time() - queued_at) * 1000)})
 
     async def _drive(self) -> None:
+        await self._start_snapshot()
         engine = self.services.engine_for(self.agent)
         # CONTRACT §15: the summary in force and the messages after it, not every one.
         stored = (StoredContext(None, None, self._history) if self._history is not None
@@ -392,9 +390,37 @@ class Turn:
         view = EngineView(
             agent=self.agent, stored=stored, tools=list(self.toolbox.offered().values()),
             workspace=self.toolbox.workspace, session=self.session,
-            compact_only=self.compact_only, trace=self.trace, run_tool=self.toolbox.run,
+            compact_only=self.compact_only, trace=self.trace, run_tool=self._run_tool,
             take_injected=self._take_handed)
         await self.interpreter.run(engine, view)
+
+    # -- CONTRACT §19: the workspace as it was before this turn ----------------------------
+
+    async def _start_snapshot(self) -> None:
+        """The session's workspace kept before any tool of this turn can change it (off
+        the event loop; never fails the turn: a logged line and no snapshot). It runs
+        beside the turn's first LLM call, and every tool call waits for it
+        (`_run_tool`); an engine that runs its own tools (claude-cli) waits here."""
+        snaps = self.services.snapshots
+        if snaps is None:
+            return
+        taken = self._snapshot_taken = trio.Event()
+
+        async def snapshot() -> None:
+            try:
+                await snaps.snapshot(self.session.record.id, self.id, self.toolbox.workspace)
+            finally:
+                taken.set()
+
+        if self.agent.engine == "claude-cli" or self.nursery is None:
+            await snapshot()
+        else:
+            self.nursery.start_soon(snapshot)
+
+    async def _run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
+        if self._snapshot_taken is not None:
+            await self._snapshot_taken.wait()
+        return await self.toolbox.run(call_id, name, args)
 
     def _take_handed(self) -> list[MessageRecord]:
         """The entries handed to this turn, as the messages its engine appends next."""
