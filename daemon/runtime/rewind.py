@@ -45,6 +45,7 @@ from daemon.clock import new_id, now_ms
 from daemon.errors import Conflict, NotFound
 from daemon.runtime import events as ev
 from daemon.runtime.mirror import store_then_mirror
+from daemon.runtime.sessions import running_turn
 from daemon.snapshots import SnapshotError, Snapshots
 from daemon.snapshots.service import OFF
 from daemon.snapshots.swap import rmtree
@@ -53,6 +54,7 @@ from daemon.store.models import ForkPoint, MessageRecord, SessionRecord, TurnHis
 if TYPE_CHECKING:
     from daemon.runtime.sessions import SessionManager
     from daemon.runtime.state import SessionState
+
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +194,12 @@ class Rewinds:
         sessions = self.sessions
         source = await sessions.record(session_id)
         sessions.agent(source.agent_name)  # NotFound: an agent no longer configured
+        if sessions.rewinding(session_id):
+            raise Conflict("the session is being rewound", {"sessionId": session_id})
+        state = sessions.in_memory(session_id)
+        running = running_turn(state) if state is not None else None
+        if running is not None:  # its snapshot is taken beside its first call
+            await running.snapshotted()
         cut = await self._cut(session_id, turn_id, at)
         snaps = self._snaps(session_id)
         if cut.snapshot_turn is not None:

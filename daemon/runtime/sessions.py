@@ -292,6 +292,10 @@ class SessionManager:
             self._held.discard(state.id)
             self.deliveries.wake(state)
 
+    def rewinding(self, session_id: str) -> bool:
+        """A rewind holds the session now (`held`)."""
+        return session_id in self._held
+
     def forget_estimate(self, session_id: str) -> None:
         """Its history changed under it (a rewind): estimate it from bytes again."""
         self._calibrations.forget(session_id)

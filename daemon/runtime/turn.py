@@ -417,9 +417,14 @@ class Turn:
         else:
             self.nursery.start_soon(snapshot)
 
-    async def _run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
+    async def snapshotted(self) -> None:
+        """Once this turn's snapshot is taken (or failed); at once when none is being
+        taken (a fork of the session now waits for it: runtime/rewind.py)."""
         if self._snapshot_taken is not None:
             await self._snapshot_taken.wait()
+
+    async def _run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
+        await self.snapshotted()
         return await self.toolbox.run(call_id, name, args)
 
     def _take_handed(self) -> list[MessageRecord]:
