@@ -210,11 +210,14 @@ class Rewinds:
         # caller left goes through, or leaves nothing of itself.
         with trio.CancelScope(shield=True):
             try:
+                # The restore is built beside the fork's workspace: their folder exists.
+                await trio.to_thread.run_sync(
+                    lambda: self.workspaces.mkdir(parents=True, exist_ok=True))
                 if cut.snapshot_turn is not None:
                     await snaps.copy_to(session_id, cut.snapshot_turn, record.id, ws_dst)
                 else:
                     await snaps.copy_now(session_id, ws_src, record.id, ws_dst)
-            except SnapshotError as exc:
+            except (SnapshotError, OSError) as exc:
                 await self._drop_files(record.id)
                 raise Conflict(f"cannot fork session {session_id}: {exc}",
                                {"sessionId": session_id, "reason": str(exc)}) from exc
@@ -318,10 +321,6 @@ class Rewinds:
         running; the snapshot service recovers a workspace before it touches it)."""
         if self.snapshots is None:
             return
-        # The root the workspaces are made in (a snapshot of a session whose workspace
-        # does not exist yet is of an empty one: its parent must be there).
-        await trio.to_thread.run_sync(
-            lambda: self.workspaces.mkdir(parents=True, exist_ok=True))
         directory = self.sessions.directory
         if directory.describe()[0] is None:  # one process: every workspace is ours
             await self.snapshots.recover_all(self.workspaces)

@@ -459,6 +459,10 @@ class Snapshots:
         taken from the index without being read; removed ones leave it. What the index
         holds is remembered while the index file is as this process left it."""
         work_tree = workspace / os.fsdecode(root.rel) if root.rel else workspace
+        if not root.paths and not await trio.to_thread.run_sync(os.path.isdir, work_tree):
+            # A workspace that does not exist yet (nor the folder it would be made in):
+            # the empty tree, without a work tree git would refuse.
+            return (await git.run("mktree", stdin=b"")).decode().strip()
         stamp = await trio.to_thread.run_sync(layout.index_stamp, index)
         cached = self._tracked.get(index)
         if stamp is None:
