@@ -116,6 +116,12 @@ class ServerConfig:
     # OTEL_EXPORTER_OTLP_* variables, else no traces), and whether spans hold content.
     otel_endpoint: str | None = None
     otel_content: bool = False
+    # CONTRACT §19: each turn's workspace kept before it runs (rewind, fork), unless the
+    # workspace's files add up to more than `snapshot_max_bytes`; `snapshot_keep` per
+    # session (older ones dropped).
+    snapshots: bool = True
+    snapshot_max_bytes: int = 256 * 1024 * 1024
+    snapshot_keep: int = 100
     # CONTRACT §18: turns left open by the last process are resumed at start ("auto")
     # or ended INTERRUPTED ("off", v3); at most `resume_max` times each, and only when
     # their last stored progress is at most `resume_within_s` old. A stop gives running
@@ -326,6 +332,13 @@ class ClusterConfig:
     def workspaces_in(self, data_dir: Path) -> Path:
         return self.workspaces if self.workspaces is not None else data_dir / "workspaces"
 
+    def snapshots_in(self, data_dir: Path) -> Path:
+        """CONTRACT §19: the snapshots beside the workspaces (`WORKSPACES.snapshots`,
+        on the same shared filesystem); data_dir/snapshots by default."""
+        if self.workspaces is None:
+            return data_dir / "snapshots"
+        return self.workspaces.with_name(self.workspaces.name + ".snapshots")
+
 
 def redact_url(url: str) -> str:
     """`url` without its password, for messages and logs: the user info's (`u:***@`) and
@@ -499,6 +512,10 @@ def _server(file: str, table: Any) -> ServerConfig:
         resume_max=r.positive_int("resume_max", 2, minimum=0),
         resume_within_s=r.positive_seconds("resume_within_s", 86400.0),
         drain_s=_drain_s(r),
+        snapshots=r.get("snapshots", bool, True),
+        snapshot_max_bytes=r.positive_int("snapshot_max_bytes", 256 * 1024 * 1024,
+                                          minimum=0),
+        snapshot_keep=r.positive_int("snapshot_keep", 100),
     )
     r.check_unknown()
     return cfg

@@ -87,6 +87,8 @@ async def test_request_bodies_are_the_parsers_own_schemas(daemon: Running) -> No
     assert body("/agents/{name}/chat") == parse.ChatRequest.SCHEMA
     assert body("/sessions/{session_id}/messages") == parse.MessageRequest.SCHEMA
     assert body("/sessions/{session_id}/cancel") == parse.CANCEL_SCHEMA
+    assert body("/sessions/{session_id}/rewind") == parse.REWIND_SCHEMA
+    assert body("/sessions/{session_id}/fork") == parse.FORK_SCHEMA
 
 
 async def test_a_route_without_an_entry_fails_the_build(daemon: Running) -> None:
@@ -153,11 +155,14 @@ PARSERS = [
     (parse.MessageRequest.SCHEMA, parse.MessageRequest.parse),
     (parse.CANCEL_SCHEMA, parse.cancel_scope),
     (parse.DecisionRequest.SCHEMA, parse.DecisionRequest.parse),
+    (parse.REWIND_SCHEMA, parse.rewind_turn),
+    (parse.FORK_SCHEMA, parse.fork_point),
 ]
 
 
 @pytest.mark.parametrize(("schema", "parser"), PARSERS,
-                         ids=["chat", "completions", "messages", "cancel", "decision"])
+                         ids=["chat", "completions", "messages", "cancel", "decision",
+                              "rewind", "fork"])
 def test_a_parser_accepts_exactly_what_its_schema_allows(schema: Any, parser: Any) -> None:
     validator = jsonschema.Draft202012Validator(schema)
 

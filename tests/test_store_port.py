@@ -479,3 +479,57 @@ async def test_a_turn_ends_once(store: Store) -> None:
     [turn] = await store.turns("s")
     assert (turn.terminal_code, turn.ended_at) == ("done", 4000)
     assert await store.pending_inbox("s") == []  # the second end's delivery is not kept
+
+
+async def test_fork_rewind_finish_and_undo(store: Store) -> None:
+    """CONTRACT §19: a fork's rows, the rewinding mark, its end and its undoing, each
+    one transaction, the same on both stores."""
+    from daemon.store.models import CompactionRecord, ForkPoint, RewindMark
+
+    s = session("s")
+    await store.create_session(s)
+    for i, tid in enumerate(["t1", "t2"]):
+        await store.start_turn(TurnRecord(tid, "s", "chat", 3000 + i), running(s, 3000 + i))
+        await store.append_messages("s", [MessageRecord("user", f"q{i}", created_at=i),
+                                          MessageRecord("assistant", f"a{i}", created_at=i)],
+                                    tid)
+        await store.end_turn(tid, "done", 3100 + i, idle(s, 3100 + i))
+    await store.append_compaction("s", CompactionRecord(2, 1, 1, "sum", "manual", 9, 3, 0,
+                                                        5), "t1")
+    await store.append_compaction("s", CompactionRecord(4, 3, 3, "sum2", "manual", 9, 3, 0,
+                                                        6), "t2")
+    f = SessionRecord(**{**_fields(session("f", at=4000)),
+                         "forked_from": ForkPoint("s", "t2", "before")})
+    await store.fork_session(f, 2, ["t2"])
+    assert await store.get_session("f") == f
+    assert [(m.content, m.turn_id) for m in await store.messages("f")] == [
+        ("q0", "t1"), ("a0", "t1")]
+    assert [c.summary for c in await store.compactions("f")] == ["sum"]
+    assert await store.turns("f") == [] and await store.rewinds() == []
+
+    saved = SessionRecord(**{**_fields(session("v", at=5000)),
+                             "forked_from": ForkPoint("s", None, "now")})
+    await store.fork_session(saved, 4, rewinding="t2")
+    assert await store.rewinds() == [RewindMark("s", "t2", "v")]
+    with pytest.raises(StoreError):  # one rewind at a time, and nothing written
+        await store.fork_session(SessionRecord(**{**_fields(session("w")),
+                                                  "forked_from": ForkPoint("s", None, "now")}),
+                                 4, rewinding="t1")
+    assert await store.get_session("w") is None
+    await store.finish_rewind("s", 2, ["t2"], 6000)
+    assert await store.rewinds() == []
+    assert [m.content for m in await store.messages("s")] == ["q0", "a0"]
+    assert [c.summary for c in await store.compactions("s")] == ["sum"]
+    assert [t.id for t in await store.turns("s")] == ["t1"]
+    assert [t.id for t in await store.turns("v")] == ["t2"]
+    assert len(await store.messages("v")) == 4
+    assert (got := await store.get_session("s")) is not None and got.updated_at == 6000
+    await store.finish_rewind("s", 0, ["t1"], 7000)  # no mark: nothing happens
+    assert len(await store.messages("s")) == 2
+
+    undone = SessionRecord(**{**_fields(session("u", at=8000)),
+                              "forked_from": ForkPoint("s", None, "now")})
+    await store.fork_session(undone, 2, rewinding="t1")
+    await store.undo_rewind("s")
+    assert await store.get_session("u") is None and await store.rewinds() == []
+    assert len(await store.messages("s")) == 2

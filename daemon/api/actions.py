@@ -177,6 +177,25 @@ async def _delete(rt: Runtime, body: dict[str, Any]) -> Result:
     return 200, {"deleted": [r.id for r in tree]}
 
 
+async def _rewind(rt: Runtime, body: dict[str, Any]) -> Result:
+    """POST /sessions/{id}/rewind (CONTRACT §19), on the session's owner."""
+    from daemon.runtime.rewind import Rewinds
+
+    done = await Rewinds(rt.sessions).rewind(body["sessionId"], body["beforeTurn"])
+    return 200, done.wire()
+
+
+async def _fork(rt: Runtime, body: dict[str, Any]) -> Result:
+    """POST /sessions/{id}/fork (CONTRACT §19), on the session's owner (its workspace
+    and snapshots are read there; the fork is this node's)."""
+    from daemon.runtime import events as ev
+    from daemon.runtime.rewind import Rewinds
+
+    record = await Rewinds(rt.sessions).fork(body["sessionId"], body.get("turnId"),
+                                             body["at"])
+    return 201, {"session": ev.session_wire(record)}
+
+
 async def _chat(rt: Runtime, body: dict[str, Any]) -> Result:
     """A chat to an existing session of this node routed from another node. In SSE
     mode the caller streams the turn from its own bus subscription (it chose the turn id
@@ -282,7 +301,7 @@ ACTIONS: dict[str, Action] = {
     "cancel": _cancel, "message": _message, "deliver": _deliver, "offer": _offer,
     "decide": _decide, "delete": _delete, "chat": _chat, "approvals": _approvals,
     "schedule": _schedule, "compact": _compact, "cancel_part": _cancel_part,
-    "schedule_turn": _schedule_turn,
+    "schedule_turn": _schedule_turn, "rewind": _rewind, "fork": _fork,
 }
 # Operations on one session (they run on its owner); the others are asked of a node.
 SESSION_OPS = frozenset(ACTIONS) - {"approvals", "schedule", "cancel_part"}

@@ -38,6 +38,7 @@ from daemon.runtime import events as ev
 from daemon.runtime.bus import Filter
 from daemon.runtime.context_view import context_wire
 from daemon.runtime.directory import TURN_TIMEOUT_S
+from daemon.runtime.rewind import Rewinds
 from daemon.runtime.toolrunner import offered_tools
 
 
@@ -87,6 +88,7 @@ _TURN = obj(
     # CONTRACT §14.1: how it ended, as its terminal said.
     error=nullable(obj(["code", "message"], code=STR, message=STR)),
     finishReason=nullable(FINISH_REASON),
+    snapshot={**BOOL, "description": "whether the workspace before it was kept (§19)"},
 )
 _DELETED = obj(["deleted"], deleted={**array(STR), "description":
                                      "the ids removed, the named session first"})
@@ -375,7 +377,43 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     async def turns(session_id: str) -> Response:
         await sessions.record(session_id)  # 404 for an unknown session
         records = await rt.store.turns(session_id)
-        return _json({"turns": [ev.turn_wire(t) for t in records]})
+        kept = await Rewinds(sessions).snapshot_turns(session_id)
+        return _json({"turns": [{**ev.turn_wire(t), "snapshot": t.id in kept}
+                                for t in records]})
+
+    @bp.post("/sessions/<session_id>/rewind")
+    @documented(Op(
+        "Rewind the idle session to before a turn: history and workspace (CONTRACT §19)", {
+            200: Resp("rewound; what it held is kept as the fork `savedAs`; `message`: "
+                      "that turn's user message", obj(
+                          ["session", "savedAs", "message"], session=_SESSION,
+                          savedAs=_SESSION, message=STR)),
+            400: error("no `beforeTurn`"),
+            404: error("no such session, or no such turn in it"),
+            409: error("the session runs a turn, or the turn has no snapshot (details."
+                       "reason: why)"),
+        }, body=parse.REWIND_SCHEMA, tags=("sessions",),
+    ))
+    async def rewind(session_id: str) -> Response:
+        turn = parse.rewind_turn(await body_object())
+        return _answer(await perform(rt, "rewind", {"sessionId": session_id,
+                                                    "beforeTurn": turn}))
+
+    @bp.post("/sessions/<session_id>/fork")
+    @documented(Op(
+        "A new session with this one's history and workspace at a turn (CONTRACT §19)", {
+            201: Resp("the fork (`forkedFrom` says where it came from)",
+                      obj(["session"], session=_SESSION)),
+            400: error("both `beforeTurn` and `afterTurn`"),
+            404: error("no such session, or no such turn in it"),
+            409: error("the turn has no snapshot (details.reason: why), or `afterTurn` "
+                       "still runs"),
+        }, body=parse.FORK_SCHEMA, body_required=False, tags=("sessions",),
+    ))
+    async def fork(session_id: str) -> Response:
+        turn, at = parse.fork_point(await body_object(allow_empty=True))
+        return _answer(await perform(rt, "fork", {"sessionId": session_id,
+                                                  "turnId": turn, "at": at}))
 
     @bp.get("/sessions/<session_id>/stream")
     @documented(Op(

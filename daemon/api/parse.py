@@ -182,6 +182,49 @@ def cancel_scope(body: dict[str, Any]) -> str:
     return str(scope)
 
 
+REWIND_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["beforeTurn"],
+    "properties": {"beforeTurn": {"type": "string", "minLength": 1}},
+}
+FORK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "at most one of beforeTurn and afterTurn; neither: everything stored now",
+    "properties": {"beforeTurn": {"type": "string", "minLength": 1},
+                   "afterTurn": {"type": "string", "minLength": 1}},
+    "not": {"required": ["beforeTurn", "afterTurn"]},
+}
+
+
+def _turn_field(body: dict[str, Any], name: str) -> str | None:
+    if name not in body:
+        return None
+    value = body[name]
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"`{name}` must be a turn id", {"field": name})
+    return value
+
+
+def rewind_turn(body: dict[str, Any]) -> str:
+    """`POST /sessions/{id}/rewind`: `{"beforeTurn"}` (CONTRACT §19), REWIND_SCHEMA."""
+    turn = _turn_field(body, "beforeTurn")
+    if turn is None:
+        raise BadRequest("`beforeTurn` is required", {"field": "beforeTurn"})
+    return turn
+
+
+def fork_point(body: dict[str, Any]) -> tuple[str | None, str]:
+    """`POST /sessions/{id}/fork`: (turn id, "before" | "after" | "now"), FORK_SCHEMA."""
+    before, after = _turn_field(body, "beforeTurn"), _turn_field(body, "afterTurn")
+    if before is not None and after is not None:
+        raise BadRequest("give `beforeTurn` or `afterTurn`, not both",
+                         {"field": "afterTurn"})
+    if before is not None:
+        return before, "before"
+    if after is not None:
+        return after, "after"
+    return None, "now"
+
+
 def int_param(value: str | None, name: str, *, minimum: int = 0,
               maximum: int | None = None) -> int | None:
     if value is None or value == "":

@@ -129,10 +129,14 @@ FINISH_REASON = {"enum": ["stop", "length", "content_filter"]}
 
 SESSION = obj(
     ["id", "agentName", "parentSessionId", "rootSessionId", "depth", "status", "createdAt",
-     "updatedAt", "model", "tokenUsage"],
+     "updatedAt", "model", "tokenUsage", "forkedFrom"],
     id=STR, agentName=STR, parentSessionId=nullable(STR), rootSessionId=STR, depth=INT,
     status={"enum": ["idle", "running"]}, createdAt=INT, updatedAt=INT, model=nullable(STR),
     tokenUsage=ref("TokenUsage"),
+    # CONTRACT §19: null unless the session is a fork
+    forkedFrom={"oneOf": [{"type": "null"}, obj(
+        ["sessionId", "turnId", "at"], sessionId=STR, turnId=nullable(STR),
+        at={"enum": ["before", "after", "now"]})]},
 )
 
 ERROR = obj(["error"], error=obj(

@@ -18,6 +18,7 @@ import trio
 
 from daemon import __version__
 from daemon.cli import agents as cli_agents
+from daemon.cli import rewind as cli_rewind
 from daemon.cli import sessions as cli_sessions
 from daemon.cli.http import (
     DEFAULT_IDLE_S,
@@ -323,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
         "compact", help="compact an idle session's context now (summarise its history)"))
     compact.add_argument("id")
     compact.set_defaults(func=cli_sessions.compact)
+
+    cli_rewind.add_verbs(sub, _remote)  # CONTRACT §19
 
     prune = _remote(sub.add_parser(
         "prune", help="delete idle session trees last updated longer ago than a duration"))

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from daemon.cli.agents import mark, unsandboxed_agents
+from daemon.cli.rewind import forked_from
 from daemon.cli.safe import print_table, safe
 
 
@@ -74,6 +75,8 @@ def show(args: argparse.Namespace) -> int:
                f"tokens {_tokens(s.get('tokenUsage'))}  updated {_when(s['updatedAt'])}"))
     if s.get("children"):
         print(safe("children " + " ".join(s["children"])))
+    if (fork := forked_from(s)) is not None:  # CONTRACT §19
+        print(safe(fork))
     for m in messages:
         if m["role"] == "summary":  # CONTRACT §15: where the context was compacted
             print(safe(f"\n[summary of the first {m.get('coversUntil')} messages] "

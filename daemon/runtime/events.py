@@ -21,6 +21,7 @@ import orjson
 
 from daemon.store.models import (
     CompactionRecord,
+    ForkPoint,
     MessageRecord,
     SessionRecord,
     TokenUsage,
@@ -306,7 +307,15 @@ def session_wire(s: SessionRecord) -> dict[str, Any]:
         "updatedAt": s.updated_at,
         "model": s.model,
         "tokenUsage": usage_wire(s.token_usage),
+        "forkedFrom": fork_wire(s.forked_from),
     }
+
+
+def fork_wire(f: ForkPoint | None) -> dict[str, Any] | None:
+    """`Session.forkedFrom` (CONTRACT §19): null unless the session is a fork."""
+    if f is None:
+        return None
+    return {"sessionId": f.session_id, "turnId": f.turn_id, "at": f.at}
 
 
 def message_wire(m: MessageRecord) -> dict[str, Any]:
@@ -569,6 +578,17 @@ def approval_wire(approval_id: str, ref: SessionRef, turn_id: str, tool_call_id:
 # -- history (CONTRACT §12) ---------------------------------------------------------------
 
 SESSION_DELETED: Final = "session.deleted"
+
+
+SESSION_REWOUND: Final = "session.rewound"
+
+
+def session_rewound(s: SessionRecord, before_turn: str,
+                    saved_as: SessionRecord) -> dict[str, Any]:
+    """The fields of `session.rewound` (CONTRACT §19): the session as it is now, the turn
+    it went back before, and the fork that holds what came after."""
+    return {"session": session_wire(s), "beforeTurn": before_turn,
+            "savedAs": session_wire(saved_as)}
 
 
 def session_deleted(s: SessionRecord) -> dict[str, Any]:

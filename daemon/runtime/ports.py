@@ -27,6 +27,7 @@ from daemon.store.models import (
     CompactionRecord,
     InboxRecord,
     MessageRecord,
+    RewindMark,
     ScheduleRecord,
     SessionRecord,
     StoredContext,
@@ -118,6 +119,19 @@ class Store(Protocol):
     async def deliver(self, d: InboxRecord) -> InboxRecord: ...
     async def pending_inbox(self, session_id: str) -> list[InboxRecord]: ...
     async def sessions_to_wake(self) -> list[str]: ...
+
+    # CONTRACT §19, one transaction each: a fork with the source's first `upto` messages
+    # and their compactions, none made by `later_turns` (with `rewinding`: the source
+    # marked as rewound before that turn, this fork keeping what it held); a rewind's
+    # end (truncation, the rows of `later_turns` moved to the fork, the mark cleared)
+    # or its undoing (the fork removed, the mark cleared); the marks a crash left
+    async def fork_session(self, fork: SessionRecord, upto: int,
+                           later_turns: Sequence[str] = (), *,
+                           rewinding: str | None = None) -> None: ...
+    async def finish_rewind(self, session_id: str, upto: int, later_turns: Sequence[str],
+                            updated_at: int) -> None: ...
+    async def undo_rewind(self, session_id: str) -> None: ...
+    async def rewinds(self) -> list[RewindMark]: ...
 
     # history that does not grow forever (CONTRACT §12): a subtree (parents first),
     # removed with everything of it in one transaction; the trees a prune may remove;

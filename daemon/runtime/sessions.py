@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from daemon.runtime.recovery import Recovery, ResumePolicy
 from daemon.runtime.state import SessionState
 from daemon.runtime.subagents import TurnAgents
 from daemon.runtime.turn import Resumption, Turn, TurnAsk, TurnServices
+from daemon.snapshots import SnapshotError
 from daemon.store.models import (
     EndedTurn,
     InboxRecord,
@@ -112,6 +114,8 @@ class SessionManager:
         # deletions have completed (a load that raced one checks the store again).
         self._deleting: set[str] = set()
         self._deletions = 0
+        # Sessions a rewind holds (runtime/rewind.py): no turn may be claimed on them.
+        self._held: set[str] = set()
         # Which node owns a session and how an operation reaches it (CONTRACT §13):
         # the cluster's directory sets this; alone, every session is this process's.
         self.directory: SessionDirectory = LocalDirectory()
@@ -310,6 +314,29 @@ class SessionManager:
         state = self._sessions.get(session_id)
         return state.record if state is not None else await self._stored(session_id)
 
+    @contextmanager
+    def held(self, state: SessionState) -> Iterator[None]:
+        """No turn is claimed on the session (nor a drain started, nor the session
+        deleted) inside: a rewind (CONTRACT §19). Conflict while a turn runs or
+        something else holds it. A wake that came meanwhile starts after."""
+        if state.running is not None or state.id in self._held or self.deleting(state.id):
+            raise Conflict("the session is running a turn (or being rewound or deleted)",
+                           {"sessionId": state.id})
+        self._held.add(state.id)
+        try:
+            yield
+        finally:
+            self._held.discard(state.id)
+            self.deliveries.wake(state)
+
+    def rewinding(self, session_id: str) -> bool:
+        """A rewind holds the session now (`held`)."""
+        return session_id in self._held
+
+    def forget_estimate(self, session_id: str) -> None:
+        """Its history changed under it (a rewind): estimate it from bytes again."""
+        self._calibrations.forget(session_id)
+
     def calibration(self, session_id: str) -> Calibration:
         """The session's estimate (CONTRACT §15), if it is in memory; else a fresh one
         (bytes only), as its next turn would start from."""
@@ -405,6 +432,8 @@ class SessionManager:
             raise Unavailable("the daemon is shutting down")
         if state.running is not None:
             raise Conflict("the session is running a turn", {"sessionId": state.id})
+        if state.id in self._held:
+            raise Conflict("the session is being rewound", {"sessionId": state.id})
         if state.deleted or state.id in self._deleting:
             raise NotFound(f"no session {state.id!r} (deleted)", {"sessionId": state.id})
         # A claim on a state this manager has forgotten would make a second inbox.
@@ -527,7 +556,7 @@ class SessionManager:
     def start_drain(self, state: SessionState) -> bool:
         """Claim the session for a wake drain and start it in the manager's nursery, in
         one synchronous step; False when no turn can start here now (shutting down)."""
-        if self.closing or self._nursery is None:
+        if self.closing or self._nursery is None or state.id in self._held:
             return False
         self._nursery.start_soon(self._run, self._claim_drain(state))
         return True
@@ -614,7 +643,8 @@ class SessionManager:
         ids = [r.id for r in tree]
         # From this check to the mark nothing awaits: once marked, no turn can be
         # claimed and nothing delivered in the tree.
-        busy = [r.id for r in tree if r.id in self._deleting or r.status == "running"
+        busy = [r.id for r in tree if r.id in self._deleting or r.id in self._held
+                or r.status == "running"
                 or ((s := self._sessions.get(r.id)) is not None and s.running is not None)]
         if busy:
             raise Conflict(
@@ -639,9 +669,22 @@ class SessionManager:
                     self.bus.publish(ev.SESSION_DELETED, refs[record.id],
                                      ev.session_deleted(record))
                 await trio.to_thread.run_sync(_remove_workspaces, self.services.workspaces, ids)
+                await self._remove_snapshots(ids)
         finally:
             self._deleting.difference_update(ids)
         return tree
+
+    async def _remove_snapshots(self, session_ids: Sequence[str]) -> None:
+        """CONTRACT §19: a deleted session's snapshots go with it (logged if not)."""
+        snaps = self.services.snapshots
+        if snaps is None:
+            return
+        for sid in session_ids:
+            try:
+                await snaps.delete(sid, self.services.workspaces / sid)
+            except SnapshotError:
+                log.warning("could not remove the snapshots of deleted session %s", sid,
+                            exc_info=True)
 
     async def _tree_refs(self, tree: list[SessionRecord]) -> dict[str, ev.SessionRef]:
         """Each session's place in the tree (`tree`: parents first), for its events."""

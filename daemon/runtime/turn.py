@@ -64,6 +64,7 @@ from daemon.runtime.publisher import TurnPublisher
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
 from daemon.runtime.toolrunner import ToolSite, TurnTools
+from daemon.snapshots import Snapshots
 from daemon.store.models import (
     InboxRecord,
     MessageRecord,
@@ -121,6 +122,8 @@ class TurnServices:
     stop: StopBound = field(default_factory=StopBound)
     # CONTRACT §12.1: the daemon's traces (no-ops when off).
     tracing: Tracing = NO_TRACING
+    # CONTRACT §19: each turn's workspace kept before it runs (None: not kept).
+    snapshots: Snapshots | None = None
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,8 @@ class Turn:
     # The session's history as this turn stored it, when it is known without reading
     # it back (`fresh`): 1,000 spawns would otherwise queue 1,000 reads.
     _history: list[MessageRecord] | None = None
+    # Set once this turn's workspace snapshot is taken (or failed): tools wait for it.
+    _snapshot_taken: trio.Event | None = None
     # Its pieces: the one publisher of its events (runtime/publisher.py), its tools
     # (runtime/toolrunner.py), the interpreter of its engine's events with their tally
     # (runtime/interpreter.py), and its spans (observe/tracing.py).
@@ -511,6 +516,7 @@ class Turn:
             "waitedMs": round((trio.current_time() - queued_at) * 1000)})
 
     async def _drive(self) -> None:
+        await self._start_snapshot()
         engine = self.services.engine_for(self.agent)
         # CONTRACT §15: the summary in force and the messages after it, not every one.
         if self.resumed is not None:
@@ -532,10 +538,43 @@ class Turn:
             tools=[*self.toolbox.offered().values(), *client.tools],
             client_options=client.options,
             workspace=self.toolbox.workspace, session=self.session,
-            compact_only=self.compact_only, trace=self.trace, run_tool=self.toolbox.run,
+            compact_only=self.compact_only, trace=self.trace, run_tool=self._run_tool,
             take_injected=self._take_handed, output_cap=self.ask.output_cap,
             iterations_done=self.interpreter.tally.iterations if self.resumed else 0)
         await self.interpreter.run(engine, view)
+
+    # -- CONTRACT §19: the workspace as it was before this turn ----------------------------
+
+    async def _start_snapshot(self) -> None:
+        """The session's workspace kept before any tool of this turn can change it (off
+        the event loop; never fails the turn: a logged line and no snapshot). It runs
+        beside the turn's first LLM call, and every tool call waits for it
+        (`_run_tool`); an engine that runs its own tools (claude-cli) waits here."""
+        snaps = self.services.snapshots
+        if snaps is None:
+            return
+        taken = self._snapshot_taken = trio.Event()
+
+        async def snapshot() -> None:
+            try:
+                await snaps.snapshot(self.session.record.id, self.id, self.toolbox.workspace)
+            finally:
+                taken.set()
+
+        if self.agent.engine == "claude-cli" or self.nursery is None:
+            await snapshot()
+        else:
+            self.nursery.start_soon(snapshot)
+
+    async def snapshotted(self) -> None:
+        """Once this turn's snapshot is taken (or failed); at once when none is being
+        taken (a fork of the session now waits for it: runtime/rewind.py)."""
+        if self._snapshot_taken is not None:
+            await self._snapshot_taken.wait()
+
+    async def _run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
+        await self.snapshotted()
+        return await self.toolbox.run(call_id, name, args)
 
     def _take_handed(self) -> list[MessageRecord]:
         """The entries handed to this turn, as the messages its engine appends next."""

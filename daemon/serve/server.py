@@ -46,11 +46,13 @@ from daemon.observe.tracing import NO_TRACING, Tracing, open_tracing
 from daemon.runtime.bus import Bus
 from daemon.runtime.ports import EventLog, Store
 from daemon.runtime.pruner import serve_pruner
+from daemon.runtime.rewind import Rewinds
 from daemon.runtime.sessions import SessionManager
 from daemon.runtime.turn import TurnServices
 from daemon.schedules.launch import SessionLauncher
 from daemon.schedules.scheduler import Scheduler
 from daemon.serve.sdnotify import notify, serve_status, serve_watchdog
+from daemon.snapshots import SnapshotConfig, Snapshots
 from daemon.store import open_store
 from daemon.toolproc import survivors
 from daemon.toolproc.procgroup import close_own_proc
@@ -168,6 +170,18 @@ async def _serve_signals(
             log.info("received %s: shutting down", signal.Signals(signum).name)
             stop()
             return
+
+
+def _snapshots(config: Config) -> Snapshots:
+    """CONTRACT §19: the snapshot service, in data_dir/snapshots (a cluster's beside its
+    workspaces). Off (`snapshots = false`) it still serves forks of the workspace now
+    and says "snapshots off" of every turn."""
+    server = config.server
+    root = (config.cluster.snapshots_in(server.data_dir) if config.cluster is not None
+            else server.data_dir / "snapshots")
+    return Snapshots(SnapshotConfig(root=root, enabled=server.snapshots,
+                                    max_bytes=server.snapshot_max_bytes,
+                                    keep=server.snapshot_keep))
 
 
 def _metrics(bus: Bus) -> Metrics:
@@ -400,6 +414,7 @@ async def _serve(
                 tools=tools, metrics=metrics,
                 workspaces=(config.cluster.workspaces_in(server.data_dir)
                             if config.cluster is not None else server.data_dir / "workspaces"),
+                snapshots=_snapshots(config),
                 grace_s=server.shutdown_grace_s,
                 slots=trio.CapacityLimiter(server.max_running_turns),
                 mcp=mcp, sandbox=sandbox or Sandbox(), tracing=tracing,
@@ -425,6 +440,9 @@ async def _serve(
                                                   server.data_dir / "tools")
             if ended:
                 log.warning("ended %d tool processes of the last run", ended)
+            # CONTRACT §19: interrupted workspace swaps and rewinds settled before any
+            # turn (a session this node does not own is its owner's to settle).
+            await Rewinds(sessions).settle()
             await core.start(sessions.serve)
             await services.start(serve_pruner, sessions, server.keep_days, clock)
             # A service (it stops after the turns it started have ended `shutdown`,

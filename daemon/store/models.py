@@ -30,6 +30,27 @@ class TokenUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class ForkPoint:
+    """Where a forked session came from (CONTRACT §19): the session, the turn and which
+    side of it ("before" | "after" | "now"; `turn_id` None with "now" and no turn)."""
+
+    session_id: str
+    turn_id: str | None
+    at: str
+
+
+@dataclass(frozen=True, slots=True)
+class RewindMark:
+    """A rewind under way (CONTRACT §19): `session_id` goes back to before `turn_id`, what
+    it held is kept as `fork_id`. Stored with the fork, cleared with the truncation, so
+    the start after a crash finishes or undoes it (runtime/rewind.py)."""
+
+    session_id: str
+    turn_id: str
+    fork_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class SessionRecord:
     id: str
     agent_name: str
@@ -43,6 +64,7 @@ class SessionRecord:
     model: str | None = None
     token_usage: TokenUsage = field(default_factory=TokenUsage)
     engine_session_id: str | None = None  # an engine's own conversation id (claude-cli)
+    forked_from: ForkPoint | None = None  # CONTRACT §19
 
 
 @dataclass(frozen=True, slots=True)

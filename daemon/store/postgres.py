@@ -28,11 +28,12 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from daemon.errors import Fenced, InboxConsumed, OwnedElsewhere, TurnClosed
+from daemon.errors import Fenced, InboxConsumed, OwnedElsewhere, StoreError, TurnClosed
 from daemon.store.models import (
     CompactionRecord,
     InboxRecord,
     MessageRecord,
+    RewindMark,
     ScheduleRecord,
     SessionRecord,
     StoredContext,
@@ -101,7 +102,19 @@ _INSERT_MESSAGE, _INSERT_MESSAGE_FENCED = guarded(
     "created_at, turn_id)", 7)
 _INSERT_SESSION = guarded(
     "INSERT INTO sessions(id, agent_name, parent_session_id, root_session_id, depth, "
-    "spawn_tool_call_id, status, created_at, updated_at, model, owner)", 11)
+    "spawn_tool_call_id, status, created_at, updated_at, model, forked_session_id, "
+    "forked_turn_id, forked_at, owner)", 14)
+# A history cut after its first `upto` messages (CONTRACT §19): the compactions kept
+# (rows.kept_compaction, in SQL).
+_KEPT = "place <= %(upto)s AND covers_until <= %(upto)s AND pruned_until <= %(upto)s"
+
+
+def _session_row(s: SessionRecord, owner: str) -> tuple[Any, ...]:
+    f = s.forked_from
+    return (s.id, s.agent_name, s.parent_session_id, s.root_session_id, s.depth,
+            s.spawn_tool_call_id, s.status, s.created_at, s.updated_at, s.model,
+            f.session_id if f else None, f.turn_id if f else None, f.at if f else None,
+            owner)
 _INSERT_COMPACTION = guarded(
     "INSERT INTO compactions(session_id, turn_id, place, covers_until, pruned_until, "
     "summary, reason, before_tokens, after_tokens, pruned_tool_results, created_at)", 11)
@@ -247,10 +260,7 @@ class PostgresStore:
     async def create_session(self, s: SessionRecord) -> None:
         """A session owned by this node (a fenced node creates none: a swept turn's
         spawn, say)."""
-        await self._insert(_INSERT_SESSION, (
-            s.id, s.agent_name, s.parent_session_id, s.root_session_id, s.depth,
-            s.spawn_tool_call_id, s.status, s.created_at, s.updated_at, s.model,
-            self._lease.node_id))
+        await self._insert(_INSERT_SESSION, _session_row(s, self._lease.node_id))
 
     async def save_session(self, s: SessionRecord) -> None:
         u = s.token_usage
@@ -524,6 +534,82 @@ class PostgresStore:
             conn.execute("DELETE FROM sessions WHERE id = ANY(%s)", (ids,))
 
         await self._pool.write(_delete)
+
+    # -- rewind and fork (CONTRACT §19): as sqlite.py's, each one transaction ------------
+
+    async def fork_session(self, fork: SessionRecord, upto: int,
+                           later_turns: Sequence[str] = (), *,
+                           rewinding: str | None = None) -> None:
+        assert fork.forked_from is not None
+        src = fork.forked_from.session_id
+        owner = self._lease.node_id
+
+        def _fork(conn: Conn) -> None:
+            conn.execute(_INSERT_SESSION[0], _session_row(fork, owner)).fetchall()
+            args = {"f": fork.id, "s": src, "upto": upto}
+            conn.execute(
+                "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
+                "created_at, turn_id) SELECT %(f)s, role, content, tool_calls, tool_call_id, "
+                "created_at, turn_id FROM messages WHERE session_id = %(s)s ORDER BY id "
+                "LIMIT %(upto)s", args)
+            conn.execute(
+                "INSERT INTO compactions(session_id, turn_id, place, covers_until, "
+                "pruned_until, summary, reason, before_tokens, after_tokens, "
+                "pruned_tool_results, created_at) SELECT %(f)s, turn_id, place, "
+                "covers_until, pruned_until, summary, reason, before_tokens, after_tokens, "
+                "pruned_tool_results, created_at FROM compactions WHERE session_id = %(s)s "
+                f"AND {_KEPT} ORDER BY id", args)
+            conn.execute("DELETE FROM compactions WHERE session_id = %s AND turn_id = ANY(%s)",
+                         (fork.id, list(later_turns)))
+            if rewinding is not None and conn.execute(
+                    "UPDATE sessions SET rewind_turn = %s, rewind_fork = %s "
+                    "WHERE id = %s AND rewind_turn IS NULL",
+                    (rewinding, fork.id, src)).rowcount != 1:
+                raise StoreError(f"session {src} is being rewound already")
+
+        await self._pool.write(_fork)
+
+    async def finish_rewind(self, session_id: str, upto: int, later_turns: Sequence[str],
+                            updated_at: int) -> None:
+        def _finish(conn: Conn) -> None:
+            row = conn.execute("SELECT rewind_fork FROM sessions WHERE id = %s FOR UPDATE",
+                               (session_id,)).fetchone()
+            if row is None or row[0] is None:
+                return
+            args = {"s": session_id, "upto": upto}
+            conn.execute(
+                "DELETE FROM messages WHERE session_id = %(s)s AND id NOT IN ("
+                " SELECT id FROM messages WHERE session_id = %(s)s ORDER BY id "
+                " LIMIT %(upto)s)", args)
+            conn.execute(
+                f"DELETE FROM compactions WHERE session_id = %(s)s AND NOT ({_KEPT})", args)
+            conn.execute("DELETE FROM compactions WHERE session_id = %s AND turn_id = ANY(%s)",
+                         (session_id, list(later_turns)))
+            conn.execute("UPDATE turns SET session_id = %s WHERE id = ANY(%s) "
+                         "AND session_id = %s", (row[0], list(later_turns), session_id))
+            conn.execute("UPDATE sessions SET rewind_turn = NULL, rewind_fork = NULL, "
+                         "updated_at = %s WHERE id = %s", (updated_at, session_id))
+
+        await self._pool.write(_finish)
+
+    async def undo_rewind(self, session_id: str) -> None:
+        def _undo(conn: Conn) -> None:
+            row = conn.execute("SELECT rewind_fork FROM sessions WHERE id = %s FOR UPDATE",
+                               (session_id,)).fetchone()
+            if row is None or row[0] is None:
+                return
+            for table in ("messages", "compactions", "turns", "inbox"):
+                conn.execute(f"DELETE FROM {table} WHERE session_id = %s", (row[0],))
+            conn.execute("DELETE FROM sessions WHERE id = %s", (row[0],))
+            conn.execute("UPDATE sessions SET rewind_turn = NULL, rewind_fork = NULL "
+                         "WHERE id = %s", (session_id,))
+
+        await self._pool.write(_undo)
+
+    async def rewinds(self) -> list[RewindMark]:
+        rows = await self._pool.rows("SELECT id, rewind_turn, rewind_fork FROM sessions "
+                                     "WHERE rewind_turn IS NOT NULL")
+        return [RewindMark(r[0], r[1], r[2]) for r in rows]
 
     async def stale_trees(self, updated_before: int, limit: int = 500) -> list[str]:
         rows = await self._pool.rows(

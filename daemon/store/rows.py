@@ -10,6 +10,7 @@ from typing import Any
 
 from daemon.store.models import (
     CompactionRecord,
+    ForkPoint,
     InboxRecord,
     MessageRecord,
     ScheduleRecord,
@@ -23,7 +24,7 @@ from daemon.store.models import (
 SESSION_COLUMNS = (
     "id, agent_name, parent_session_id, root_session_id, depth, spawn_tool_call_id, "
     "status, created_at, updated_at, model, input_tokens, output_tokens, cache_tokens, cost, "
-    "engine_session_id"
+    "engine_session_id, forked_session_id, forked_turn_id, forked_at"
 )
 INBOX_COLUMNS = (
     "id, session_id, content, from_session_id, delivery, wakes, reply_to, created_at"
@@ -57,7 +58,15 @@ def session_record(row: Sequence[Any]) -> SessionRecord:
         depth=row[4], spawn_tool_call_id=row[5], status=row[6], created_at=row[7],
         updated_at=row[8], model=row[9],
         token_usage=TokenUsage(row[10], row[11], row[12], row[13]), engine_session_id=row[14],
+        forked_from=ForkPoint(row[15], row[16], row[17]) if row[15] is not None else None,
     )
+
+
+def kept_compaction(c: CompactionRecord, upto: int) -> bool:
+    """Whether compaction `c` belongs to a history cut after its first `upto` messages
+    (a fork's copy, a rewind's truncation: CONTRACT §19): made when no more were stored,
+    and covering or pruning none past the cut."""
+    return c.place <= upto and c.covers_until <= upto and c.pruned_until <= upto
 
 
 def inbox_record(row: Sequence[Any]) -> InboxRecord:

@@ -26,6 +26,7 @@ from daemon.store.models import (
     CompactionRecord,
     InboxRecord,
     MessageRecord,
+    RewindMark,
     ScheduleRecord,
     SessionRecord,
     StoredContext,
@@ -147,6 +148,24 @@ _CONTEXT = (
 )
 
 
+_INSERT_SESSION = (
+    "INSERT INTO sessions(id, agent_name, parent_session_id, root_session_id, depth, "
+    "spawn_tool_call_id, status, created_at, updated_at, model, forked_session_id, "
+    "forked_turn_id, forked_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)")
+
+
+def _session_row(s: SessionRecord) -> tuple[object, ...]:
+    f = s.forked_from
+    return (s.id, s.agent_name, s.parent_session_id, s.root_session_id, s.depth,
+            s.spawn_tool_call_id, s.status, s.created_at, s.updated_at, s.model,
+            f.session_id if f else None, f.turn_id if f else None, f.at if f else None)
+
+
+# A history cut after its first `upto` messages (CONTRACT §19): the compactions kept
+# (rows.kept_compaction, in SQL).
+_KEPT = "place <= :upto AND covers_until <= :upto AND pruned_until <= :upto"
+
+
 class Store:
     """The Store port (runtime/ports.py) on SQLite: the SQL, run by a SqliteRunner."""
 
@@ -224,12 +243,7 @@ class Store:
 
     async def create_session(self, s: SessionRecord) -> None:
         await self.runner.write(lambda conn: conn.execute(
-            "INSERT INTO sessions(id, agent_name, parent_session_id, root_session_id, depth, "
-            "spawn_tool_call_id, status, created_at, updated_at, model) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (s.id, s.agent_name, s.parent_session_id, s.root_session_id, s.depth,
-             s.spawn_tool_call_id, s.status, s.created_at, s.updated_at, s.model),
-        ))
+            _INSERT_SESSION, _session_row(s)))
 
     async def save_session(self, s: SessionRecord) -> None:
         u = s.token_usage
@@ -515,6 +529,100 @@ class Store:
             (s.name, int(s.paused), s.last_run_at, s.next_run_at, s.last_session_id,
              s.last_turn_id, s.last_outcome, s.skipped),
         ))
+
+    # -- rewind and fork (CONTRACT §19) ---------------------------------------------------
+
+    async def fork_session(self, fork: SessionRecord, upto: int,
+                           later_turns: Sequence[str] = (), *,
+                           rewinding: str | None = None) -> None:
+        """Create `fork` (its `forked_from` names the source) with the source's first
+        `upto` messages and the compactions of that part (none made by `later_turns`),
+        in one transaction. With
+        `rewinding` (a turn id), the source is marked as being rewound before it, with
+        this fork keeping what it held (refused, nothing written, if a rewind is
+        already marked on it)."""
+        assert fork.forked_from is not None
+        src = fork.forked_from.session_id
+
+        def _fork(conn: sqlite3.Connection) -> None:
+            conn.execute(_INSERT_SESSION, _session_row(fork))
+            args = {"f": fork.id, "s": src, "upto": upto}
+            conn.execute(
+                "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
+                "created_at, turn_id) SELECT :f, role, content, tool_calls, tool_call_id, "
+                "created_at, turn_id FROM messages WHERE session_id = :s ORDER BY id "
+                "LIMIT :upto", args)
+            conn.execute(
+                "INSERT INTO compactions(session_id, turn_id, place, covers_until, "
+                "pruned_until, summary, reason, before_tokens, after_tokens, "
+                "pruned_tool_results, created_at) SELECT :f, turn_id, place, covers_until, "
+                "pruned_until, summary, reason, before_tokens, after_tokens, "
+                f"pruned_tool_results, created_at FROM compactions WHERE session_id = :s "
+                f"AND {_KEPT} ORDER BY id", args)
+            conn.executemany("DELETE FROM compactions WHERE session_id = ? AND turn_id = ?",
+                             [(fork.id, t) for t in later_turns])
+            if rewinding is not None and conn.execute(
+                    "UPDATE sessions SET rewind_turn = ?, rewind_fork = ? "
+                    "WHERE id = ? AND rewind_turn IS NULL",
+                    (rewinding, fork.id, src)).rowcount != 1:
+                raise StoreError(f"session {src} is being rewound already")
+
+        await self.runner.write(_fork)
+
+    async def finish_rewind(self, session_id: str, upto: int, later_turns: Sequence[str],
+                            updated_at: int) -> None:
+        """The end of a rewind, in one transaction: the session keeps its first `upto`
+        messages and the compactions of that part (none made by `later_turns`: the
+        rewound turn and those after it), its rows of `later_turns` go to the fork the
+        mark names, and the mark is cleared. Nothing happens when no rewind is marked
+        (finished already)."""
+
+        def _finish(conn: sqlite3.Connection) -> None:
+            row = conn.execute("SELECT rewind_fork FROM sessions WHERE id = ?",
+                               (session_id,)).fetchone()
+            if row is None or row[0] is None:
+                return
+            args = {"s": session_id, "upto": upto}
+            conn.execute(
+                "DELETE FROM messages WHERE session_id = :s AND id NOT IN ("
+                " SELECT id FROM messages WHERE session_id = :s ORDER BY id LIMIT :upto)",
+                args)
+            conn.execute(f"DELETE FROM compactions WHERE session_id = :s AND NOT ({_KEPT})",
+                         args)
+            conn.executemany("DELETE FROM compactions WHERE session_id = ? AND turn_id = ?",
+                             [(session_id, t) for t in later_turns])
+            conn.executemany("UPDATE turns SET session_id = ? WHERE id = ? AND session_id = ?",
+                             [(row[0], t, session_id) for t in later_turns])
+            conn.execute("UPDATE sessions SET rewind_turn = NULL, rewind_fork = NULL, "
+                         "updated_at = ? WHERE id = ?", (updated_at, session_id))
+
+        await self.runner.write(_finish)
+
+    async def undo_rewind(self, session_id: str) -> None:
+        """A rewind that did not reach its workspace swap, undone in one transaction:
+        the fork it made removed (it holds no turn yet) and the mark cleared."""
+
+        def _undo(conn: sqlite3.Connection) -> None:
+            row = conn.execute("SELECT rewind_fork FROM sessions WHERE id = ?",
+                               (session_id,)).fetchone()
+            if row is None or row[0] is None:
+                return
+            for table in ("messages", "compactions", "turns", "inbox"):
+                conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (row[0],))
+            conn.execute("DELETE FROM sessions WHERE id = ?", (row[0],))
+            conn.execute("UPDATE sessions SET rewind_turn = NULL, rewind_fork = NULL "
+                         "WHERE id = ?", (session_id,))
+
+        await self.runner.write(_undo)
+
+    async def rewinds(self) -> list[RewindMark]:
+        """The rewinds under way (a crash left them marked)."""
+        def _marks(conn: sqlite3.Connection) -> list[RewindMark]:
+            rows = conn.execute("SELECT id, rewind_turn, rewind_fork FROM sessions "
+                                "WHERE rewind_turn IS NOT NULL")
+            return [RewindMark(r[0], r[1], r[2]) for r in rows]
+
+        return await self.runner.read(_marks)
 
     # -- history that does not grow forever (CONTRACT §12) ---------------------------------
 

@@ -200,6 +200,7 @@ def hidden_paths(config: Config) -> tuple[Path, ...]:
     paths = [server.data_dir, config.path.parent, *server.sandbox_hide]
     if config.cluster is not None:
         paths.append(config.cluster.workspaces_in(server.data_dir))
+        paths.append(config.cluster.snapshots_in(server.data_dir))  # CONTRACT §19
     for home in (os.environ.get("HOME"), _passwd_home()):
         if home:
             paths.append(Path(home))

@@ -10,6 +10,7 @@
 import { loadAgents, markSandbox, sandboxMode } from './agents.js';
 import { adoptUrlToken, api, ApiError, getToken, setToken, startChat } from './api.js';
 import { Connection } from './conn.js';
+import { RewindControls } from './rewind.js';
 import { fmtCost, fmtTokens, h, shortId } from './dom.js';
 import { afterFlush, schedule } from './flush.js';
 import { Tree } from './tree.js';
@@ -52,9 +53,16 @@ const tree = new Tree($('tree'), {
 const view = new View({ el: $('transcript'), tree, onError: showError, onHeader: renderHeader });
 view.onReload = (id) => openSession(id);
 
+// CONTRACT §19: "Rewind to here" and "Fork from here" on user messages (rewind.js).
+const rewinds = new RewindControls({
+  transcript: $('transcript'), composer: $('composer'), sessionId: () => view.sessionId,
+  openSession: (id) => openSession(id), onError: showError,
+});
+
 function renderHeader(s) {
   const head = $('session-head');
   if (!s || s.id !== view.sessionId) return;
+  rewinds.sync(s);
   head.hidden = false;
   $('head-agent').textContent = s.agentName;
   markSandbox($('head-sandbox'), s.agentName);
@@ -161,6 +169,8 @@ function onEvents(events) {
     if (state.viewReady && e.seq > state.rendered) {
       view.apply(e);
       state.rendered = e.seq;
+      // A rewind changed the open session's history: every tab shows the new one.
+      if (e.type === 'session.rewound' && e.session.id === view.sessionId) openSession(view.sessionId);
     }
   }
   schedule();

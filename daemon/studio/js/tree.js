@@ -8,6 +8,7 @@ import { markSandbox } from './agents.js';
 import { api } from './api.js';
 import { fmtCost, fmtTokens, h, shortId } from './dom.js';
 import { queueText } from './queue.js';
+import { forkMark } from './rewind.js';
 import { cause, fallbackText } from './retry.js';
 
 const TERMINAL_FETCH_CONCURRENCY = 4;
@@ -53,6 +54,7 @@ export class Tree {
         // goes back to the last one that is not void. Also each pending approval's seq.
         usages: [], approvalSeqs: new Map(),
         spawnToolCallId: spawnToolCallId || null, dom: null,
+        forkedFrom: wire.forkedFrom || null,  // CONTRACT §19: where a fork came from
       };
       this.sessions.set(s.id, s);
       this.mount(s);
@@ -99,6 +101,7 @@ export class Tree {
     switch (e.type) {
       case 'session.created': this.upsert(e.session, { spawnToolCallId: e.spawnToolCallId }); return;
       case 'session.updated': this.upsert(e.session); return;
+      case 'session.rewound': this.upsert(e.session); return;  // CONTRACT §19
       case 'session.deleted': this.remove(e.session.id); return;
       case 'session.stream': break;
       default: return;
@@ -278,8 +281,8 @@ export class Tree {
     const queued = h('span.queued-badge', { 'data-testid': 'queued-badge' });
     const tokens = h('span.tokens');
     const cost = h('span.cost');
-    row.append(caret, dot, h('span.names', {}, agent, sid), sandbox, queued, retry, approvals, badge,
-      h('span.meter', {}, tokens, cost));
+    row.append(caret, dot, h('span.names', {}, agent, sid, forkMark(s.forkedFrom)), sandbox, queued,
+      retry, approvals, badge, h('span.meter', {}, tokens, cost));
     const kids = h('div.kids', { role: 'group' });
     const node = h('div.node', { 'data-node': s.id }, row, kids);
     s.dom = { node, row, kids, badge, sandbox, approvals, retry, queued, tokens, cost, dot };
