@@ -56,6 +56,7 @@ from daemon.snapshots import SnapshotConfig, Snapshots
 from daemon.store import open_store
 from daemon.toolproc import survivors
 from daemon.toolproc.procgroup import close_own_proc
+from daemon.toolproc.limits import sweep_calls
 from daemon.toolproc.sandbox import Sandbox, open_sandbox
 from daemon.tools.agents import AgentMessageTool, AgentSpawnTool
 from daemon.tools.base import Tool
@@ -438,6 +439,10 @@ async def _serve(
             survivors.use(server.data_dir / "tools")
             ended = await trio.to_thread.run_sync(survivors.end_survivors,
                                                   server.data_dir / "tools")
+            limiter = (sandbox or Sandbox()).limiter
+            if limiter.mode == "cgroup" and limiter.tools is not None:
+                # And every call's cgroup the last run left (§16.1): all it holds.
+                ended += await trio.to_thread.run_sync(sweep_calls, limiter.tools)
             if ended:
                 log.warning("ended %d tool processes of the last run", ended)
             # CONTRACT §19: interrupted workspace swaps and rewinds settled before any
