@@ -55,8 +55,8 @@ from daemon.serve.sdnotify import notify, serve_status, serve_watchdog
 from daemon.snapshots import SnapshotConfig, Snapshots
 from daemon.store import open_store
 from daemon.toolproc import survivors
-from daemon.toolproc.procgroup import close_own_proc
 from daemon.toolproc.limits import sweep_calls
+from daemon.toolproc.procgroup import close_own_proc
 from daemon.toolproc.sandbox import Sandbox, open_sandbox
 from daemon.tools.agents import AgentMessageTool, AgentSpawnTool
 from daemon.tools.base import Tool
