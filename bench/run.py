@@ -21,12 +21,18 @@ a target that does not hold is a `NO` in the table, not an exit status.
   peers   bench/peers.py          extras  bench/extras.py, bench/publish.py (durable log)
   L1-L3   bench/long_session.py (2,000 turns on one session with a 32,000-token window:
           request size, compactions, time per turn; LONG_SESSION_TURNS sets the count)
+  RM      bench/realmodel.py (a real model server, llama-cpp-python serving SmolLM2-135M,
+          through veild's SSE chat and /v1 against the server direct; issue 41)
+  RS      bench/responses_stream.py (the Responses stream against Chat Completions on one
+          20,000-token answer; issue 45)
+  TC      bench/toolcost.py (`bash true` with the limits and the allowlist bind against no
+          sandbox and main's sandbox; issue 42)
 
 `python -m bench.run --only p1,p3` runs only those phases (p1 p2 traced p3 p3x chats p4
-p5 extras publish durable cluster sandbox chaos peers long), `--repeat N` runs them N times and
-prints each table: a quicker loop while working on one row. `--burn N` runs N CPU-burning
-processes (busy loops at the bench's own niceness) during each phase, as on a shared
-machine. `make bench` runs everything once.
+p5 extras publish durable cluster sandbox chaos peers long realmodel responses toolcost),
+`--repeat N` runs them N times and prints each table: a quicker loop while working on
+one row. `--burn N` runs N CPU-burning processes (busy loops at the bench's own
+niceness) during each phase, as on a shared machine. `make bench` runs everything once.
 """
 
 from __future__ import annotations
@@ -54,9 +60,12 @@ from bench import (
     long_session,
     peers,
     publish,
+    realmodel,
+    responses_stream,
     sandbox,
     slow,
     throughput,
+    toolcost,
     traced,
 )
 from bench.procs import open_daemon, open_mock
@@ -66,7 +75,7 @@ from daemon.errors import leaves
 Phase = Callable[[], Awaitable[list[Row]]]
 PHASE_LIMIT_S = 600
 PHASES = ("p1", "p2", "traced", "p3", "p3x", "chats", "p4", "p5", "extras", "publish", "durable",
-          "cluster", "sandbox", "chaos", "peers", "long")
+          "cluster", "sandbox", "chaos", "peers", "long", "realmodel", "responses", "toolcost")
 BURN = "while True: pass"
 
 
@@ -199,6 +208,13 @@ async def _run(only: set[str], resets: bool = True, burn: int = 0) -> int:
         if "long" in only:
             await _phase("long session", lambda: long_session.long_rows(ledger), ledger,
                          rows)
+        if "realmodel" in only:
+            await _phase("realmodel", lambda: realmodel.realmodel_rows(ledger), ledger, rows)
+        if "responses" in only:
+            await _phase("responses", lambda: responses_stream.responses_rows(ledger), ledger,
+                         rows)
+        if "toolcost" in only:
+            await _phase("toolcost", lambda: toolcost.toolcost_rows(ledger), ledger, rows)
     print(render([*rows, Row("-- extras (no target) --", ""), *extra], header))
     if ledger.losses:
         print(f"LOST: {len(ledger.losses)} problems in {ledger.turns} turns checked:")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from bench import realmodel, responses_stream, toolcost
 from bench.bare import one_stream
 from bench.clients import script, words
 from bench.table import Ledger
@@ -80,3 +81,44 @@ def test_sandbox_rows_check_every_turn() -> None:
         ledger = Ledger()
         _checker(ledger)("bad", bad)
         assert len(ledger.losses) == 1, ledger.losses
+
+
+def test_realmodel_rows_compare_each_way_with_the_server_direct() -> None:
+    def run(rate: float, ttft: float) -> realmodel.Run:  # 101 deltas over 100/rate s
+        return realmodel.Run(ttft=ttft, tokens=101, first=1.0, last=1.0 + 100 / rate)
+
+    got = {"direct": [run(60, 0.100), run(50, 0.300), run(70, 0.200)],
+           "sse": [run(58, 0.210), run(57, 0.205), run(59, 0.250)],
+           "v1": [run(40, 0.400), run(45, 0.500), run(41, 0.450)]}
+    rows = realmodel.rows_of(got, 30.0, 1500.0)
+    (sse, v1, sse_ttft, v1_ttft, cpu) = rows
+    assert (sse.figure, sse.bare, sse.ratio, sse.holds) == ("58.0", "60.0", "0.97", True)
+    assert (v1.figure, v1.ratio, v1.holds) == ("41.0", "0.68", False)
+    assert (sse_ttft.figure, sse_ttft.bare, sse_ttft.ratio, sse_ttft.holds) == (
+        "210", "200", "+10 ms", True)
+    assert v1_ttft.holds is False
+    assert (cpu.figure, cpu.bare, cpu.ratio, cpu.holds) == ("30", "1500", "0.020", None)
+    assert realmodel.Run(tokens=1, first=2.0, last=2.0).rate == 0.0  # one delta: no rate
+
+
+def test_responses_rows_hold_within_ten_percent() -> None:
+    rate, cpu = responses_stream.rows_of((9_500.0, 20.0), (10_000.0, 19.0))
+    assert (rate.ratio, rate.holds, cpu.ratio, cpu.holds) == ("0.95", True, "1.05", True)
+    rate, cpu = responses_stream.rows_of((8_000.0, 25.0), (10_000.0, 20.0))
+    assert (rate.holds, cpu.holds) == (False, False)
+
+
+def test_toolcost_rows_put_each_way_beside_no_sandbox() -> None:
+    got = {toolcost.BARE: [(2.0, 1.0), (4.0, 1.0), (3.0, 1.0)],
+           toolcost.BRANCH_NONE: [(20.0, 18.0)] * 3,
+           toolcost.BRANCH_BOX: [(27.0, 21.0)] * 3,
+           toolcost.MAIN_BOX: [(30.0, 22.0)] * 3}
+    rows = toolcost.rows_of(got, "rlimit")
+    assert [(r.figure, r.bare, r.ratio) for r in rows] == [
+        ("27.0", "3.0", "9.0x"), ("21.0", "1.0", "21.0x"),
+        ("20.0", "3.0", "6.7x"), ("18.0", "1.0", "18.0x"),
+        ("27.0", "30.0", "0.9x"), ("21.0", "22.0", "1.0x")]
+    assert rows[0].note == "limits by rlimit" and all(r.holds is None for r in rows)
+    no_bwrap = toolcost.rows_of({toolcost.BARE: got[toolcost.BARE],
+                                 toolcost.BRANCH_NONE: got[toolcost.BRANCH_NONE]}, "rlimit")
+    assert len(no_bwrap) == 3 and no_bwrap[-1].figure == "no bwrap"
