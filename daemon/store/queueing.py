@@ -42,14 +42,16 @@ class Progress:
 
 async def acquire_while_moving(limiter: trio.CapacityLimiter, progress: Progress,
                                busy_timeout_s: float, what: str,
-                               since: float | None = None) -> float:
+                               since: float | None = None,
+                               borrower: object = None) -> float:
     """Acquire `limiter`, waiting as long as calls keep finishing on it; StoreUnavailable
     once none has for `busy_timeout_s`. Returns the deadline for the call itself (for
     SQLite's busy timeout, or the pool's wait). Got within its first period, the call
     has what is left of it: a store stuck on a lock then fails the calls queued behind
     the stuck one about together, not one period each. Got after the queue moved, it
     has a whole period from now: it waited for work that was getting done. `since`:
-    when the first period began (default now), for a caller that was waiting already."""
+    when the first period began (default now), for a caller that was waiting already.
+    `borrower`: whom the token is for (default the current task)."""
     moved = False
     while True:
         seen = progress.finished
@@ -57,7 +59,10 @@ async def acquire_while_moving(limiter: trio.CapacityLimiter, progress: Progress
         start = since if since is not None and not moved else trio.current_time()
         deadline = start + busy_timeout_s
         with trio.move_on_at(deadline):
-            await limiter.acquire()
+            if borrower is None:
+                await limiter.acquire()
+            else:
+                await limiter.acquire_on_behalf_of(borrower)
             return trio.current_time() + busy_timeout_s if moved else deadline
         moved = True
         if progress.finished == seen:
