@@ -69,3 +69,25 @@ async def acquire_while_moving(limiter: trio.CapacityLimiter, progress: Progress
             raise StoreUnavailable(
                 f"the database is busy: {what} made no progress for "
                 f"{busy_timeout_s:g}s (store_busy_timeout_s)")
+
+
+class LentToken:
+    """One call's token of a connection limiter, lent to trio.to_thread as its limiter:
+    acquired first (`acquire_while_moving(..., borrower=token)`), then trio releases
+    it when the thread returns — also a thread abandoned on cancel, which keeps its
+    connection until then, so no other call is given that connection meanwhile. The
+    token is its own borrower (not the calling task, which may call again before that
+    thread returns). `lent` False after the call: trio never took it (a cancel came
+    before the thread), the caller releases it."""
+
+    __slots__ = ("lent", "limiter")
+
+    def __init__(self, limiter: trio.CapacityLimiter) -> None:
+        self.limiter = limiter
+        self.lent = False
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None:
+        self.lent = True  # no checkpoint: trio starts the thread next, or releases it
+
+    def release_on_behalf_of(self, borrower: object) -> None:
+        self.limiter.release_on_behalf_of(self)

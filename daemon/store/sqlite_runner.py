@@ -35,7 +35,7 @@ import outcome
 import trio
 
 from daemon.errors import StoreError, StoreUnavailable
-from daemon.store.queueing import Progress, Shield, acquire_while_moving
+from daemon.store.queueing import LentToken, Progress, Shield, acquire_while_moving
 
 T = TypeVar("T")
 # sqlite3's authorizer: (action, arg1, arg2, database, trigger) -> SQLITE_OK/DENY/IGNORE
@@ -159,25 +159,6 @@ class _BatchThread:
             self._outcome.unwrap()
 
 
-class _Held:
-    """The lane's limiter, already acquired by a caller, lent to trio.to_thread as its
-    limiter: trio releases it when the thread returns — also a thread abandoned on
-    cancel, which keeps the connection until then. It is the token's borrower (not the
-    calling task, which may call again before that thread returns)."""
-
-    __slots__ = ("lent", "limiter")
-
-    def __init__(self, limiter: trio.CapacityLimiter) -> None:
-        self.limiter = limiter
-        self.lent = False
-
-    async def acquire_on_behalf_of(self, borrower: object) -> None:
-        self.lent = True  # no checkpoint: trio starts the thread next, or releases it
-
-    def release_on_behalf_of(self, borrower: object) -> None:
-        self.limiter.release_on_behalf_of(self)
-
-
 def _hang_up(batch: list[_Write]) -> None:
     """The stop's bound passed with the disk still in `batch`: its thread is left to it,
     and each write fails — it may yet be stored, if the disk ever answers."""
@@ -251,7 +232,7 @@ class SqliteRunner:
 
     async def _on(self, lane: _Lane, fn: Callable[..., T], *args: Any,
                   abandon: bool = False) -> T:
-        held = _Held(lane.limiter)  # the call's token: its thread may outlive the call
+        held = LentToken(lane.limiter)  # the call's token: its thread may outlive the call
         deadline = await acquire_while_moving(lane.limiter, lane.progress,
                                               self._busy_timeout_s, "its connection",
                                               borrower=held)
