@@ -37,6 +37,7 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import trio
@@ -70,6 +71,22 @@ class Sandbox:
     def mode(self) -> str:
         return "none" if self.bwrap is None else "bwrap"
 
+    @cached_property
+    def present(self) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+        """The hidden directories (outermost first) and files that exist, outside the
+        private /tmp and not under another hidden directory: stat'ed once (in a thread
+        by `open_sandbox`), not on the event loop at every call (issue 44)."""
+        dirs: list[Path] = []
+        files: list[Path] = []
+        for path in sorted(set(self.hide), key=lambda p: len(p.parts)):
+            if _within(path, PRIVATE_TMP) or any(_within(path, outer) for outer in dirs):
+                continue
+            if path.is_dir():
+                dirs.append(path)
+            elif path.exists():
+                files.append(path)
+        return tuple(dirs), tuple(files)
+
     def wrap(self, argv: Sequence[str], workspace: Path, *, network: bool) -> list[str]:
         """`argv` as it runs inside this sandbox for `workspace` (absolute)."""
         if self.bwrap is None:
@@ -77,7 +94,7 @@ class Sandbox:
         args = [self.bwrap, *BASE_ARGS]
         if network:
             args.append("--share-net")
-        dirs, files = _hidden(self.hide, workspace)
+        dirs, files = _hidden(self.present, workspace)
         for path in dirs:
             args += ["--tmpfs", str(path)]
         for path in files:  # a hidden file reads as empty
@@ -92,22 +109,14 @@ def _within(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
 
 
-def _hidden(hide: Iterable[Path], workspace: Path) -> tuple[list[Path], list[Path]]:
+def _hidden(present: tuple[tuple[Path, ...], tuple[Path, ...]], workspace: Path
+            ) -> tuple[list[Path], list[Path]]:
     """The directories to mount empty, outermost first, and the files to mount empty:
-    those that exist now, not under the private /tmp (nothing of the host's /tmp is
-    there), not under another hidden directory (already gone) and neither the workspace
-    nor inside it (the session's own work)."""
-    dirs: list[Path] = []
-    files: list[Path] = []
-    for path in sorted(set(hide), key=lambda p: len(p.parts)):
-        if (_within(path, PRIVATE_TMP) or _within(path, workspace)
-                or any(_within(path, outer) for outer in dirs)):
-            continue
-        if path.is_dir():
-            dirs.append(path)
-        elif path.exists():
-            files.append(path)
-    return dirs, files
+    those present (`Sandbox.present`) but neither the workspace nor inside it (the
+    session's own work). No stat: this runs at every call, on the event loop."""
+    dirs, files = present
+    return ([p for p in dirs if not _within(p, workspace)],
+            [p for p in files if not _within(p, workspace)])
 
 
 def hidden_paths(config: Config) -> tuple[Path, ...]:
@@ -191,6 +200,7 @@ async def open_sandbox(config: Config) -> Sandbox:
         log.warning("sandbox: none: bash calls run unsandboxed (%s); %s", why, INSTALL_HINT)
         return Sandbox(why_none=why)
     sandbox = Sandbox(bwrap, hidden_paths(config), empty=_empty_file(config.server.data_dir))
+    await trio.to_thread.run_sync(lambda: sandbox.present)  # stat'ed once, off the loop
     log.info("sandbox: bwrap (%s); hidden: %s", bwrap,
              ", ".join(str(p) for p in sandbox.hide))
     for name in opted_out(config.agents.values()):

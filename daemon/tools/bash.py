@@ -89,7 +89,8 @@ class BashTool:
         if not math.isfinite(timeout):
             raise ToolError("`timeoutS` must be finite")
 
-        ctx.workspace.mkdir(parents=True, exist_ok=True)
+        # In a thread: a slow disk holds this call, not the event loop (issue 44).
+        await trio.Path(ctx.workspace).mkdir(parents=True, exist_ok=True)
         capture = _Capture(ctx.max_output_bytes)
         process = await trio.lowlevel.open_process(
             # The supervisor gets the tool's environment too: bash can read its
