@@ -289,7 +289,7 @@ class PgPool:
             wait_s = max(_MIN_WAIT_S, deadline - trio.current_time())
             result = await trio.to_thread.run_sync(self._work, fn, write, tx, wait_s,
                                                    abandon_on_cancel=not write,
-                                                   limiter=token)
+                                                   limiter=token.as_limiter())
             self._progress.tick()
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.database, self.busy_timeout_s) from exc

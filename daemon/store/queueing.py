@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import cast
 
 import trio
 
@@ -88,6 +89,11 @@ class LentToken:
 
     async def acquire_on_behalf_of(self, borrower: object) -> None:
         self.lent = True  # no checkpoint: trio starts the thread next, or releases it
+
+    def as_limiter(self) -> trio.CapacityLimiter:
+        """Typed as trio.to_thread's `limiter` (which takes any object with these two
+        methods, "CapacityLimiter-like", though its signature names the class)."""
+        return cast("trio.CapacityLimiter", self)
 
     def release_on_behalf_of(self, borrower: object) -> None:
         self.limiter.release_on_behalf_of(self)

@@ -240,7 +240,7 @@ class SqliteRunner:
             busy_ms = max(_MIN_BUSY_MS, int((deadline - trio.current_time()) * 1000))
             result = await trio.to_thread.run_sync(
                 self._run, lane, busy_ms, fn, *args, abandon_on_cancel=abandon,
-                limiter=held)
+                limiter=held.as_limiter())
         except sqlite3.Error as exc:
             raise _translate(exc, self._busy_timeout_s) from exc
         finally:
