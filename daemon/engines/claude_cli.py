@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import subprocess
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -343,8 +343,12 @@ class _Lines:
 
 
 class ClaudeCliEngine:
-    def __init__(self, agent: AgentConfig) -> None:
+    def __init__(self, agent: AgentConfig, *,
+                 retries: Callable[[str, str], None] | None = None) -> None:
         self.agent = agent
+        # veild_provider_retries_total (CONTRACT §14), as ModelCall counts its own:
+        # (provider, reason: the status, or "error").
+        self._retries = retries
 
     def argv(self, resume: str | None) -> list[str]:
         agent = self.agent
@@ -418,6 +422,9 @@ class ClaudeCliEngine:
                 except ProviderError as exc:
                     failure = exc  # what came before the bad line is still out first
                 for event in merge_text_runs(events):
+                    if (isinstance(event, ProviderRetried) and event.attempt > 0
+                            and self._retries is not None):
+                        self._retries(PROVIDER, str(event.status or "error"))
                     yield event
                 if failure is not None:
                     raise failure
