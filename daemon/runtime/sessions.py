@@ -35,7 +35,7 @@ import trio
 from daemon.clock import new_id, now_ms
 from daemon.config import AgentConfig, Config
 from daemon.engines.context import Calibration, Calibrations
-from daemon.errors import Conflict, NotFound, StoreError, Unavailable
+from daemon.errors import Conflict, NotFound, Unavailable
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Bus, Filter, Subscription
 from daemon.runtime.delivery import Deliveries, inbox_full, inbox_record, inbox_wire
@@ -454,13 +454,9 @@ class SessionManager:
             self._settle(turn)
         # Not reached when an enclosing scope (a stopped caller, shutdown) was cancelled:
         # then nothing starts by itself.
-        try:
-            await self.deliveries.hand_over(turn.delivered)
-            self.deliveries.wake(turn.session)
-        except (StoreError, NotFound):
-            # Not this task's to crash the daemon over: every entry is stored, and the
-            # next start drains what no turn took (NotFound: a session deleted since).
-            log.exception("after turn %s: could not hand over its deliveries", turn.id)
+        # Tried again on a failure, then logged: never this task's to crash the daemon
+        # over (every entry is stored; the next start drains what no turn took).
+        await self.deliveries.after_turn(turn.id, turn.delivered, turn.session)
 
     def _settle(self, turn: Turn) -> None:
         """A turn ended: give back what it held (quiet already, after a stop) and offer
