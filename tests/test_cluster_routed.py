@@ -81,8 +81,11 @@ async def test_a_routed_json_chat_whose_owner_is_killed_answers_503_within_the_b
         assert at - killed <= ROUTED_BOUND_S, at - killed
         assert resp.status_code == 503, resp.text
         error = resp.json()["error"]
-        assert error["code"] == "UNAVAILABLE" and error["details"] == {"node": "node-a"}
-        assert "node-a" in error["message"]
+        # The chat reached A before it died: it may have happened there, and the
+        # answer says so (issue 44 item 9; a whole turn is sent once, without a key).
+        assert error["code"] == "UNAVAILABLE" and error["details"] == {
+            "node": "node-a", "mayHaveHappened": True}
+        assert "node-a" in error["message"] and "may have happened" in error["message"]
 
 
 # -- 2. a routed delivery asked again after its reply was lost -------------------------------
