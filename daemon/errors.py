@@ -259,8 +259,20 @@ class RoutedError(ApiError):
 class OwnerGone(ServiceUnavailable):
     """The node a routed call waited for is gone (dead, swept, left or restarted)."""
 
-    def __init__(self, node_id: str, op: str) -> None:
+    def __init__(self, node_id: str, op: str, *, sent: bool = False,
+                 key: str | None = None) -> None:
+        """`sent`: a write that reached the node before it went (it may have happened
+        there); `key`: the idempotency key it was sent with."""
+        details: dict[str, Any] = {"node": node_id}
+        if sent:
+            details["mayHaveHappened"] = True
+            if key is not None:
+                details["idempotencyKey"] = key
+            then = (f"{op!r} was sent to it and may have happened there: look (the "
+                    f"session's messages, turns or inbox) before you try again")
+        else:
+            then = f"before it answered {op!r}; try again"
         super().__init__(
             f"node {node_id}, which owned this session, is gone (its lease ran out or it "
-            f"left) before it answered {op!r}; try again", {"node": node_id})
+            f"left); {then}", details)
         self.node_id = node_id

@@ -373,3 +373,11 @@ def test_assistant_lines_without_stream_events_still_map() -> None:
     assert (finished.outcome.content, finished.duration_ms) == ("a.txt", 1000)
     end = mapper.finish(5)
     assert (end.content, end.iterations, end.cost) == ("done", 1, 0.5)
+
+
+async def test_the_clis_retries_are_counted(claude: Running) -> None:
+    """Issue 44 item 10: each api_retry line counts in veild_provider_retries_total, as
+    a retry of an HTTP engine does (CONTRACT §14), by its status."""
+    await claude.chat(TOOL_CALLS, agent="claude")
+    metrics = (await claude.http.get("/metrics")).text
+    assert 'veild_provider_retries_total{provider="claude-cli",reason="529"} 2.0' in metrics

@@ -413,3 +413,28 @@ async def test_the_messages_api_compacts_the_same(tmp_path: Path, provider: Prov
     sent = str(provider.served[-1].messages)
     assert sent.index("summary of the earlier conversation") < sent.index("p" * 3000)
     assert provider.served[-1].request_chars <= 3420 < refusals[0].request_chars
+
+
+async def test_a_failed_summary_past_the_threshold_goes_on_uncompacted(
+        running: Running, provider: Provider) -> None:
+    """Issue 44 item 3: past `compact_at` but within the window, a summarising call
+    that fails does not end the turn: no `compaction` event, nothing stored as one, the
+    agent's call goes out with the whole history; a log line and a counter say so."""
+    async with open_recorder(running.ws_url) as rec:
+        # The summarising call follows the last script in its transcript: this one's.
+        first = await chat(running, "f" * 8000 + "\n" + mock(
+            say="noted", promptTokens=3500, compact={"status": 400}), "small")
+        sid = first["sessionId"]
+        second = await chat(running, mock(say="second answer"), "small", sid)
+        await rec.terminal(second["turnId"])
+        stream = rec.stream(second["turnId"])
+    assert assert_one_terminal_last(stream)["eventType"] == "done"
+    assert second["content"] == "second answer"
+    assert compactions(stream) == []
+    assert [s.compaction for s in provider.served[-2:]] == [True, False]
+    sent = provider.served[-1].messages or []
+    assert any("f" * 8000 in str(m.get("content")) for m in sent)
+    assert [m["role"] for m in await stored(running, sid)] == [
+        "user", "assistant", "user", "assistant"]
+    metrics = (await running.http.get("/metrics")).text
+    assert 'veild_compactions_failed_total{agent="small",reason="400"} 1.0' in metrics

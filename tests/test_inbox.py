@@ -9,6 +9,7 @@ from typing import Any
 
 import trio
 
+from daemon.errors import StoreUnavailable
 from tests.harness import (
     Recorder,
     Running,
@@ -155,4 +156,49 @@ async def test_turn_scope_leaves_background_children_whose_reply_wakes(
         assert (await rec.terminal(child["turnId"]))["eventType"] == "done"
         wake = await wake_of(rec, parent)
         await rec.terminal(wake["turnId"])
+    assert wake["data"]["fromSessionId"] == child["sessionId"]
+
+
+class _OnceUnreachable:
+    """The session directory, its first `owner` lookup failing as an unreachable store
+    would (the other calls as they are)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.failed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    async def owner(self, session_id: str) -> str | None:
+        if not self.failed:
+            self.failed += 1
+            raise StoreUnavailable("the database does not answer (a test's)")
+        owner: str | None = await self.real.owner(session_id)
+        return owner
+
+
+async def test_a_hand_over_that_fails_once_still_wakes_the_session(
+    daemon: Running, tmp_path: Path
+) -> None:
+    """Issue 44 item 7: after a turn, handing its reply to the waiting session failed
+    once (the store unreachable); it is tried again, and the session wakes now, not at
+    the next start."""
+    sessions = daemon.daemon.runtime.sessions
+    async with open_recorder(daemon.ws_url) as rec:
+        first = (await daemon.chat(mock(calls=[
+            {"tools": [spawn("assistant", WAIT_FOR_GO, wait=False)]}, {"say": "spawned"},
+        ]))).json()
+        parent = first["sessionId"]
+        child = await rec.wait_for(lambda evs: next((
+            e for e in evs if e.get("eventType") == "tool.chunk"
+            and e["sessionId"] != parent), None))
+        flaky = _OnceUnreachable(sessions.directory)
+        sessions.directory = flaky
+        (tmp_path / "data" / "workspaces" / child["sessionId"] / "go").touch()
+        assert (await rec.terminal(child["turnId"]))["eventType"] == "done"
+        with trio.fail_after(10):
+            wake = await wake_of(rec, parent)
+        await rec.terminal(wake["turnId"])
+    assert flaky.failed == 1
     assert wake["data"]["fromSessionId"] == child["sessionId"]

@@ -41,6 +41,13 @@ async def _cancel(rt: Runtime, body: dict[str, Any]) -> Result:
     sid, scope = body["sessionId"], body["scope"]
     if scope != "tree":
         return 200, (await rt.sessions.cancel(sid, scope)).wire()
+    # Once accepted, the tree's cancel is the daemon's: it runs in the session manager's
+    # nursery, where a client that hangs up (quart-trio cancels its request's task)
+    # cannot stop it halfway, its shallower parts elsewhere never asked (issue 44).
+    return 200, await rt.sessions.run_unattended(lambda: _cancel_tree(rt, sid))
+
+
+async def _cancel_tree(rt: Runtime, sid: str) -> dict[str, Any]:
     # Each turn stopped here holds its terminal on the event of its depth, until the
     # parts of the tree below it have ended elsewhere (§5.6 across nodes).
     holds: dict[int, trio.Event] = {}
@@ -49,8 +56,8 @@ async def _cancel(rt: Runtime, body: dict[str, Any]) -> Result:
         return holds.setdefault(turn.session.ref.depth, trio.Event())
 
     try:
-        receipt = await rt.sessions.cancel(sid, scope, hold=hold)
-        return 200, await _cancel_elsewhere(rt, sid, receipt, holds)
+        receipt = await rt.sessions.cancel(sid, "tree", hold=hold)
+        return await _cancel_elsewhere(rt, sid, receipt, holds)
     finally:
         for event in holds.values():
             event.set()

@@ -257,8 +257,9 @@ class Router:
             nursery.cancel_scope.cancel()
         if reply is not None:
             return reply
-        if gone:
-            raise OwnerGone(node_id, op)
+        if gone:  # a write sent may have happened there (issue 44)
+            write = op not in READ_OPS
+            raise OwnerGone(node_id, op, sent=write, key=body.get(KEY) if write else None)
         assert failed is not None
         raise failed
 

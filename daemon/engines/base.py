@@ -157,10 +157,22 @@ class Finished:
     finish_reason: str = "stop"
 
 
+@dataclass(frozen=True, slots=True)
+class CompactionSkipped:
+    """A threshold compaction whose summarising call failed while the history still fit
+    the window (`estimate` <= `window`): the call goes on uncompacted, nothing is
+    stored or published as a compaction; logged and counted (issue 44)."""
+
+    estimate: int
+    window: int
+    error: str
+    reason: str  # the failure's: its status, or what failed without one
+
+
 EngineEvent = (
     ThinkingDelta | ContentDelta | ModelNamed | UsageReport | ToolStarted | ToolFinished
     | ToolOutput | EngineSessionNamed | MessageAppended | Finished | ProviderRetried
-    | ProviderQueued | ToolResults | Compacted
+    | ProviderQueued | ToolResults | Compacted | CompactionSkipped
 )
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import subprocess
 from collections import deque
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -346,11 +346,15 @@ class _Lines:
 
 
 class ClaudeCliEngine:
-    def __init__(self, agent: AgentConfig, boundary: Sandbox | None = None) -> None:
+    def __init__(self, agent: AgentConfig, boundary: Sandbox | None = None, *,
+                 retries: Callable[[str, str], None] | None = None) -> None:
         # CONTRACT §16.1: the CLI starts under the tool boundary's supervisor with the
         # agent's limits and no capabilities (it runs its own tools, unsandboxed).
         self.boundary = boundary
         self.agent = agent
+        # veild_provider_retries_total (CONTRACT §14), as ModelCall counts its own:
+        # (provider, reason: the status, or "error").
+        self._retries = retries
 
     def argv(self, resume: str | None) -> list[str]:
         agent = self.agent
@@ -431,6 +435,9 @@ class ClaudeCliEngine:
                     failure = exc  # what came before the bad line is still out first
                 for event in merge_text_runs(events):
                     spans.see(event)
+                    if (isinstance(event, ProviderRetried) and event.attempt > 0
+                            and self._retries is not None):
+                        self._retries(PROVIDER, str(event.status or "error"))
                     yield event
                 if failure is not None:
                     raise failure

@@ -23,6 +23,7 @@ from daemon.clock import now_ms
 from daemon.engines.base import (
     CALL_SPAN_EVENTS,
     Compacted,
+    CompactionSkipped,
     EngineContext,
     EngineEvent,
     Finished,
@@ -34,7 +35,7 @@ from daemon.engines.base import (
     trace_call_event,
 )
 from daemon.engines.compaction import Compactor, overflow_error
-from daemon.engines.modelcall import ModelCall
+from daemon.engines.modelcall import ModelCall, retry_reason
 from daemon.engines.request import TOOL_CALLS, Answer, Conversation
 from daemon.errors import MaxIterationsError, ModelCallFailed
 from daemon.store.models import MessageRecord
@@ -132,7 +133,7 @@ async def tool_loop(
             if iteration > max_iterations:
                 raise MaxIterationsError(max_iterations)
             if compactor.needed():
-                async with aclosing(compactor.compact("threshold", iteration)) as steps:
+                async with aclosing(_threshold(compactor, iteration)) as steps:
                     async for event in steps:
                         yield event
         answer = Answer()
@@ -203,3 +204,20 @@ async def tool_loop(
             yield Finished(answer.text, iteration, finish_reason=TOOL_CALLS)
             return
         conversation.add_results(results)
+
+
+async def _threshold(compactor: Compactor, iteration: int
+                     ) -> AsyncGenerator[EngineEvent, None]:
+    """A compaction past `compact_at` (CONTRACT §15). Its summarising call failing ends
+    the turn only when the history no longer fits the window; while it does, the call
+    goes on uncompacted (CompactionSkipped: logged and counted, no `compaction` event),
+    and only an overflow the provider answers may end the turn (issue 44)."""
+    try:
+        async with aclosing(compactor.compact("threshold", iteration)) as steps:
+            async for event in steps:
+                yield event
+    except ModelCallFailed as exc:  # (a ContextOverflowError is not one: it ends the turn)
+        estimate, window = compactor.estimate(), compactor.limits.window
+        if estimate > window:
+            raise
+        yield CompactionSkipped(estimate, window, exc.message, retry_reason(exc))

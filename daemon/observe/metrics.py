@@ -100,6 +100,10 @@ class Metrics:
             "veild_provider_retries", "LLM calls retried, by provider and reason (the "
             "status, or connect / reset / timeout / overloaded / rate_limit).",
             ["provider", "reason"], registry=registry)
+        self.compactions_failed = Counter(
+            "veild_compactions_failed", "Threshold compactions whose summarising call "
+            "failed while the history still fit (the call went on uncompacted), by agent "
+            "and reason.", ["agent", "reason"], registry=registry)
         self.provider_in_flight = Gauge(
             "veild_provider_in_flight", "LLM requests in flight, by provider.",
             ["provider"], registry=registry)
@@ -167,6 +171,9 @@ class Metrics:
 
     def provider_retried(self, provider: str, reason: str) -> None:
         self.provider_retries.labels(provider, reason).inc()
+
+    def compaction_failed(self, agent: str, reason: str) -> None:
+        self.compactions_failed.labels(agent, reason).inc()
 
     def provider_in_flight_now(self, provider: str, n: int) -> None:
         self.provider_in_flight.labels(provider).set(n)

@@ -15,11 +15,21 @@ claim of a wake drain.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import trio
+
 from daemon.clock import now_ms
-from daemon.errors import Conflict, NotFound
+from daemon.errors import (
+    Conflict,
+    NotFound,
+    RoutedError,
+    ServiceUnavailable,
+    StoreError,
+    Unavailable,
+)
 from daemon.runtime.directory import SessionDirectory
 from daemon.runtime.inbox import Inbox
 from daemon.runtime.mirror import store_then_mirror
@@ -27,6 +37,14 @@ from daemon.runtime.ports import Store
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
 from daemon.store.models import InboxRecord
+
+log = logging.getLogger(__name__)
+
+# After a turn, handing over its deliveries is tried this many times in all, the wait
+# between two tries doubling from HAND_OVER_WAIT_S (0.5 + 1 + 2 + 4 s: a store or an
+# owner back within a lease or two is reached without a restart).
+HAND_OVER_TRIES = 5
+HAND_OVER_WAIT_S = 0.5
 
 
 class WakeHost(Protocol):
@@ -147,6 +165,35 @@ class Deliveries:
             await self._host.directory.call(node, "offer", {
                 "sessionId": session_id, "items": [inbox_wire(i) for i in entries],
             })
+
+    async def after_turn(self, turn_id: str, items: Sequence[InboxRecord],
+                         state: SessionState) -> None:
+        """After a turn: its deliveries handed over (`hand_over`) and its own session
+        woken. A failure that may pass (the store, or the owner of a target session,
+        unreachable) is tried again, HAND_OVER_TRIES times in all with a doubling wait
+        (Trio's clock), so a session's waiting deliveries do not wait for the next
+        start; past that, or for a failure that will not pass, an ERROR says what
+        waits (every entry is stored: the next start drains it)."""
+        wait = HAND_OVER_WAIT_S
+        for attempt in range(1, HAND_OVER_TRIES + 1):
+            try:
+                await self.hand_over(items)
+                self.wake(state)
+                return
+            except (StoreError, ServiceUnavailable) as exc:
+                if attempt == HAND_OVER_TRIES:
+                    failure: Exception = exc
+                    break
+                log.warning("after turn %s: could not hand over its deliveries (%s); "
+                            "trying again in %g s", turn_id, exc, wait)
+                await trio.sleep(wait)
+                wait *= 2
+            except (NotFound, RoutedError, Unavailable) as exc:  # will not pass
+                failure = exc
+                break
+        log.error("after turn %s: gave up handing over its deliveries (%s) to %s: they "
+                  "stay stored and wake their sessions at the next start", turn_id,
+                  failure, sorted({i.session_id for i in items} | {state.id}))
 
     async def offer_stored(self, session_id: str, items: Sequence[InboxRecord]) -> None:
         """Entries another node stored in the inbox of a session this node owns."""

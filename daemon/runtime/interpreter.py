@@ -66,8 +66,10 @@ class EngineEvents:
     def __init__(self, turn_id: str, session: SessionState, store: Store, stop: StopBound,
                  publisher: TurnPublisher, hold: TurnHold, *, budget_tokens: int,
                  cancel: Callable[[str], bool],
-                 after_progress: Callable[[], None] = lambda: None) -> None:
+                 after_progress: Callable[[], None] = lambda: None,
+                 compaction_failed: Callable[[str], None] | None = None) -> None:
         self._turn_id = turn_id
+        self._compaction_failed = compaction_failed  # metrics: a threshold's call failed
         self._session = session
         self._store = store
         self._stop = stop
@@ -220,6 +222,12 @@ class EngineEvents:
                     publisher.stream(ev.TURN_ADMITTED, {**queue, "waitedMs": event.waited_ms})
             case eng.Compacted():
                 await self._compacted(event)
+            case eng.CompactionSkipped():
+                log.warning("compaction skipped: the summarising call failed; the history "
+                            "still fits, the call goes on uncompacted: %s", event.error,
+                            extra={"estimate": event.estimate, "window": event.window})
+                if self._compaction_failed is not None:
+                    self._compaction_failed(event.reason)
             case eng.Finished():
                 tally.content = event.content
                 tally.finish_reason = event.finish_reason

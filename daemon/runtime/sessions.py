@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import outcome
 import trio
 
 from daemon.clock import new_id, now_ms
@@ -63,6 +64,7 @@ __all__ = ["CancelReceipt", "ChatClaim", "SessionManager", "inbox_full", "inbox_
            "inbox_wire", "running_turn"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # What a turn has, after the stop's last moment for its end write, to publish its
 # terminal before the shutdown stops waiting for it.
@@ -425,6 +427,30 @@ class SessionManager:
         return self._new_turn(state, agent, hold, message, "wake", turn_id=turn_id,
                               from_session_id=hold.drained[0].from_session_id)
 
+    async def run_unattended(self, job: Callable[[], Awaitable[T]]) -> T:
+        """`job` as the daemon's, not its caller's: run in the manager's nursery, so a
+        client that hangs up (its request's task cancelled) cannot cut it short, only
+        the daemon's stop does. The caller waits for its result; cancelled, it leaves
+        the job to finish (issue 44: a tree cancel once accepted)."""
+        if self.closing or self._nursery is None:
+            raise Unavailable("the daemon is shutting down")
+        done = trio.Event()
+        result: list[outcome.Outcome[T]] = []
+
+        async def run() -> None:
+            try:
+                result.append(outcome.Value(await job()))
+            except Exception as exc:  # the caller's to raise, not the nursery's
+                result.append(outcome.Error(exc))
+            finally:
+                done.set()
+
+        self._nursery.start_soon(run)
+        await done.wait()
+        if not result:  # the daemon's stop cancelled it
+            raise Unavailable("the daemon is shutting down")
+        return result[0].unwrap()
+
     def _claimable(self, state: SessionState) -> AgentConfig:
         """The session's agent, if a turn may be claimed on it now; else raise before
         anything changes."""
@@ -529,13 +555,9 @@ class SessionManager:
             self._settle(turn)
         # Not reached when an enclosing scope (a stopped caller, shutdown) was cancelled:
         # then nothing starts by itself.
-        try:
-            await self.deliveries.hand_over(turn.delivered)
-            self.deliveries.wake(turn.session)
-        except (StoreError, NotFound):
-            # Not this task's to crash the daemon over: every entry is stored, and the
-            # next start drains what no turn took (NotFound: a session deleted since).
-            log.exception("after turn %s: could not hand over its deliveries", turn.id)
+        # Tried again on a failure, then logged: never this task's to crash the daemon
+        # over (every entry is stored; the next start drains what no turn took).
+        await self.deliveries.after_turn(turn.id, turn.delivered, turn.session)
 
     def _settle(self, turn: Turn) -> None:
         """A turn ended: give back what it held (quiet already, after a stop) and offer

@@ -258,7 +258,8 @@ class Turn:
         self.interpreter = EngineEvents(self.id, self.session, services.store, services.stop,
                                    self.publisher, self.inbox_hold,
                                    budget_tokens=ask.budget_tokens, cancel=self.cancel,
-                                   after_progress=self._after_progress)
+                                   after_progress=self._after_progress,
+                                   compaction_failed=self._compaction_failed)
         # Built here, synchronously in the task of the tool call that starts it (if any):
         # that is how its span finds the spawning call's.
         self.trace = services.tracing.turn(
@@ -607,6 +608,10 @@ class Turn:
                 self.agent.name, code, duration, input_tokens=tally.usage.input,
                 output_tokens=tally.usage.output, cache_tokens=tally.usage.cache,
                 cost=tally.usage.cost)
+
+    def _compaction_failed(self, reason: str) -> None:
+        if self.services.metrics is not None:
+            self.services.metrics.compaction_failed(self.agent.name, reason)
 
     def _trace_end(self) -> None:
         outcome, tally = self.outcome, self.interpreter.tally

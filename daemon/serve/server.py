@@ -147,9 +147,9 @@ def _engine_factory(
         return [Route(config.providers[name], clients[name], model, slots[name])]
 
     def engine_for(agent: AgentConfig) -> Engine:
-        if agent.engine == "claude-cli":
-            return ClaudeCliEngine(agent, sandbox)
         retried = metrics.provider_retried
+        if agent.engine == "claude-cli":
+            return ClaudeCliEngine(agent, sandbox, retries=retried)
         if agent.engine == "anthropic":
             summary = summary_routes(agent, anthropic)
             return AnthropicEngine(

@@ -15,7 +15,8 @@ without its password.
 
 Cancel (the write contract of runtime/ports.Store): a call still queued is withdrawn; a
 write that runs is waited for and a cancel that came meanwhile is raised after it
-returned; a read is abandoned to its thread (its answer is not needed).
+returned; a read is abandoned to its thread (its answer is not needed), which holds its
+connection's token of the limiter until it returns.
 
 Schema: numbered files in pg_migrations/, applied in one transaction under a
 transaction-level advisory lock, recorded in `veild_schema` (one row per migration), so
@@ -37,7 +38,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from daemon.config import redact_url
 from daemon.errors import StoreError, StoreUnavailable
-from daemon.store.queueing import Progress, acquire_while_moving
+from daemon.store.queueing import LentToken, Progress, acquire_while_moving
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -275,20 +276,26 @@ class PgPool:
 
     async def run(self, fn: Callable[[Conn], T], *, write: bool, tx: bool) -> T:
         # Queued behind calls that keep finishing, a call waits (store/queueing.py).
+        # The call's token: a read abandoned on cancel keeps it until its thread
+        # returns the pool's connection, so no call queues inside the pool meanwhile.
+        token = LentToken(self._limiter)
         deadline = await acquire_while_moving(self._limiter, self._progress,
-                                              self.busy_timeout_s, "the connection pool")
+                                              self.busy_timeout_s, "the connection pool",
+                                              borrower=token)
         try:
             # A read may be abandoned when its caller is cancelled (its result is not
             # needed); a write is waited for, so that its caller never leaves while a
             # transaction it started may still commit.
             wait_s = max(_MIN_WAIT_S, deadline - trio.current_time())
             result = await trio.to_thread.run_sync(self._work, fn, write, tx, wait_s,
-                                                   abandon_on_cancel=not write)
+                                                   abandon_on_cancel=not write,
+                                                   limiter=token.as_limiter())
             self._progress.tick()
         except (psycopg.Error, PoolTimeout) as exc:
             raise translate(exc, self.database, self.busy_timeout_s) from exc
         finally:
-            self._limiter.release()
+            if not token.lent:  # a cancel before the thread started
+                self._limiter.release_on_behalf_of(token)
         # The port's write contract (runtime/ports.Store): a cancel that arrived while
         # the write ran is raised now that it has committed — never swallowed.
         await trio.lowlevel.checkpoint_if_cancelled()

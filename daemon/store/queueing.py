@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import cast
 
 import trio
 
@@ -42,14 +43,16 @@ class Progress:
 
 async def acquire_while_moving(limiter: trio.CapacityLimiter, progress: Progress,
                                busy_timeout_s: float, what: str,
-                               since: float | None = None) -> float:
+                               since: float | None = None,
+                               borrower: object = None) -> float:
     """Acquire `limiter`, waiting as long as calls keep finishing on it; StoreUnavailable
     once none has for `busy_timeout_s`. Returns the deadline for the call itself (for
     SQLite's busy timeout, or the pool's wait). Got within its first period, the call
     has what is left of it: a store stuck on a lock then fails the calls queued behind
     the stuck one about together, not one period each. Got after the queue moved, it
     has a whole period from now: it waited for work that was getting done. `since`:
-    when the first period began (default now), for a caller that was waiting already."""
+    when the first period began (default now), for a caller that was waiting already.
+    `borrower`: whom the token is for (default the current task)."""
     moved = False
     while True:
         seen = progress.finished
@@ -57,10 +60,40 @@ async def acquire_while_moving(limiter: trio.CapacityLimiter, progress: Progress
         start = since if since is not None and not moved else trio.current_time()
         deadline = start + busy_timeout_s
         with trio.move_on_at(deadline):
-            await limiter.acquire()
+            if borrower is None:
+                await limiter.acquire()
+            else:
+                await limiter.acquire_on_behalf_of(borrower)
             return trio.current_time() + busy_timeout_s if moved else deadline
         moved = True
         if progress.finished == seen:
             raise StoreUnavailable(
                 f"the database is busy: {what} made no progress for "
                 f"{busy_timeout_s:g}s (store_busy_timeout_s)")
+
+
+class LentToken:
+    """One call's token of a connection limiter, lent to trio.to_thread as its limiter:
+    acquired first (`acquire_while_moving(..., borrower=token)`), then trio releases
+    it when the thread returns — also a thread abandoned on cancel, which keeps its
+    connection until then, so no other call is given that connection meanwhile. The
+    token is its own borrower (not the calling task, which may call again before that
+    thread returns). `lent` False after the call: trio never took it (a cancel came
+    before the thread), the caller releases it."""
+
+    __slots__ = ("lent", "limiter")
+
+    def __init__(self, limiter: trio.CapacityLimiter) -> None:
+        self.limiter = limiter
+        self.lent = False
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None:
+        self.lent = True  # no checkpoint: trio starts the thread next, or releases it
+
+    def as_limiter(self) -> trio.CapacityLimiter:
+        """Typed as trio.to_thread's `limiter` (which takes any object with these two
+        methods, "CapacityLimiter-like", though its signature names the class)."""
+        return cast("trio.CapacityLimiter", self)
+
+    def release_on_behalf_of(self, borrower: object) -> None:
+        self.limiter.release_on_behalf_of(self)

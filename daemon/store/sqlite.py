@@ -660,7 +660,7 @@ class Store:
                 conn.execute(f"DELETE FROM sessions WHERE id IN ({marks})", chunk)
 
         await self.runner.write(_delete)
-        await self.runner.call(_vacuum_step)
+        await self.runner.call(_vacuum_step, abandon_on_cancel=True)
 
     async def stale_trees(self, updated_before: int, limit: int = 500) -> list[str]:
         """Roots of trees whose sessions are all idle and whose last update (the latest
@@ -679,10 +679,12 @@ class Store:
     async def reclaim_space(self) -> None:
         """Give every free page back and fold the WAL into the file, so that the
         file's size on disk falls after a large prune."""
-        while await self.runner.call(_vacuum_step) > 0:
+        # Abandoned on cancel: a hung disk holds no shutdown here (sqlite_runner.call).
+        while await self.runner.call(_vacuum_step, abandon_on_cancel=True) > 0:
             pass
         await self.runner.call(
-            lambda conn: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
+            lambda conn: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall(),
+            abandon_on_cancel=True)
 
 
 def _vacuum_step(conn: sqlite3.Connection) -> int:

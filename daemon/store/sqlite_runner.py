@@ -35,7 +35,7 @@ import outcome
 import trio
 
 from daemon.errors import StoreError, StoreUnavailable
-from daemon.store.queueing import Progress, Shield, acquire_while_moving
+from daemon.store.queueing import LentToken, Progress, Shield, acquire_while_moving
 
 T = TypeVar("T")
 # sqlite3's authorizer: (action, arg1, arg2, database, trigger) -> SQLITE_OK/DENY/IGNORE
@@ -211,29 +211,41 @@ class SqliteRunner:
 
     async def aclose(self) -> None:
         # After a hung batch's thread (bounded by the caller).
-        await self.call(lambda conn: conn.close())
+        await self.call(lambda conn: conn.close(), abandon_on_cancel=True)
         if self._reader is not self._writer:
             await self.read(lambda conn: conn.close())
 
-    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def call(self, fn: Callable[[sqlite3.Connection], T], *,
+                   abandon_on_cancel: bool = False) -> T:
         """Run `fn(conn)` on the writer's connection outside the group commit (a
-        pragma, a vacuum step, a read of what only the writer sees), in a thread."""
-        return await self._on(self._writer, fn, self._writer.conn)
+        pragma, a vacuum step, a read of what only the writer sees), in a thread.
+        `abandon_on_cancel` (upkeep nobody waits on: a vacuum step, the close): a cancel
+        returns at once, as the event log's calls do (eventlog/sqlite.py), while the
+        thread keeps the writer's connection until it really returns, so a hung disk
+        holds neither a shutdown nor the pruner."""
+        return await self._on(self._writer, fn, self._writer.conn,
+                              abandon=abandon_on_cancel)
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn(conn)`, queries on the reader's connection, in a thread."""
         return await self._on(self._reader, fn, self._reader.conn)
 
-    async def _on(self, lane: _Lane, fn: Callable[..., T], *args: Any) -> T:
+    async def _on(self, lane: _Lane, fn: Callable[..., T], *args: Any,
+                  abandon: bool = False) -> T:
+        held = LentToken(lane.limiter)  # the call's token: its thread may outlive the call
         deadline = await acquire_while_moving(lane.limiter, lane.progress,
-                                              self._busy_timeout_s, "its connection")
+                                              self._busy_timeout_s, "its connection",
+                                              borrower=held)
         try:
             busy_ms = max(_MIN_BUSY_MS, int((deadline - trio.current_time()) * 1000))
-            result = await trio.to_thread.run_sync(self._run, lane, busy_ms, fn, *args)
+            result = await trio.to_thread.run_sync(
+                self._run, lane, busy_ms, fn, *args, abandon_on_cancel=abandon,
+                limiter=held.as_limiter())
         except sqlite3.Error as exc:
             raise _translate(exc, self._busy_timeout_s) from exc
         finally:
-            lane.limiter.release()
+            if not held.lent:  # trio never took it (a cancel before the thread)
+                lane.limiter.release_on_behalf_of(held)
         # A cancel that came while the thread ran (it cannot be left: the connection is
         # the lane's) is raised now, as the group commit's writes and PostgreSQL's
         # calls raise it (runtime/ports.Store).

@@ -48,6 +48,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import trio
@@ -99,6 +100,27 @@ class Sandbox:
     def mode(self) -> str:
         return "none" if self.bwrap is None else "bwrap"
 
+    @cached_property
+    def present(self) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+        """The hidden directories (outermost first) and files that exist, where they
+        would show — under what is bound (the system directories, the private /var/tmp,
+        `allow`) —, outside the private /tmp and not under another hidden directory:
+        stat'ed once (in a thread by `open_sandbox`), not on the event loop at every
+        call (issue 44)."""
+        bound = [Path(p) for p in (*SYSTEM_DIRS, "/var/tmp")] + list(self.allow)
+        hide = [p for p in (*self.hide, *map(Path, ETC_SECRETS))
+                if any(_within(p, root) for root in bound)]
+        dirs: list[Path] = []
+        files: list[Path] = []
+        for path in sorted(set(hide), key=lambda p: len(p.parts)):
+            if _within(path, PRIVATE_TMP) or any(_within(path, outer) for outer in dirs):
+                continue
+            if path.is_dir():
+                dirs.append(path)
+            elif path.exists():
+                files.append(path)
+        return tuple(dirs), tuple(files)
+
     def wrap(self, argv: Sequence[str], workspace: Path, *, network: bool,
              read_only: Sequence[Path] = (), chdir: Path | None = None) -> list[str]:
         """`argv` as it runs inside this sandbox for `workspace` (absolute), with
@@ -110,14 +132,9 @@ class Sandbox:
         if network:
             args.append("--share-net")
         args += _system_binds(network)
-        # Where a hidden path must still be mounted empty and read-only: under what is
-        # bound, and under the private /var/tmp (a data dir there stays read-only).
-        bound = [Path(p) for p in (*SYSTEM_DIRS, "/var/tmp")] + list(self.allow)
         for path in self.allow:
             args += ["--ro-bind-try", str(path), str(path)]
-        hide = [p for p in (*self.hide, *map(Path, ETC_SECRETS))
-                if any(_within(p, root) for root in bound)]
-        dirs, files = _hidden(hide, workspace)
+        dirs, files = _hidden(self.present, workspace)
         for path in dirs:
             args += ["--tmpfs", str(path)]
         for path in files:  # a hidden file reads as empty
@@ -175,22 +192,14 @@ def _within(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
 
 
-def _hidden(hide: Iterable[Path], workspace: Path) -> tuple[list[Path], list[Path]]:
+def _hidden(present: tuple[tuple[Path, ...], tuple[Path, ...]], workspace: Path
+            ) -> tuple[list[Path], list[Path]]:
     """The directories to mount empty, outermost first, and the files to mount empty:
-    those that exist now, not under the private /tmp (nothing of the host's /tmp is
-    there), not under another hidden directory (already gone) and neither the workspace
-    nor inside it (the session's own work)."""
-    dirs: list[Path] = []
-    files: list[Path] = []
-    for path in sorted(set(hide), key=lambda p: len(p.parts)):
-        if (_within(path, PRIVATE_TMP) or _within(path, workspace)
-                or any(_within(path, outer) for outer in dirs)):
-            continue
-        if path.is_dir():
-            dirs.append(path)
-        elif path.exists():
-            files.append(path)
-    return dirs, files
+    those present (`Sandbox.present`) but neither the workspace nor inside it (the
+    session's own work). No stat: this runs at every call, on the event loop."""
+    dirs, files = present
+    return ([p for p in dirs if not _within(p, workspace)],
+            [p for p in files if not _within(p, workspace)])
 
 
 def hidden_paths(config: Config) -> tuple[Path, ...]:
@@ -280,6 +289,7 @@ async def open_sandbox(config: Config) -> Sandbox:
     sandbox = Sandbox(bwrap, hidden_paths(config), allow=config.server.sandbox_allow,
                       empty=empty_file(config.server.data_dir), limiter=limiter,
                       limits=limits)
+    await trio.to_thread.run_sync(lambda: sandbox.present)  # stat'ed once, off the loop
     log.info("sandbox: bwrap (%s); hidden: %s", bwrap,
              ", ".join(str(p) for p in sandbox.hide))
     for name in opted_out(config.agents.values()):

@@ -94,7 +94,8 @@ class BashTool:
         if not math.isfinite(timeout):
             raise ToolError("`timeoutS` must be finite")
 
-        ctx.workspace.mkdir(parents=True, exist_ok=True)
+        # In a thread: a slow disk holds this call, not the event loop (issue 44).
+        await trio.Path(ctx.workspace).mkdir(parents=True, exist_ok=True)
         capture = _Capture(ctx.max_output_bytes)
         report, report_w = os.pipe()  # the limit that ended the call, if one did
         try:
