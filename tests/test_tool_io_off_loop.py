@@ -53,7 +53,10 @@ def test_the_sandbox_stats_its_hidden_paths_once(
     # tmp_path is under /tmp, which the sandbox leaves out (its /tmp is private).
     monkeypatch.setattr(sandbox_module, "PRIVATE_TMP", Path("/nonexistent-tmp"))
     calls: list[str] = []
-    sandbox = Sandbox("/usr/bin/bwrap", tuple(hidden), empty=tmp_path / "empty")
+    # Hidden paths show only under what the allowlist binds (CONTRACT §16.1): bind
+    # tmp_path read-only, so they must be hidden there.
+    sandbox = Sandbox("/usr/bin/bwrap", tuple(hidden), allow=(tmp_path,),
+                      empty=tmp_path / "empty")
     first = sandbox.wrap(["true"], tmp_path / "ws", network=False)
     _watch(monkeypatch, "is_dir", calls)
     _watch(monkeypatch, "exists", calls)
