@@ -4,12 +4,17 @@ A real daemon (in this process, the scripted mock provider, SSE chats) and one s
 whose workspace is bench/snapshots.py's: 1,000 files / 100 MB. Before each of TURNS
 turns one 100 KB file of it is rewritten (as a tool of the previous turn would); each
 turn's start is measured from its `turn.start` frame to its first `inference.chunk`
-frame, as the client receives them: the turn's store writes, its snapshot (when on)
-and the provider's first token. Run once with `snapshots = false` and once with them
-on; medians. Then the session is rewound before its first measured turn (100 MB put
-back) and before its last one (one file), each timed through `POST …/rewind`.
+frame, as the client receives them: the turn's store writes, its snapshot (when on:
+it runs beside the first LLM call, daemon/runtime/turn.py) and the provider's first
+token. Run once with `snapshots = false` and once with them
+on; medians. Then the session is rewound before its last turn (whose snapshot is the
+workspace as it is: no file differs) and before its second measured one (the files the
+later turns rewrote differ), each timed through `POST …/rewind`.
 
     .venv/bin/python -m bench.rewind
+
+The `snapshots` phase of `make bench` (`snapshots_rows`, rows SN) runs this and
+bench/snapshots.py's `measure`: SNAPSHOT_TURNS turns of each kind there (10), one more here.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from functools import partial
@@ -26,12 +32,14 @@ from typing import Any
 import httpx
 import trio
 
+from bench import snapshots as snap
 from bench.snapshots import SIZE, fill, ms
+from bench.table import Ledger, Row, bench_header, print_report
 from daemon.config import load_config
 from daemon.mock.provider import serve_mock_provider
 from daemon.serve.server import serve_daemon
 
-TURNS = 11
+TURNS = int(os.environ.get("SNAPSHOT_TURNS", "10")) + 1
 
 
 def script(spec: dict[str, Any]) -> str:
@@ -63,7 +71,8 @@ async def sse_turn(http: httpx.AsyncClient, sid: str | None) -> tuple[str, str, 
     return session, turn, first - start
 
 
-async def run(tmp: Path, snapshots: bool) -> tuple[list[float], dict[str, float]]:
+async def run(tmp: Path, snapshots: bool,
+              turns_n: int = TURNS) -> tuple[list[float], dict[str, float]]:
     path = tmp / "daemon.toml"
     path.write_text(
         f'[server]\nport = 0\ndata_dir = "{tmp / "data"}"\nlog_format = "text"\n'
@@ -79,16 +88,20 @@ async def run(tmp: Path, snapshots: bool) -> tuple[list[float], dict[str, float]
             await trio.to_thread.run_sync(fill, ws)
             await sse_turn(http, sid)  # the first snapshot of the full workspace
             times, turns = [], []
-            for t in range(TURNS):
+            for t in range(turns_n):
                 await trio.to_thread.run_sync(
-                    (ws / f"pkg{t:02d}" / "file07.bin").write_bytes, os.urandom(SIZE))
+                    (ws / f"pkg{t % 50:02d}" / "file07.bin").write_bytes, os.urandom(SIZE))
                 _, turn, took = await sse_turn(http, sid)
                 times.append(took)
                 turns.append(turn)
             rewinds: dict[str, float] = {}
             if snapshots:
-                for name, turn in (("one file back", turns[-1]),
-                                   ("ten files back", turns[1])):
+                # A turn's snapshot is taken after the file before it was rewritten:
+                # before the last turn, no file differs from the workspace now; before
+                # the second, the files of the later turns do.
+                for name, turn in (("before the last turn: 0 files differ", turns[-1]),
+                                   (f"before the 2nd: {len(turns) - 2} files differ",
+                                    turns[1])):
                     began = time.perf_counter()
                     r = await http.post(f"/sessions/{sid}/rewind", json={"beforeTurn": turn})
                     rewinds[name] = time.perf_counter() - began
@@ -97,11 +110,29 @@ async def run(tmp: Path, snapshots: bool) -> tuple[list[float], dict[str, float]
     return times, rewinds
 
 
-async def main() -> None:
+async def measure(turns_n: int = TURNS) -> dict[bool, tuple[list[float], dict[str, float]]]:
+    """Snapshots off, then on: each turn's start (seconds), and the rewinds' (when on)."""
     results = {}
     for on in (False, True):
         with tempfile.TemporaryDirectory(prefix="veild-bench-rewind-") as tmp:
-            results[on] = await run(Path(tmp), on)
+            results[on] = await run(Path(tmp), on, turns_n)
+    return results
+
+
+async def snapshots_rows(ledger: Ledger) -> list[Row]:
+    """The `snapshots` phase: bench/snapshots.py's store figures and this file's turn
+    starts and rewinds, as SN rows. A failure raises (the phase's FAILED row)."""
+    with tempfile.TemporaryDirectory(prefix="veild-bench-snap-") as tmp:
+        measured = await snap.measure(Path(tmp))
+    results = await measure()
+    return snap.rows_of(measured, results[True][0], results[False][0], results[True][1])
+
+
+async def main() -> None:
+    if "--table" in sys.argv[1:]:
+        raise SystemExit(print_report(await snapshots_rows(Ledger()), bench_header(),
+                                      Ledger()))
+    results = await measure()
     off, on = results[False][0], results[True][0]
     print(f"workspace: 1,001 files / 100 MB; one 100 KB file rewritten before each of "
           f"{TURNS} turns")

@@ -27,11 +27,14 @@ a target that does not hold is a `NO` in the table, not an exit status.
           20,000-token answer; issue 45)
   TC      bench/toolcost.py (`bash true` with the limits and the allowlist bind against no
           sandbox and main's sandbox; issue 42)
+  SN      bench/snapshots.py and bench/rewind.py (workspace snapshots of 1,000 files /
+          100 MB: time and disk per turn, a turn's start on vs off, restore and rewind;
+          issue 43)
 
 `python -m bench.run --only p1,p3` runs only those phases (p1 p2 traced p3 p3x chats p4
-p5 extras publish durable cluster sandbox chaos peers long realmodel responses toolcost),
-`--repeat N` runs them N times and prints each table: a quicker loop while working on
-one row. `--burn N` runs N CPU-burning processes (busy loops at the bench's own
+p5 extras publish durable cluster sandbox chaos peers long realmodel responses toolcost
+snapshots), `--repeat N` runs them N times and prints each table: a quicker loop while
+working on one row. `--burn N` runs N CPU-burning processes (busy loops at the bench's own
 niceness) during each phase, as on a shared machine. `make bench` runs everything once.
 """
 
@@ -62,6 +65,7 @@ from bench import (
     publish,
     realmodel,
     responses_stream,
+    rewind,
     sandbox,
     slow,
     throughput,
@@ -75,7 +79,8 @@ from daemon.errors import leaves
 Phase = Callable[[], Awaitable[list[Row]]]
 PHASE_LIMIT_S = 600
 PHASES = ("p1", "p2", "traced", "p3", "p3x", "chats", "p4", "p5", "extras", "publish", "durable",
-          "cluster", "sandbox", "chaos", "peers", "long", "realmodel", "responses", "toolcost")
+          "cluster", "sandbox", "chaos", "peers", "long", "realmodel", "responses", "toolcost",
+          "snapshots")
 BURN = "while True: pass"
 
 
@@ -215,6 +220,8 @@ async def _run(only: set[str], resets: bool = True, burn: int = 0) -> int:
                          rows)
         if "toolcost" in only:
             await _phase("toolcost", lambda: toolcost.toolcost_rows(ledger), ledger, rows)
+        if "snapshots" in only:
+            await _phase("snapshots", lambda: rewind.snapshots_rows(ledger), ledger, rows)
     print(render([*rows, Row("-- extras (no target) --", ""), *extra], header))
     if ledger.losses:
         print(f"LOST: {len(ledger.losses)} problems in {ledger.turns} turns checked:")

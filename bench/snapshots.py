@@ -12,6 +12,10 @@ ago. Measured through daemon.snapshots.Snapshots, as the turn's start calls it:
 - `gc` (a sweep's prune, then a full repack), and the store after each.
 
     .venv/bin/python -m bench.snapshots
+
+`measure()` is the part of it the `snapshots` phase of `make bench` runs (rows SN, with
+bench/rewind.py's; `rows_of` makes them): the first snapshot, the two kinds of turn,
+the restore.
 """
 
 from __future__ import annotations
@@ -21,15 +25,20 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
+from bench.table import Row
 from daemon.snapshots import SnapshotConfig, Snapshots
 
 DIRS, PER_DIR, SIZE = 50, 20, 100 * 1024
-TURNS = 10
+TURNS = int(os.environ.get("SNAPSHOT_TURNS", "10"))
 KB = 1024
+TURN_TARGET_S = 0.050  # issue 43: ≤ 50 ms per turn after the first
+TURN_DISK_TARGET = 64 * KB  # "a few KB per turn"
 
 
 def du(path: Path) -> int:
@@ -67,13 +76,34 @@ def size(n: float) -> str:
     return f"{n / KB:.0f} KB" if n < 10 * KB * KB else f"{n / KB / KB:.1f} MB"
 
 
-async def timed_turns(snaps: Snapshots, ws: Path, store: Path, first: int, change: str,
-                      edit: object) -> int:
-    times, growth, grew = [], [], []
+@dataclass
+class Turns:
+    """One kind of turn: each snapshot's seconds, and the store's growth on disk."""
+
+    times: list[float] = field(default_factory=list)
+    growth: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Measured:
+    """What `measure` found (the `snapshots` phase's half of the SN rows)."""
+
+    first_s: float
+    first_disk: int
+    source: Turns
+    binary: Turns
+    restore_s: float
+
+
+async def timed_turns(snaps: Snapshots, ws: Path, store: Path, change: str,
+                      edit: Callable[[int], None], turns: int = TURNS) -> Turns:
+    times: list[float] = []
+    growth: list[int] = []
+    grew: list[int] = []
     slug = "".join(c for c in change if c.isalnum())
     before, bytes_before = du(store), apparent(store)
-    for t in range(TURNS):
-        await trio.to_thread.run_sync(edit, t)  # type: ignore[arg-type]
+    for t in range(turns):
+        await trio.to_thread.run_sync(edit, t)
         began = time.perf_counter()
         ref = await snaps.snapshot("ses_bench", f"turn_{slug}_{t}", ws)
         times.append(time.perf_counter() - began)
@@ -85,7 +115,82 @@ async def timed_turns(snaps: Snapshots, ws: Path, store: Path, first: int, chang
     print(f"  {change:<31} {ms(statistics.median(times)):>6} median, "
           f"{ms(max(times)):>6} max; store +{size(statistics.median(growth))} on disk, "
           f"+{statistics.median(grew) / KB:.1f} KB of files per turn (medians)")
-    return first
+    return Turns(times, growth)
+
+
+def _edit_source(ws: Path) -> Callable[[int], None]:
+    def edit(t: int) -> None:
+        with open(ws / "src" / "main.py", "a") as f:
+            f.write(f"def g{t}(x):\n    return x * {t}\n")
+    return edit
+
+
+def _rewrite_binary(ws: Path) -> Callable[[int], None]:
+    def edit(t: int) -> None:
+        (ws / f"pkg{t % DIRS:02d}" / "file07.bin").write_bytes(os.urandom(SIZE))
+    return edit
+
+
+async def measure(tmp: Path, turns: int = TURNS) -> Measured:
+    """The first snapshot, `turns` of each kind, the restore to the first snapshot."""
+    root = tmp / "snapshots"
+    ws = tmp / "workspaces" / "ses_bench"
+    await trio.to_thread.run_sync(fill, ws)
+    snaps = Snapshots(SnapshotConfig(root=root))
+    store = root / "ses_bench" / "git"
+    began = time.perf_counter()
+    assert await snaps.snapshot("ses_bench", "turn_first", ws) is not None
+    first_s = time.perf_counter() - began
+    first_disk = du(store)
+    source = await timed_turns(snaps, ws, store, "a 4 KB source file edited",
+                               _edit_source(ws), turns)
+    binary = await timed_turns(snaps, ws, store, "a 100 KB binary file rewritten",
+                               _rewrite_binary(ws), turns)
+    began = time.perf_counter()
+    await snaps.restore("ses_bench", "turn_first", ws)
+    return Measured(first_s, first_disk, source, binary, time.perf_counter() - began)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f}"
+
+
+def rows_of(m: Measured, start_on: list[float], start_off: list[float],
+            rewinds: dict[str, float]) -> list[Row]:
+    """The SN rows (pure: unit-tested): `m` from `measure`, the turn starts with
+    snapshots on and off and the rewinds' seconds from bench/rewind.py's `measure`."""
+    n = len(m.source.times)
+    rows = [
+        Row(f"SN first snapshot, {DIRS * PER_DIR:,} files of {SIZE // KB} KB + 1: ms",
+            _ms(m.first_s)),
+        Row("SN first snapshot: the store on disk", size(m.first_disk)),
+    ]
+    for what, turns in (("a 4 KB source file edited", m.source),
+                        ("a 100 KB binary file rewritten", m.binary)):
+        took = statistics.median(turns.times)
+        rows.append(Row(f"SN per-turn snapshot, {what}: ms (median of {n})", _ms(took),
+                        target=f"≤ {_ms(TURN_TARGET_S)}", holds=took <= TURN_TARGET_S))
+        grew = statistics.median(turns.growth)
+        if turns is m.source:
+            rows.append(Row(f"SN per-turn snapshot, {what}: store growth on disk (median)",
+                            size(grew), target=f"≤ {size(TURN_DISK_TARGET)}",
+                            holds=grew <= TURN_DISK_TARGET))
+        else:  # random bytes: git's zlib cannot make 100 KB of them smaller
+            rows.append(Row(f"SN per-turn snapshot, {what}: store growth on disk (median)",
+                            size(grew), note="no target: 100 KB of random bytes stored "
+                            "whole (the few-KB target is the source edit's)"))
+    if start_on and start_off:
+        on, off = statistics.median(start_on), statistics.median(start_off)
+        rows.append(Row(f"SN turn.start -> first chunk, snapshots on vs off, one 100 KB "
+                        f"file rewritten per turn: ms (median of {len(start_on)})",
+                        _ms(on), _ms(off), f"{(on - off) * 1000:+.0f} ms",
+                        note="the snapshot runs beside the turn's first LLM call (a tool "
+                        "call waits for it): this is what it costs the first token"))
+    rows.append(Row("SN restore the workspace to the first snapshot (100 MB written): ms",
+                    _ms(m.restore_s)))
+    for name, took in rewinds.items():
+        rows.append(Row(f"SN POST rewind ({name}): ms", _ms(took)))
+    return rows
 
 
 async def main() -> None:
@@ -105,17 +210,10 @@ async def main() -> None:
               f"(+ index {size(du(root / 'ses_bench' / 'index'))})")
         print(f"per turn ({TURNS} turns, one file changed before each snapshot):")
 
-        def edit_source(t: int) -> None:
-            with open(ws / "src" / "main.py", "a") as f:
-                f.write(f"def g{t}(x):\n    return x * {t}\n")
-
-        def rewrite_binary(t: int) -> None:
-            (ws / f"pkg{t:02d}" / "file07.bin").write_bytes(os.urandom(SIZE))
-
-        await timed_turns(snaps, ws, store, first, "a 4 KB source file edited", edit_source)
-        await timed_turns(snaps, ws, store, first, "a 100 KB binary file rewritten",
-                          rewrite_binary)
-        await timed_turns(snaps, ws, store, first, "nothing changed", lambda t: None)
+        await timed_turns(snaps, ws, store, "a 4 KB source file edited", _edit_source(ws))
+        await timed_turns(snaps, ws, store, "a 100 KB binary file rewritten",
+                          _rewrite_binary(ws))
+        await timed_turns(snaps, ws, store, "nothing changed", lambda t: None)
 
         began = time.perf_counter()
         await snaps.restore("ses_bench", "turn_first", ws)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from bench import realmodel, responses_stream, toolcost
+from bench import realmodel, responses_stream, snapshots, toolcost
 from bench.bare import one_stream
 from bench.clients import script, words
 from bench.table import Ledger
@@ -122,3 +122,20 @@ def test_toolcost_rows_put_each_way_beside_no_sandbox() -> None:
     no_bwrap = toolcost.rows_of({toolcost.BARE: got[toolcost.BARE],
                                  toolcost.BRANCH_NONE: got[toolcost.BRANCH_NONE]}, "rlimit")
     assert len(no_bwrap) == 3 and no_bwrap[-1].figure == "no bwrap"
+
+
+def test_snapshot_rows_hold_per_turn_and_compare_starts() -> None:
+    m = snapshots.Measured(
+        first_s=7.0, first_disk=100 * 1024 * 1024,
+        source=snapshots.Turns([0.030, 0.040, 0.090], [8192, 12288, 4096]),
+        binary=snapshots.Turns([0.045, 0.060, 0.055], [122880] * 3), restore_s=0.7)
+    rows = snapshots.rows_of(m, [0.013, 0.015, 0.011], [0.003, 0.004, 0.002],
+                             {"one file back": 0.5})
+    first, store, src_t, src_d, bin_t, bin_d, start, restore, rewound = rows
+    assert (first.figure, store.figure, first.holds) == ("7000", "100.0 MB", None)
+    assert (src_t.figure, src_t.holds, src_d.figure, src_d.holds) == ("40", True, "8 KB", True)
+    assert (bin_t.figure, bin_t.holds, bin_d.figure, bin_d.holds) == ("55", False, "120 KB", None)
+    assert (start.figure, start.bare, start.ratio) == ("13", "3", "+10 ms")
+    assert (restore.figure, rewound.figure) == ("700", "500")
+    assert "one file back" in rewound.name
+    assert len(snapshots.rows_of(m, [], [], {})) == 7  # no turn starts, no rewinds
