@@ -37,6 +37,7 @@ from daemon.api import openai_wire as wire
 from daemon.api.connections import Connections
 from daemon.api.runtime import Runtime
 from daemon.api.spec import SSE, Op, Param, Resp, documented, ref
+from daemon.api.sse import next_batch
 from daemon.clock import new_id, now_ms
 from daemon.config import AgentConfig
 from daemon.errors import ApiError, NotFound
@@ -343,17 +344,10 @@ class _Answer:
             with sub:
                 yield self._chunk({"role": "assistant", "content": ""})
                 while self.reply.terminal is None:
-                    batch: list[Any] | None = None
-                    ended = False
-                    # No yield inside the cancel scope: a generator must not suspend in one.
-                    with trio.move_on_after(KEEPALIVE_S):
-                        try:
-                            batch = await sub.receive_batch()
-                        except trio.EndOfChannel:
-                            ended = True
-                    if ended:
-                        break
+                    batch = await next_batch(sub, KEEPALIVE_S)
                     if batch is None:
+                        break
+                    if not batch:
                         yield b": keepalive\n\n"
                         continue
                     deltas = self._feed(batch)

@@ -33,6 +33,7 @@ from daemon.api.openai_compat import (
 )
 from daemon.api.runtime import Runtime
 from daemon.api.spec import SSE, Op, Resp, documented, ref
+from daemon.api.sse import next_batch
 from daemon.clock import new_id, now_ms
 from daemon.config import AgentConfig
 from daemon.errors import ApiError, NotFound
@@ -257,16 +258,10 @@ class _Follow:
             with sub:
                 yield self.out.start()
                 while self.reply.terminal is None:
-                    batch: list[Any] | None = None
-                    ended = False
-                    with trio.move_on_after(KEEPALIVE_S):
-                        try:
-                            batch = await sub.receive_batch()
-                        except trio.EndOfChannel:
-                            ended = True
-                    if ended:
-                        break
+                    batch = await next_batch(sub, KEEPALIVE_S)
                     if batch is None:
+                        break
+                    if not batch:
                         yield b": keepalive\n\n"
                         continue
                     frames = self._feed(batch)

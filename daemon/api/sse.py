@@ -26,6 +26,20 @@ from daemon.runtime.events import TURN_SUSPENDED, Envelope
 KEEPALIVE_S = 15.0
 
 
+async def next_batch(sub: Subscription, keepalive_s: float = KEEPALIVE_S
+                     ) -> list[Item] | None:
+    """What waits in `sub` (at least one item); `[]` when nothing came within
+    `keepalive_s` (time for a keepalive line); None at its end. A coroutine, not
+    inline in the body generators: a generator must not suspend inside a cancel
+    scope, and this wait needs one."""
+    with trio.move_on_after(keepalive_s):
+        try:
+            return await sub.receive_batch()
+        except trio.EndOfChannel:
+            return None
+    return []
+
+
 def sse_response(
     open_sub: Callable[[], Subscription], *, stop_at_terminal: bool,
     on_lagged: Callable[[], None] | None,
@@ -47,20 +61,13 @@ async def _frames(open_sub: Callable[[], Subscription], stop_at_terminal: bool,
     sub.on_lagged = on_lagged
     with sub:
         while True:
-            batch: list[Item] | None = None
-            ended = False
-            # No yield inside the cancel scope: a generator must not suspend inside one.
-            with trio.move_on_after(KEEPALIVE_S):
-                try:
-                    batch = await sub.receive_batch()
-                except trio.EndOfChannel:
-                    ended = True
-            if ended:
+            batch = await next_batch(sub)
+            if batch is None:
                 if sub.lagged:
                     # The client fell behind: it reconnects with Last-Event-ID.
                     yield f": lagged seq={sub.last_seq}\n\n".encode()
                 return
-            if batch is None:
+            if not batch:
                 yield b": keepalive\n\n"
                 continue
             # Events and stream.gap frames; the transport's own control frames are WS-only.
