@@ -50,6 +50,7 @@ class _Context:
         self.client_options: dict[str, Any] = {}
         self.trace = NO_TURN_TRACE
         self.output_cap: int | None = None
+        self.iterations_done = 0  # CONTRACT §18: not a resumed turn
 
     async def run_tool(self, call_id: str, name: str, args: Any) -> tuple[ToolOutcome, int]:
         raise AssertionError(f"a tool ran: {name} {args}")
