@@ -69,7 +69,7 @@ from daemon.llm.jsonload import load_object
 from daemon.observe.tracing import ChatSpan, ToolSpan, TurnTrace
 from daemon.store.models import MessageRecord, TokenUsage
 from daemon.toolproc.env import tool_environment
-from daemon.toolproc.procgroup import stop_group
+from daemon.toolproc.procgroup import stop_gently
 from daemon.toolproc.sandbox import Sandbox
 from daemon.tools.base import ToolOutcome
 
@@ -456,7 +456,10 @@ class ClaudeCliEngine:
             raise
         finally:
             spans.close(None)
-            await stop_group(process, KILL_GRACE_S)
+            # Under the supervisor (§16.1) the CLI is in a group of its own: a SIGTERM
+            # has the supervisor kill that tree and exit; a SIGKILL of the supervisor's
+            # group would leave the CLI to its parent-death signal, a moment later.
+            await stop_gently(process, KILL_GRACE_S)
 
 
 def _tail(path: Path) -> str:
