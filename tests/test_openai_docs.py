@@ -18,8 +18,11 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "openai.md"
 
 
 def example() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
-    assert len(blocks) == 1, "docs/openai.md should hold one Python example"
+    """The runnable example: the one Python block that reads VEILD_URL (the framework
+    sketches beside it are run by tests/test_agent_frameworks.py in their own form)."""
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+              if "VEILD_URL" in b]
+    assert len(blocks) == 1, "docs/openai.md should hold one runnable Python example"
     return blocks[0]
 
 
