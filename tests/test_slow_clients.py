@@ -210,7 +210,9 @@ async def test_clients_that_fall_behind_get_merged_chunks_and_every_byte(
     rcvbuf = 16 * 1024
     lines = (sockets_hold(rcvbuf) + 2_000_000) // 7  # `seq` prints ~7 bytes a line here
     printed = "".join(f"{i}\n" for i in range(1, lines + 1))
-    server = "stream_coalesce_after = 4\nstream_queue_bytes = 268435456\n"
+    # The whole print streams: the stream cap (§16.1) is set above it.
+    server = ("stream_coalesce_after = 4\nstream_queue_bytes = 268435456\n"
+              "tool_stream_bytes = 67108864\n")
     message = mock(tools=[{"name": "bash", "arguments": {"command": f"seq 1 {lines}"}}])
     async with open_daemon(tmp_path, provider, server=server) as daemon:
         async with open_recorder(daemon.ws_url) as watcher, \
@@ -262,7 +264,9 @@ async def test_an_sse_client_that_never_reads_gets_lagged_then_resumes(
     rcvbuf = 64 * 1024
     queue_bytes = 256 * 1024
     flood = sockets_hold(rcvbuf) + queue_bytes + (1 << 20)
-    server = f"stream_queue_bytes = {queue_bytes}\nclient_close_grace_s = 60\n"
+    # The whole flood streams: the stream cap (§16.1) is set above it.
+    server = (f"stream_queue_bytes = {queue_bytes}\nclient_close_grace_s = 60\n"
+              "tool_stream_bytes = 67108864\n")
     command = f"head -c {flood} /dev/zero | tr '\\0' a"
     async with open_daemon(tmp_path, provider, server=server) as daemon:
         sid = (await daemon.chat(mock(say=1))).json()["sessionId"]
