@@ -104,8 +104,9 @@ async def test_a_client_that_never_reads_is_closed_1013(tmp_path: Path, provider
     # + the client's one buffered message and its partial next one (at most a merged
     # chunk each, bus.MERGED_MAX_BYTES) + the queue bound itself, with a margin.
     flood = sockets_hold(rcvbuf) + 2 * MERGED_MAX_BYTES + queue_bytes + (1 << 20)
+    # The whole flood streams: the stream cap (§16.1) is set above it.
     server = (f"stream_queue_bytes = {queue_bytes}\nstream_coalesce_after = 4\n"
-              "client_close_grace_s = 60")
+              "client_close_grace_s = 60\ntool_stream_bytes = 67108864")
     command = f"head -c {flood} /dev/zero | tr '\\0' a"
     async with open_daemon(tmp_path, provider, server=server) as daemon:
         quiet = (await daemon.chat(mock(say=1))).json()["sessionId"]
