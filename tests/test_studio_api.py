@@ -14,7 +14,8 @@ from tests.harness import Provider, Running, mock, open_daemon, open_recorder, s
 
 TURN_KEYS = {"turnId", "trigger", "fromSessionId", "startedAt", "endedAt", "terminal",
              "errorCode", "cancelReason", "tokenUsage", "model", "startSeq", "schedule",
-             "error", "finishReason"}
+             "error", "finishReason",
+             "resumed", "snapshot"}  # CONTRACT §18, §19
 HELPER = """
 [agents.helper]
 engine = "openai"
