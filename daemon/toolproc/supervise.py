@@ -370,6 +370,18 @@ def _user_tasks() -> int:
     return count
 
 
+def _started_environment() -> dict[bytes, bytes]:
+    """The environment this process was started with, for the child: not os.environ,
+    to which Python adds LC_CTYPE itself where the locale is C (PEP 538) — the tool
+    gets exactly the environment the daemon gave it (CONTRACT §16)."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return dict(os.environb)
+    return dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+
+
 def _exec_child(options: _Options) -> None:
     """In the forked child: ARGV in its own group, killed if the supervisor dies."""
     argv = options.argv
@@ -380,7 +392,7 @@ def _exec_child(options: _Options) -> None:
         os.setpgid(0, 0)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         _confine(options)
-        os.execvp(argv[0], argv)
+        os.execvpe(argv[0], argv, _started_environment())
     except BaseException as exc:  # the child must never return to the caller
         os.write(2, f"veild: cannot run {argv[0]}: {exc}\n".encode())
     os._exit(127)
