@@ -79,6 +79,28 @@ def _session_error(status: int, code: str, message: str) -> wire.OpenAIError:
                             code=code, param=None)
 
 
+def claim_turn(rt: Runtime, state: SessionState, chat: tools.ChatTurn,
+               offer: ClientOffer | None, turn_id: str, traceparent: str | None,
+               output_cap: int | None,
+               busy: Callable[[str], Exception]) -> tuple[Turn, Subscription]:
+    """A /v1 turn (Chat Completions or Responses), claimed and scheduled, with its
+    subscription taken first; `busy(session_id)` is the error when the session runs."""
+    sub = rt.bus.subscribe(Filter(session_ids=frozenset({state.id}), turn_id=turn_id,
+                                  stream_only=True, types=wire.REPLY_TYPES))
+    try:
+        claimed = rt.sessions.claim_chat(state, chat.message, sse=False, turn_id=turn_id,
+                                         trigger=TRIGGER, client=offer,
+                                         results=chat.results, traceparent=traceparent,
+                                         output_cap=output_cap)
+    except BaseException:
+        sub.close()
+        raise
+    if claimed is None:
+        sub.close()
+        raise busy(state.id)
+    return claimed.turn, sub
+
+
 def _json(body: dict[str, Any], status: int = 200,
           headers: dict[str, str] | None = None) -> Response:
     response = Response(json.dumps(body, ensure_ascii=False), status=status,
@@ -162,22 +184,8 @@ def openai_routes(rt: Runtime, connections: Connections) -> Blueprint:
     def claim(state: SessionState, chat: tools.ChatTurn, offer: ClientOffer | None,
               turn_id: str, traceparent: str | None,
               output_cap: int | None = None) -> tuple[Turn, Subscription]:
-        """The turn, claimed and scheduled, with its subscription (taken first);
-        `output_cap`: the client's max_tokens (CONTRACT §14.1)."""
-        sub = rt.bus.subscribe(Filter(session_ids=frozenset({state.id}), turn_id=turn_id,
-                                      stream_only=True, types=wire.REPLY_TYPES))
-        try:
-            claimed = sessions.claim_chat(state, chat.message, sse=False, turn_id=turn_id,
-                                          trigger=TRIGGER, client=offer,
-                                          results=chat.results, traceparent=traceparent,
-                                          output_cap=output_cap)
-        except BaseException:
-            sub.close()
-            raise
-        if claimed is None:
-            sub.close()
-            raise busy(state.id)
-        return claimed.turn, sub
+        """`output_cap`: the client's max_tokens (CONTRACT §14.1)."""
+        return claim_turn(rt, state, chat, offer, turn_id, traceparent, output_cap, busy)
 
     @bp.post("/v1/chat/completions")
     @documented(Op(

@@ -28,6 +28,7 @@ from daemon.api.openai_compat import (
     KEEPALIVE_S,
     TRIGGER,
     _json,
+    claim_turn,
     client_offer,
     model_not_found,
 )
@@ -37,7 +38,7 @@ from daemon.api.sse import next_batch
 from daemon.clock import new_id, now_ms
 from daemon.config import AgentConfig
 from daemon.errors import ApiError, NotFound
-from daemon.runtime.bus import Filter, Subscription
+from daemon.runtime.bus import Subscription
 from daemon.runtime.events import Envelope
 from daemon.runtime.state import SessionState
 from daemon.runtime.turn import Turn
@@ -82,21 +83,8 @@ def responses_routes(rt: Runtime, connections: Connections) -> Blueprint:
 
     def claim(state: SessionState, req: rw.ResponseRequest, offer: ClientOffer | None,
               turn_id: str, traceparent: str | None) -> tuple[Turn, Subscription]:
-        sub = rt.bus.subscribe(Filter(session_ids=frozenset({state.id}), turn_id=turn_id,
-                                      stream_only=True, types=wire.REPLY_TYPES))
-        try:
-            claimed = sessions.claim_chat(state, req.turn.message, sse=False,
-                                          turn_id=turn_id, trigger=TRIGGER, client=offer,
-                                          results=req.turn.results,
-                                          traceparent=traceparent,
-                                          output_cap=req.max_output_tokens)
-        except BaseException:
-            sub.close()
-            raise
-        if claimed is None:
-            sub.close()
-            raise _busy(state.id)
-        return claimed.turn, sub
+        return claim_turn(rt, state, req.turn, offer, turn_id, traceparent,
+                          req.max_output_tokens, _busy)
 
     @bp.post("/v1/responses")
     @documented(Op(
