@@ -22,7 +22,6 @@ import pytest
 import trio
 
 from tests.harness import (
-    CLUSTER,
     Provider,
     Running,
     assert_one_terminal_last,
@@ -32,8 +31,6 @@ from tests.harness import (
     open_recorder,
 )
 from tests.test_sse_mirror import read_sse
-
-pytestmark = pytest.mark.skipif(CLUSTER is not None, reason="drives one node's ASGI app")
 
 
 @pytest.fixture
