@@ -211,10 +211,12 @@ class Recorder:
                 raise AssertionError(f"WebSocket closed while waiting: {self.closed}")
             await self._changed.wait()
 
-    async def more(self) -> None:
+    async def more(self, since: int | None = None) -> None:
         """Until at least one more event has arrived (a cue to look at something else
-        again, e.g. the database, that changes with the events)."""
-        seen = len(self.events)
+        again, e.g. the database, that changes with the events). `since`: a count of
+        `events` taken before that look, when the look awaits — the events it let in
+        are then not waited for a second time."""
+        seen = len(self.events) if since is None else since
         await self.wait_for(lambda evs: len(evs) > seen)
 
     async def wait_closed(self) -> ConnectionClosed:

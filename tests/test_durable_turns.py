@@ -316,8 +316,14 @@ async def test_sigkill_at_any_event_of_a_multi_step_turn(tmp_path_factory: Any,
 
             with trio.fail_after(60):
                 await rec.wait_for(ended)
-                while (row := await _turn_row(http, session_id, turn_id))["terminal"] is None:
-                    await rec.more()
+                # The count is taken before the row is read: the turn's last events may
+                # come in while the read awaits, and none comes after them.
+                while True:
+                    seen = len(rec.events)
+                    row = await _turn_row(http, session_id, turn_id)
+                    if row["terminal"] is not None:
+                        break
+                    await rec.more(since=seen)
             messages = (await http.get(f"/sessions/{session_id}/messages")).json()["messages"]
             if any(e["eventType"] in ("done", "error") for e in rec.stream(turn_id)):
                 assert_one_terminal_last(rec.stream(turn_id))
