@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+import trio
+
 from daemon.clock import now_ms
 from daemon.errors import NotFound
 from daemon.observe.metrics import Metrics
@@ -113,8 +115,11 @@ class Recovery:
             await self._deliveries.hand_over(await self.interrupt(
                 turn, message, published.get(turn.id), code=code, details=details))
         await self._start(resumes)
-        for session_id in await self._store.running_sessions():  # no turn row: idle it
-            if self._host_running(session_id):
+        # A session marked running whose turn left no row: idle it — not one whose turn
+        # is resumed (a waiting call's child starts only when its caller gets there).
+        resumed = {r.turn.session_id for r in resumes}
+        for session_id in await self._store.running_sessions():
+            if session_id in resumed or self._host_running(session_id):
                 continue
             await self.set_idle(session_id)
 
@@ -176,6 +181,10 @@ class Recovery:
                 self._metrics.turn_resumed(reason)
         for r in link_waiting(resumes):
             self._host.resume(r.state, r.turn, r.message, r.resumed)
+            # Each started turn gets a step before the next one starts: the first ones
+            # reach their provider while the rest start (hundreds started in one step
+            # would all be ready to send before any was sent).
+            await trio.lowlevel.checkpoint()
 
     async def set_idle(self, session_id: str) -> None:
         """A session marked running whose turn left no row (its process died between)."""
