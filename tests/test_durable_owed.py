@@ -291,3 +291,45 @@ async def _job(http: httpx.AsyncClient) -> dict[str, Any]:
     assert r.status_code == 200, r.text
     [found] = [s for s in r.json()["schedules"] if s["name"] == "job"]
     return found  # type: ignore[no-any-return]
+
+
+async def test_two_waiting_spawns_of_one_answer_resume_side_by_side(
+        tmp_path: Path, provider: Provider) -> None:
+    """Two children spawned (wait) by one answer ran side by side: resumed, both start
+    before either ends (neither waits for the other), and each call gets its child's
+    answer."""
+    release, second_go = tmp_path / "release", tmp_path / "second-go"
+    config = write_config(tmp_path, provider.url)
+    says = ["first child says", "second child says"]
+    script = mock(calls=[{"say": "spawning", "tools": [
+        spawn("plain", mock(say=says[0], pause_after=2, pause_until=str(release))),
+        spawn("plain", mock(say=says[1], pause_after=2, pause_until=str(second_go)))]},
+        {"say": "parent done"}])
+    async with spawn_daemon(config) as proc, open_recorder(proc.ws_url) as rec, \
+            trio.open_nursery() as nursery:
+        await _chat_in(nursery, proc, "assistant", {"message": script})
+        parent_turn = await rec.turn_of()
+        parent_session = rec.stream(parent_turn)[0]["sessionId"]
+        children = await rec.wait_for(lambda evs: (lambda found: found if len(found) == 2
+                                                   else None)(sorted({
+            e["turnId"] for e in evs if e.get("eventType") == "inference.chunk"
+            and e["sessionId"] != parent_session})))
+        await _kill(proc)
+        nursery.cancel_scope.cancel()
+    second_go.touch()  # the second child may end; the first still waits for its file
+    async with spawn_daemon(config) as proc, open_recorder(proc.ws_url, "since=0") as rec, \
+            httpx.AsyncClient(base_url=proc.url, timeout=30) as http:
+        # Both resumed while the first is still held: the second did not wait for it.
+        await rec.wait_for(lambda evs: {e["turnId"] for e in evs if e.get("eventType")
+                                        == "turn.resumed"} >= {*children, parent_turn})
+        release.touch()
+        end = await rec.terminal(parent_turn)
+        assert end["eventType"] == "done", end
+        messages = (await http.get(f"/sessions/{parent_session}/messages")).json()[
+            "messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "assistant"]
+    answers = sorted(json.loads(m["content"])["content"] for m in messages[2:4])
+    assert answers == says
+    for child in children:
+        assert_one_terminal_last(rec.stream(child))
+        assert rec.stream(child)[-1]["eventType"] == "done"

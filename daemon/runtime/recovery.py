@@ -40,7 +40,7 @@ from daemon.runtime.published import Published, published_terminals
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
 from daemon.runtime.turn import COMPACT_TRIGGER, STOP_REASONS, ResumedTurn, Resumption
-from daemon.runtime.waiting import link_waiting
+from daemon.runtime.waiting import link_waiting, standalone
 from daemon.store.models import EndedTurn, InboxRecord, SessionRecord, TokenUsage, TurnRecord
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,8 @@ class ResumePolicy:
 # Why a turn is not resumed: its terminal's (code, message, details).
 _End = tuple[str, str, dict[str, Any] | None]
 STOPPED = "the daemon stopped while this turn ran"
+# How many resumed turns start before the others are read (Recovery.recover_interrupted).
+FIRST_WAVE = 8
 
 
 class Recovery:
@@ -101,6 +103,10 @@ class Recovery:
                          if seen.terminal is not None}
         else:
             logged, published = {}, await published_terminals(self._bus.log, turns)
+        # The first FIRST_WAVE turns that wait on no other and none waits on start as
+        # soon as they are read (their first chunk does not wait for every other
+        # turn's reads); the rest after all are read. Each wave: one write.
+        first: list[ResumedTurn] = []
         resumes: list[ResumedTurn] = []
         for turn in turns:
             end: _End = ("INTERRUPTED", STOPPED, None)
@@ -108,16 +114,21 @@ class Recovery:
                 planned = await self._plan(turn, logged.get(turn.id) or LoggedTurn(),
                                            reason, node)
                 if isinstance(planned, ResumedTurn):
-                    resumes.append(planned)
+                    early = len(first) < FIRST_WAVE and standalone(planned)
+                    (first if early else resumes).append(planned)
+                    if early and len(first) == FIRST_WAVE:
+                        await self._start(first)
                     continue
                 end = planned
             code, message, details = end
             await self._deliveries.hand_over(await self.interrupt(
                 turn, message, published.get(turn.id), code=code, details=details))
+        if len(first) < FIRST_WAVE:  # not started yet
+            resumes = first + resumes
         await self._start(resumes)
         # A session marked running whose turn left no row: idle it — not one whose turn
         # is resumed (a waiting call's child starts only when its caller gets there).
-        resumed = {r.turn.session_id for r in resumes}
+        resumed = {r.turn.session_id for r in (*first, *resumes)}
         for session_id in await self._store.running_sessions():
             if session_id in resumed or self._host_running(session_id):
                 continue
@@ -164,11 +175,11 @@ class Recovery:
             turn.usage, turn.model, node, frozenset(seen.decided)))
 
     async def _start(self, resumes: Sequence[ResumedTurn]) -> None:
-        """Count every resume in one store write (before any of them runs: a turn that
-        kills the daemon is not resumed for ever), then start each, oldest first — but
-        a child turn a resumed waiting call waits on, which its caller starts inside
-        itself (runtime/waiting.py). The reads all came first, so no resumed turn's
-        work slows the next one's planning (measured: docs/durability.md)."""
+        """Count the resumes of `resumes` in one store write (before any of them runs:
+        a turn that kills the daemon is not resumed for ever), then start each, oldest
+        first — but a child turn a resumed waiting call waits on, which its caller
+        starts inside itself (runtime/waiting.py). Their reads all came first, so their
+        work does not slow the reads (measured: docs/durability.md)."""
         consumed = await self._store.consumed_by([r.turn for r in resumes])
         resumes = [replace(r, resumed=replace(r.resumed, consumed=tuple(consumed[r.turn.id])))
                    if r.turn.id in consumed else r for r in resumes]

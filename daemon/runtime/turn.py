@@ -499,15 +499,21 @@ class Turn:
             return stored
         stopped = ToolOutcome(STOPPED_WHILE_RUNNING, is_error=True)
         results: list[eng.ToolFinished] = []
+        # A call whose child turn is resumed too waits for that child's result, as the
+        # call would have (the child session is not created again). Every such child
+        # starts first: they ran side by side, and go on side by side.
+        children: dict[str, Turn | ToolOutcome] = {}
         for c in missing:
-            name, args = c.get("name", ""), c.get("arguments")
             child = resumed.waiting.get(c["id"])
             if child is not None:
-                # Its child turn is resumed too: it waits for that child's result, as
-                # the call would have (the child session is not created again).
-                await self.interpreter.handle(eng.ToolStarted(c["id"], name, args))
-                started = trio.current_time()
-                outcome = await self._waited(child)
+                await self.interpreter.handle(eng.ToolStarted(c["id"], c.get("name", ""),
+                                                              c.get("arguments")))
+                children[c["id"]] = await self._resume_child(child)
+        started = trio.current_time()
+        for c in missing:
+            name, args = c.get("name", ""), c.get("arguments")
+            if c["id"] in children:
+                outcome = await _waited(children[c["id"]])
                 results.append(eng.ToolFinished(
                     c["id"], name, args, outcome,
                     int((trio.current_time() - started) * 1000)))
@@ -528,20 +534,16 @@ class Turn:
             finished, messages, self.interpreter.tally.iterations))
         return StoredContext(stored.summary, stored.latest, [*stored.messages, *messages])
 
-    async def _waited(self, child: ResumedTurn) -> ToolOutcome:
-        """Start `child` inside this turn and wait for it: its result, as the waiting
-        call gives it (CONTRACT §6), or its error as the call's error result."""
+    async def _resume_child(self, child: ResumedTurn) -> Turn | ToolOutcome:
+        """Start `child` inside this turn (CONTRACT §18); the call's error result if it
+        cannot start (the daemon is stopping, its session is busy or gone)."""
         resume_inside = self.services.resume_inside
         assert resume_inside is not None  # set by the manager that resumed this turn
         try:
-            run = await resume_inside(self, child)
-            content = await waited_content(run)
-        except ToolError as exc:
-            return ToolOutcome(str(exc), is_error=True)
-        except ApiError as exc:  # refused (the daemon is stopping)
+            return await resume_inside(self, child)
+        except ApiError as exc:
             return ToolOutcome(f"cannot resume session {child.state.id}: {exc.message}",
                                is_error=True)
-        return tool_result({"sessionId": child.state.id, "content": content})
 
     def _start_stored(self, _: None) -> None:
         self.start_stored = True
@@ -870,6 +872,18 @@ def classify(failure: BaseException | None, *, stopped: bool, reason: str | None
             "reason": STORE_UNAVAILABLE}
     log.error("turn %s failed", turn_id, exc_info=first)
     return "INTERNAL_ERROR", f"internal error: {type(first).__name__}", None
+
+
+async def _waited(child: Turn | ToolOutcome) -> ToolOutcome:
+    """A resumed waiting call's result: its child's answer as the call gives it
+    (CONTRACT §6), or its error as the call's error result."""
+    if isinstance(child, ToolOutcome):
+        return child
+    try:
+        content = await waited_content(child)
+    except ToolError as exc:
+        return ToolOutcome(str(exc), is_error=True)
+    return tool_result({"sessionId": child.session.id, "content": content})
 
 
 async def waited_content(turn: Turn) -> str:

@@ -72,6 +72,13 @@ def _child_key(plan: ResumedTurn) -> _Key | None:
     return None
 
 
+def standalone(plan: ResumedTurn) -> bool:
+    """Whether the turn waits on no child and may be no caller's child: it can start
+    before the other open turns are known."""
+    return _child_key(plan) is None and all(
+        _waits_on(plan, call) is None for call in open_calls(plan))
+
+
 def link_waiting(plans: Sequence[ResumedTurn]) -> list[ResumedTurn]:
     """The turns to start, in `plans`' order: each one some other plan's open call
     waits on is not among them — it is in its caller's `resumed.waiting`, under the
