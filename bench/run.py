@@ -27,13 +27,14 @@ a target that does not hold is a `NO` in the table, not an exit status.
           20,000-token answer; issue 45)
   TC      bench/toolcost.py (`bash true` with the limits and the allowlist bind against no
           sandbox and main's sandbox; issue 42)
+  RC      bench/resume.py (200 open turns: restart -> first resumed chunk; issue 40)
   SN      bench/snapshots.py and bench/rewind.py (workspace snapshots of 1,000 files /
           100 MB: time and disk per turn, a turn's start on vs off, restore and rewind;
           issue 43)
 
 `python -m bench.run --only p1,p3` runs only those phases (p1 p2 traced p3 p3x chats p4
 p5 extras publish durable cluster sandbox chaos peers long realmodel responses toolcost
-snapshots), `--repeat N` runs them N times and prints each table: a quicker loop while
+snapshots resume), `--repeat N` runs them N times and prints each table: a quicker loop while
 working on one row. `--burn N` runs N CPU-burning processes (busy loops at the bench's own
 niceness) during each phase, as on a shared machine. `make bench` runs everything once.
 """
@@ -65,6 +66,7 @@ from bench import (
     publish,
     realmodel,
     responses_stream,
+    resume,
     rewind,
     sandbox,
     slow,
@@ -80,7 +82,7 @@ Phase = Callable[[], Awaitable[list[Row]]]
 PHASE_LIMIT_S = 600
 PHASES = ("p1", "p2", "traced", "p3", "p3x", "chats", "p4", "p5", "extras", "publish", "durable",
           "cluster", "sandbox", "chaos", "peers", "long", "realmodel", "responses", "toolcost",
-          "snapshots")
+          "snapshots", "resume")
 BURN = "while True: pass"
 
 
@@ -202,6 +204,9 @@ async def _run(only: set[str], resets: bool = True, burn: int = 0) -> int:
             await _phase("durable log", lambda: publish.durable_log(ledger), ledger, extra)
         if "cluster" in only:
             await _phase("cluster", lambda: cluster.cluster_rows(mock.url, ledger), ledger,
+                         rows)
+        if "resume" in only:
+            await _phase("RC resume", lambda: resume.resume_rows(mock.url, ledger), ledger,
                          rows)
         if "sandbox" in only:
             await _phase("sandbox", lambda: sandbox.sandbox_rows(ledger), ledger, rows)

@@ -9,7 +9,7 @@
     │   ├── NotFound             404 NOT_FOUND
     │   ├── Conflict             409 CONFLICT
     │   ├── PayloadTooLarge      413 PAYLOAD_TOO_LARGE
-    │   ├── Unavailable          503 SHUTTING_DOWN
+    │   ├── Unavailable          503 UNAVAILABLE, Retry-After (the daemon is stopping)
     │   ├── ServiceUnavailable   503 UNAVAILABLE (the store is busy or unreachable)
     │   │   ├── BusUnavailable       ... the cluster's Redis cannot be reached
     │   │   └── NodeUnreachable      ... a session's owner node did not answer
@@ -101,8 +101,12 @@ class PayloadTooLarge(ApiError):
 
 
 class Unavailable(ApiError):
+    """The daemon is stopping: no new turn (CONTRACT §18: 503 `UNAVAILABLE`, with
+    `Retry-After`, whatever `resume` is; v4 has no code of its own for it). A class of
+    its own, not a ServiceUnavailable: a delivery retries a busy store, not a stop."""
+
     status = 503
-    code = "SHUTTING_DOWN"
+    code = "UNAVAILABLE"
 
 
 class ServiceUnavailable(ApiError):

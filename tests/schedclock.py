@@ -97,6 +97,12 @@ class ScriptedLauncher:
         """A run of this launcher (a scheduler before a "restart"): its outcome so far."""
         return next((r.outcome for r in self.runs if r.turn_id == turn_id), None)
 
+    def running(self, session_id: str, turn_id: str) -> FakeRun | None:
+        """None: a run of this launcher is one of the scheduler before a "restart",
+        never a turn the restarted process resumed (tests/test_durable_owed.py has
+        those, on a real daemon)."""
+        return None
+
 
 class MemoryStates:
     def __init__(self) -> None:

@@ -533,3 +533,36 @@ async def test_fork_rewind_finish_and_undo(store: Store) -> None:
     await store.undo_rewind("s")
     assert await store.get_session("u") is None and await store.rewinds() == []
     assert len(await store.messages("s")) == 2
+
+
+async def test_resumes_are_counted_in_one_write_and_consumed_entries_read_back(
+        store: Store) -> None:
+    """CONTRACT §18: a start counts all its resumes at once (open rows only), and reads
+    back in one call what each open turn's stored messages consumed of its inbox (the
+    replies a resumed turn owes at its end)."""
+    s, u = session("s"), session("u", at=1001)
+    await store.create_session(s)
+    await store.create_session(u)
+    await store.start_turn(TurnRecord("t1", "s", "wake", 3000), running(s, 3000))
+    await store.start_turn(TurnRecord("t2", "u", "chat", 3000), running(u, 3000))
+    await store.start_turn(TurnRecord("t3", "u", "chat", 2000), running(u, 2000))
+    await store.end_turn("t3", "done", 2500, idle(u, 2500))
+    a = await store.deliver(delivery("s", "first", reply_to="u"))
+    b = await store.deliver(delivery("s", "second", reply_to="u"))
+    c = await store.deliver(delivery("s", "left"))
+    await store.append_message("s", MessageRecord("user", "both", created_at=3001,
+                                                  inbox_ids=(a.id, b.id)), turn_id="t1")
+    await store.append_message("u", MessageRecord("user", "hi", created_at=3001),
+                               turn_id="t2")
+
+    await store.resume_turns({"t1": 1, "t2": 2, "t3": 5})
+    await store.resume_turns({})
+    attempts = {t.id: t.attempt for t in await store.unfinished_turns()}
+    assert attempts == {"t1": 1, "t2": 2}  # t3 had ended: not counted
+    open_turns = await store.unfinished_turns()
+    consumed = await store.consumed_by(open_turns)
+    assert {k: [(i.id, i.reply_to) for i in v] for k, v in consumed.items()} == {
+        "t1": [(a.id, "u"), (b.id, "u")]}
+    assert consumed["t1"][0] == a
+    assert await store.consumed_by([]) == {}
+    assert [i.id for i in await store.pending_inbox("s")] == [c.id]

@@ -143,7 +143,7 @@ ERROR = obj(["error"], error=obj(
     ["code", "message"],
     code={"type": "string", "enum": [
         "BAD_REQUEST", "UNAUTHORIZED", "FORBIDDEN", "NOT_FOUND", "METHOD_NOT_ALLOWED",
-        "CONFLICT", "PAYLOAD_TOO_LARGE", "PROVIDER_ERROR", "UNAVAILABLE", "SHUTTING_DOWN",
+        "CONFLICT", "PAYLOAD_TOO_LARGE", "PROVIDER_ERROR", "UNAVAILABLE",
         "INTERNAL_ERROR", "MAX_ITERATIONS", "INTERRUPTED",
     ]},
     message=STR, details={"type": "object"},

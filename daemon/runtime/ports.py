@@ -17,7 +17,7 @@ port, cluster/ports.Coordination.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import trio
@@ -107,9 +107,13 @@ class Store(Protocol):
         model: str | None = None, outcome: TurnEnd | None = None,
     ) -> list[InboxRecord]: ...
     async def unfinished_turns(self) -> list[TurnRecord]: ...
-    # CONTRACT §18: a resume of an open turn is counted before it runs; a cancel that
-    # answers records its reason on the open rows it stopped (never resumed)
-    async def resume_turn(self, turn_id: str, attempt: int) -> None: ...
+    # CONTRACT §18: the resumes of open turns are counted before they run (all of a
+    # start's in one write: turn id -> its attempt); a cancel that answers records its
+    # reason on the open rows it stopped (never resumed)
+    async def resume_turns(self, attempts: Mapping[str, int]) -> None: ...
+    # what these open turns' stored messages consumed of their sessions' inboxes (turn
+    # id -> the entries, in id order): the replies a resumed one owes at its end
+    async def consumed_by(self, turns: Sequence[TurnRecord]) -> dict[str, list[InboxRecord]]: ...
     async def stop_turns(self, turn_ids: Sequence[str], reason: str) -> None: ...
     async def turns(self, session_id: str) -> list[TurnHistory]: ...
     # how one turn ended: its terminal code, None while open (or unknown)

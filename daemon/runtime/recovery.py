@@ -20,8 +20,11 @@ handed to delivery (runtime/delivery.py).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
+
+import trio
 
 from daemon.clock import now_ms
 from daemon.errors import NotFound
@@ -36,7 +39,8 @@ from daemon.runtime.progress import LoggedTurn, logged_turns
 from daemon.runtime.published import Published, published_terminals
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
-from daemon.runtime.turn import COMPACT_TRIGGER, STOP_REASONS, Resumption
+from daemon.runtime.turn import COMPACT_TRIGGER, STOP_REASONS, ResumedTurn, Resumption
+from daemon.runtime.waiting import link_waiting, standalone
 from daemon.store.models import EndedTurn, InboxRecord, SessionRecord, TokenUsage, TurnRecord
 
 log = logging.getLogger(__name__)
@@ -70,6 +74,8 @@ class ResumePolicy:
 # Why a turn is not resumed: its terminal's (code, message, details).
 _End = tuple[str, str, dict[str, Any] | None]
 STOPPED = "the daemon stopped while this turn ran"
+# How many resumed turns start before the others are read (Recovery.recover_interrupted).
+FIRST_WAVE = 8
 
 
 class Recovery:
@@ -97,19 +103,34 @@ class Recovery:
                          if seen.terminal is not None}
         else:
             logged, published = {}, await published_terminals(self._bus.log, turns)
+        # The first FIRST_WAVE turns that wait on no other and none waits on start as
+        # soon as they are read (their first chunk does not wait for every other
+        # turn's reads); the rest after all are read. Each wave: one write.
+        first: list[ResumedTurn] = []
+        resumes: list[ResumedTurn] = []
         for turn in turns:
-            end: _End | None = ("INTERRUPTED", STOPPED, None)
+            end: _End = ("INTERRUPTED", STOPPED, None)
             if self._policy.auto and turn.id not in published:
-                end = await self._resume(turn, logged.get(turn.id) or LoggedTurn(),
-                                         reason, node)
-                if end is None:
+                planned = await self._plan(turn, logged.get(turn.id) or LoggedTurn(),
+                                           reason, node)
+                if isinstance(planned, ResumedTurn):
+                    early = len(first) < FIRST_WAVE and standalone(planned)
+                    (first if early else resumes).append(planned)
+                    if early and len(first) == FIRST_WAVE:
+                        await self._start(first)
                     continue
-            assert end is not None
+                end = planned
             code, message, details = end
             await self._deliveries.hand_over(await self.interrupt(
                 turn, message, published.get(turn.id), code=code, details=details))
-        for session_id in await self._store.running_sessions():  # no turn row: idle it
-            if self._host_running(session_id):
+        if len(first) < FIRST_WAVE:  # not started yet
+            resumes = first + resumes
+        await self._start(resumes)
+        # A session marked running whose turn left no row: idle it — not one whose turn
+        # is resumed (a waiting call's child starts only when its caller gets there).
+        resumed = {r.turn.session_id for r in (*first, *resumes)}
+        for session_id in await self._store.running_sessions():
+            if session_id in resumed or self._host_running(session_id):
                 continue
             await self.set_idle(session_id)
 
@@ -117,10 +138,10 @@ class Recovery:
         state = self._host.in_memory(session_id)  # a turn just resumed on it
         return state is not None and state.running is not None
 
-    async def _resume(self, turn: TurnRecord, seen: LoggedTurn, reason: str,
-                      node: str | None) -> _End | None:
-        """Start `turn` again from its stored progress; None once it runs, else the end
-        it gets instead."""
+    async def _plan(self, turn: TurnRecord, seen: LoggedTurn, reason: str,
+                    node: str | None) -> ResumedTurn | _End:
+        """How `turn` goes on from its stored progress (reads only: it starts in
+        `_start`), else the end it gets instead."""
         policy = self._policy
         if turn.stop_reason is not None:  # its cancel had answered: Stop means stop
             return "CANCELLED", "turn cancelled", {"reason": turn.stop_reason}
@@ -147,18 +168,34 @@ class Recovery:
         mine = [m for m in stored.messages if m.turn_id == turn.id]
         if not mine or mine[0].role != "user":
             return "INTERRUPTED", f"{STOPPED}; nothing of it was stored", details
-        attempt = turn.attempt + 1
-        await self._store.resume_turn(turn.id, attempt)
         if seen.suspended:
             reason = "shutdown"
-        resumed = Resumption(attempt, seen.after_seq(len(mine), turn.start_seq), reason,
-                             stored, turn.usage, turn.model, node, frozenset(seen.decided))
-        log.info("turn resumed", extra={"sessionId": turn.session_id, "turnId": turn.id,
-                                        "attempt": attempt, "reason": reason})
-        self._host.resume(state, turn, mine[0].content, resumed)
-        if self._metrics is not None:
-            self._metrics.turn_resumed(reason)
-        return None
+        return ResumedTurn(state, turn, mine[0].content, Resumption(
+            turn.attempt + 1, seen.after_seq(len(mine), turn.start_seq), reason, stored,
+            turn.usage, turn.model, node, frozenset(seen.decided)))
+
+    async def _start(self, resumes: Sequence[ResumedTurn]) -> None:
+        """Count the resumes of `resumes` in one store write (before any of them runs:
+        a turn that kills the daemon is not resumed for ever), then start each, oldest
+        first — but a child turn a resumed waiting call waits on, which its caller
+        starts inside itself (runtime/waiting.py). Their reads all came first, so their
+        work does not slow the reads (measured: docs/durability.md)."""
+        consumed = await self._store.consumed_by([r.turn for r in resumes])
+        resumes = [replace(r, resumed=replace(r.resumed, consumed=tuple(consumed[r.turn.id])))
+                   if r.turn.id in consumed else r for r in resumes]
+        await self._store.resume_turns({r.turn.id: r.resumed.attempt for r in resumes})
+        for r in resumes:
+            turn, reason = r.turn, r.resumed.reason
+            log.info("turn resumed", extra={"sessionId": turn.session_id, "turnId": turn.id,
+                                            "attempt": r.resumed.attempt, "reason": reason})
+            if self._metrics is not None:
+                self._metrics.turn_resumed(reason)
+        for r in link_waiting(resumes):
+            self._host.resume(r.state, r.turn, r.message, r.resumed)
+            # Each started turn gets a step before the next one starts: the first ones
+            # reach their provider while the rest start (hundreds started in one step
+            # would all be ready to send before any was sent).
+            await trio.lowlevel.checkpoint()
 
     async def set_idle(self, session_id: str) -> None:
         """A session marked running whose turn left no row (its process died between)."""

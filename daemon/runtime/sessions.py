@@ -48,7 +48,7 @@ from daemon.runtime.published import Published
 from daemon.runtime.recovery import Recovery, ResumePolicy
 from daemon.runtime.state import SessionState
 from daemon.runtime.subagents import TurnAgents
-from daemon.runtime.turn import Resumption, Turn, TurnAsk, TurnServices
+from daemon.runtime.turn import ResumedTurn, Resumption, Turn, TurnAsk, TurnServices
 from daemon.snapshots import SnapshotError
 from daemon.store.models import (
     EndedTurn,
@@ -105,7 +105,8 @@ class SessionManager:
         self.store = store
         self.bus = bus
         self.services = replace(
-            services, sub_agents=lambda turn, call_id: TurnAgents(self, turn, call_id)
+            services, sub_agents=lambda turn, call_id: TurnAgents(self, turn, call_id),
+            resume_inside=self._resume_inside,
         )
         self._sessions: dict[str, SessionState] = {}
         # CONTRACT §15: each session's estimate outlives its in-memory state.
@@ -408,14 +409,28 @@ class SessionManager:
         """Start again a turn the last process left open (CONTRACT §18): same id,
         trigger, budget; it takes a running slot as any turn. What waits in its
         session's inbox is handed to it, as to any turn."""
-        agent = self._claimable(state)
-        run = self._new_turn(
-            state, agent, state.inbox.start_turn(turn.id), message, turn.trigger,
-            turn_id=turn.id, budget_tokens=turn.budget_tokens,
-            from_session_id=turn.from_session_id, reply_to=turn.reply_to,
-            schedule=turn.schedule, resumed=resumed)
+        run = self._claim_resumed(ResumedTurn(state, turn, message, resumed))
         assert self._nursery is not None
         self._nursery.start_soon(self._run, run)
+
+    async def _resume_inside(self, caller: Turn, child: ResumedTurn) -> Turn:
+        """A resumed waiting call's child turn, resumed inside its resumed caller as it
+        first ran (CONTRACT §18): a cancel of the caller reaches it through Trio, and
+        it runs in the caller's slot. Returns once it can be cancelled."""
+        run = self._claim_resumed(child, inside=caller)
+        assert caller.nursery is not None
+        return await self._launch(run, caller.nursery)
+
+    def _claim_resumed(self, plan: ResumedTurn, inside: Turn | None = None) -> Turn:
+        state, turn = plan.state, plan.turn
+        agent = self._claimable(state)
+        hold = state.inbox.start_turn(turn.id)
+        hold.consumed.extend(plan.resumed.consumed)  # their replies are owed at its end
+        return self._new_turn(
+            state, agent, hold, plan.message, turn.trigger,
+            turn_id=turn.id, budget_tokens=turn.budget_tokens,
+            from_session_id=turn.from_session_id, parent=inside, reply_to=turn.reply_to,
+            schedule=turn.schedule, resumed=plan.resumed)
 
     def _claim_drain(self, state: SessionState) -> Turn:
         """Claim the session for a wake turn that takes everything queued at once (wakes

@@ -17,7 +17,7 @@ from daemon.errors import ApiError
 from daemon.runtime import delivery_text
 from daemon.runtime.directory import SessionDirectory
 from daemon.runtime.state import SessionState
-from daemon.runtime.turn import Turn
+from daemon.runtime.turn import Turn, waited_content
 from daemon.store.models import InboxRecord
 from daemon.tools.base import ToolError
 
@@ -78,7 +78,7 @@ class TurnAgents:
                                             from_session_id=caller.id, inside=self._turn)
         except ApiError as exc:
             raise ToolError(f"cannot spawn {agent!r}: {exc.message}") from exc
-        return {"sessionId": child.id, "content": await _content_of(turn)}
+        return {"sessionId": child.id, "content": await waited_content(turn)}
 
     async def message(
         self, session_id: str, message: str, *, async_inform: bool, delivery: str
@@ -118,7 +118,7 @@ class TurnAgents:
                                             from_session_id=caller.id, inside=self._turn)
         except ApiError as exc:
             raise ToolError(f"cannot message session {session_id}: {exc.message}") from exc
-        return {"sessionId": session_id, "content": await _content_of(turn)}
+        return {"sessionId": session_id, "content": await waited_content(turn)}
 
     async def _message_elsewhere(self, session_id: str, message: str, node: str, *,
                                  async_inform: bool, delivery: str) -> dict[str, Any]:
@@ -148,17 +148,3 @@ class TurnAgents:
                 f"full ({inbox.waiting} deliveries wait; inbox_max = {inbox.limit}); wait "
                 "for the answer instead, or try again after this turn"
             )
-
-
-async def _content_of(turn: Turn) -> str:
-    """Wait for a turn the caller waits on; its error becomes the caller's tool error."""
-    await turn.finished.wait()
-    outcome = turn.outcome
-    assert outcome is not None
-    if outcome.code is not None:
-        reason = f" ({outcome.cancel_reason})" if outcome.cancelled else ""
-        raise ToolError(
-            f"session {outcome.session.id} ended in error {outcome.code}{reason}: "
-            f"{outcome.message}"
-        )
-    return outcome.content

@@ -25,7 +25,7 @@ store goes back to the session's inbox when it ends. The turn's part of the inbo
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -37,6 +37,7 @@ from daemon.clock import now_ms
 from daemon.config import AgentConfig
 from daemon.engines import base as eng
 from daemon.errors import (
+    ApiError,
     ContextOverflowError,
     Fenced,
     MaxIterationsError,
@@ -75,7 +76,8 @@ from daemon.store.models import (
     TurnRecord,
 )
 from daemon.toolproc.sandbox import Sandbox
-from daemon.tools.base import SubAgents, Tool, ToolOutcome
+from daemon.tools.agents import tool_result
+from daemon.tools.base import SubAgents, Tool, ToolError, ToolOutcome
 from daemon.tools.client import ClientOffer
 
 log = logging.getLogger(__name__)
@@ -124,6 +126,9 @@ class TurnServices:
     tracing: Tracing = NO_TRACING
     # CONTRACT §19: each turn's workspace kept before it runs (None: not kept).
     snapshots: Snapshots | None = None
+    # CONTRACT §18: a resumed child turn started inside its resumed caller (a waiting
+    # spawn's), returned once it can be cancelled (runtime/sessions.py).
+    resume_inside: Callable[[Turn, ResumedTurn], Awaitable[Turn]] | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,23 @@ class Resumption:
     node: str | None = None
     # Calls whose approval the log shows decided: they may have run (not asked again).
     decided: frozenset[str] = frozenset()
+    # Its open waiting agent_spawn / sync agent_message calls whose child turn is
+    # resumed too (call id -> that child): it waits for each (runtime/waiting.py).
+    waiting: Mapping[str, ResumedTurn] = field(default_factory=dict)
+    # The inbox entries its stored messages consumed (a wake's drained ones, steers
+    # it took): it owes their senders' `reply_to` its result at its end, as before.
+    consumed: tuple[InboxRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class ResumedTurn:
+    """A turn the last process left open, read back and ready to run again (CONTRACT
+    §18): its session, its open row, its user message and how it goes on."""
+
+    state: SessionState
+    turn: TurnRecord
+    message: str  # its user message, as stored
+    resumed: Resumption
 
 
 # The result a tool call gets when the daemon stopped while it ran (CONTRACT §18): it is
@@ -477,8 +499,25 @@ class Turn:
             return stored
         stopped = ToolOutcome(STOPPED_WHILE_RUNNING, is_error=True)
         results: list[eng.ToolFinished] = []
+        # A call whose child turn is resumed too waits for that child's result, as the
+        # call would have (the child session is not created again). Every such child
+        # starts first: they ran side by side, and go on side by side.
+        children: dict[str, Turn | ToolOutcome] = {}
+        for c in missing:
+            child = resumed.waiting.get(c["id"])
+            if child is not None:
+                await self.interpreter.handle(eng.ToolStarted(c["id"], c.get("name", ""),
+                                                              c.get("arguments")))
+                children[c["id"]] = await self._resume_child(child)
+        started = trio.current_time()
         for c in missing:
             name, args = c.get("name", ""), c.get("arguments")
+            if c["id"] in children:
+                outcome = await _waited(children[c["id"]])
+                results.append(eng.ToolFinished(
+                    c["id"], name, args, outcome,
+                    int((trio.current_time() - started) * 1000)))
+                continue
             if c["id"] in resumed.decided or not self.toolbox.needs_approval(name, args):
                 results.append(eng.ToolFinished(c["id"], name, args, stopped, 0))
                 continue
@@ -494,6 +533,17 @@ class Turn:
         await self.interpreter.handle(eng.ToolResults(
             finished, messages, self.interpreter.tally.iterations))
         return StoredContext(stored.summary, stored.latest, [*stored.messages, *messages])
+
+    async def _resume_child(self, child: ResumedTurn) -> Turn | ToolOutcome:
+        """Start `child` inside this turn (CONTRACT §18); the call's error result if it
+        cannot start (the daemon is stopping, its session is busy or gone)."""
+        resume_inside = self.services.resume_inside
+        assert resume_inside is not None  # set by the manager that resumed this turn
+        try:
+            return await resume_inside(self, child)
+        except ApiError as exc:
+            return ToolOutcome(f"cannot resume session {child.state.id}: {exc.message}",
+                               is_error=True)
 
     def _start_stored(self, _: None) -> None:
         self.start_stored = True
@@ -822,3 +872,30 @@ def classify(failure: BaseException | None, *, stopped: bool, reason: str | None
             "reason": STORE_UNAVAILABLE}
     log.error("turn %s failed", turn_id, exc_info=first)
     return "INTERNAL_ERROR", f"internal error: {type(first).__name__}", None
+
+
+async def _waited(child: Turn | ToolOutcome) -> ToolOutcome:
+    """A resumed waiting call's result: its child's answer as the call gives it
+    (CONTRACT §6), or its error as the call's error result."""
+    if isinstance(child, ToolOutcome):
+        return child
+    try:
+        content = await waited_content(child)
+    except ToolError as exc:
+        return ToolOutcome(str(exc), is_error=True)
+    return tool_result({"sessionId": child.session.id, "content": content})
+
+
+async def waited_content(turn: Turn) -> str:
+    """The answer of a turn its caller waits on (a waiting spawn, a sync message:
+    CONTRACT §6); its error becomes the caller's tool error (ToolError)."""
+    await turn.finished.wait()
+    outcome = turn.outcome
+    assert outcome is not None
+    if outcome.code is not None:
+        reason = f" ({outcome.cancel_reason})" if outcome.cancelled else ""
+        raise ToolError(
+            f"session {outcome.session.id} ended in error {outcome.code}{reason}: "
+            f"{outcome.message}"
+        )
+    return outcome.content

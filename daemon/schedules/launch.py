@@ -8,7 +8,7 @@ from daemon.config import ScheduleConfig
 from daemon.errors import Conflict, NotFound, RoutedError, Unavailable
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Filter, Subscription
-from daemon.runtime.sessions import SessionManager
+from daemon.runtime.sessions import SessionManager, running_turn
 from daemon.runtime.state import SessionState
 from daemon.runtime.turn import Turn
 
@@ -150,6 +150,11 @@ class SessionLauncher:
             sub.close()
             raise
         return RemoteRun(sessions, sub, session_id, str(out["turnId"]), directory.poll_s)
+
+    def running(self, session_id: str, turn_id: str) -> TurnRun | None:
+        state = self.sessions.in_memory(session_id)
+        turn = running_turn(state) if state is not None else None
+        return TurnRun(turn) if turn is not None and turn.id == turn_id else None
 
     async def ended_outcome(self, session_id: str, turn_id: str) -> str | None:
         # One row by id: a `same` session holds a turn per run, a year of them at 30 s.

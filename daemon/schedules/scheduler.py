@@ -70,6 +70,10 @@ class Launcher(Protocol):
         """What a turn of an earlier process ended as (`done` or its terminal's code);
         None while it runs, or when it is gone with its session."""
 
+    def running(self, session_id: str, turn_id: str) -> ScheduledRun | None:
+        """That turn, if it runs in this process now: a run of an earlier process that
+        this start resumed (CONTRACT §18) — that tick's run, followed as one."""
+
 
 class ScheduleStates(Protocol):
     """The part of the Store port the scheduler uses (runtime/ports.Store)."""
@@ -142,9 +146,20 @@ class Scheduler:
         now = self.clock.now_ms()
         catch_up = []
         for name, config in self._configs.items():
-            record = await self._settled(stored.get(name, ScheduleRecord(name)))
+            record = stored.get(name, ScheduleRecord(name))
+            resumed = self._resumed(record)
+            if resumed is None:
+                record = await self._settled(record)
             entry = _Entry(config, record)
             self._entries[name] = entry
+            if resumed is not None:
+                # Its last run was resumed at this start (the session manager's recovery
+                # runs first): it is still that tick's run — a tick (or the catch-up)
+                # while it goes is skipped, and its outcome is recorded when it ends.
+                log.info("schedule %s: its last run %s was resumed", name, resumed.turn_id)
+                entry.run = resumed
+                assert self._nursery is not None
+                self._nursery.start_soon(self._watch, entry, resumed)
             missed = record.next_run_at is not None and record.next_run_at <= now
             if config.enabled and not record.paused:
                 self._plan(entry, now)
@@ -154,6 +169,11 @@ class Scheduler:
                 entry.record = replace(record, next_run_at=None)
             await self._save(entry)
         return catch_up
+
+    def _resumed(self, record: ScheduleRecord) -> ScheduledRun | None:
+        if record.last_turn_id is None or record.last_session_id is None:
+            return None
+        return self._launcher.running(record.last_session_id, record.last_turn_id)
 
     async def _settled(self, record: ScheduleRecord) -> ScheduleRecord:
         """The record with the outcome its last run really had. A run the last process

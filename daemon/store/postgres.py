@@ -25,7 +25,7 @@ is `coordination` (pg_coordination.py), on the same pool.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from daemon.errors import Fenced, InboxConsumed, OwnedElsewhere, StoreError, TurnClosed
@@ -456,11 +456,30 @@ class PostgresStore:
     async def unfinished_turns(self) -> list[TurnRecord]:
         return await self.coordination.node_unfinished_turns(self._lease.node_id)
 
-    async def resume_turn(self, turn_id: str, attempt: int) -> None:
-        """Count a resume of an open turn (CONTRACT §18), before it runs again."""
+    async def resume_turns(self, attempts: Mapping[str, int]) -> None:
+        """Count the resumes of open turns (CONTRACT §18), before they run again: one
+        statement for all of them (a start resumes hundreds at once)."""
+        if not attempts:
+            return
+        ids, counts = list(attempts), list(attempts.values())
         await self._fenced(lambda conn: conn.execute(
-            "UPDATE turns SET attempt=%s WHERE id=%s AND ended_at IS NULL",
-            (attempt, turn_id)))
+            "UPDATE turns SET attempt=a.attempt FROM unnest(%s::text[], %s::int[]) "
+            "AS a(id, attempt) WHERE turns.id=a.id AND turns.ended_at IS NULL",
+            (ids, counts)))
+
+    async def consumed_by(self, turns: Sequence[TurnRecord]) -> dict[str, list[InboxRecord]]:
+        """The inbox entries each open turn's stored messages consumed (one read for
+        all of a start's resumes; by session first: inbox_by_session)."""
+        if not turns:
+            return {}
+        rows = await self._pool.rows(
+            f"SELECT consumed_by_turn, {INBOX_COLUMNS} FROM inbox "
+            "WHERE session_id = ANY(%s) AND consumed_by_turn = ANY(%s) ORDER BY id",
+            (sorted({t.session_id for t in turns}), [t.id for t in turns]))
+        found: dict[str, list[InboxRecord]] = {}
+        for r in rows:
+            found.setdefault(r[0], []).append(inbox_record(r[1:]))
+        return found
 
     async def stop_turns(self, turn_ids: Sequence[str], reason: str) -> None:
         """Record that a cancel shut these open turns' gates: never resumed (§18)."""

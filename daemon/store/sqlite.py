@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -459,10 +459,35 @@ class Store:
 
         return await self.runner.read(_unfinished)
 
-    async def resume_turn(self, turn_id: str, attempt: int) -> None:
-        """Count a resume of an open turn (CONTRACT §18), before it runs again."""
-        await self.runner.write(lambda conn: conn.execute(
-            "UPDATE turns SET attempt=? WHERE id=? AND ended_at IS NULL", (attempt, turn_id)))
+    async def resume_turns(self, attempts: Mapping[str, int]) -> None:
+        """Count the resumes of open turns (CONTRACT §18), before they run again: one
+        write for all of them (a start resumes hundreds at once)."""
+        if not attempts:
+            return
+        await self.runner.write(lambda conn: conn.executemany(
+            "UPDATE turns SET attempt=? WHERE id=? AND ended_at IS NULL",
+            [(attempt, turn_id) for turn_id, attempt in attempts.items()]))
+
+    async def consumed_by(self, turns: Sequence[TurnRecord]) -> dict[str, list[InboxRecord]]:
+        """The inbox entries each open turn's stored messages consumed (one read for
+        all of a start's resumes; by session first: inbox_by_session)."""
+        if not turns:
+            return {}
+
+        def _consumed(conn: sqlite3.Connection) -> dict[str, list[InboxRecord]]:
+            sessions = sorted({t.session_id for t in turns})
+            ids = [t.id for t in turns]
+            rows = conn.execute(
+                f"SELECT consumed_by_turn, {INBOX_COLUMNS} FROM inbox "
+                f"WHERE session_id IN ({','.join('?' * len(sessions))}) "
+                f"AND consumed_by_turn IN ({','.join('?' * len(ids))}) ORDER BY id",
+                (*sessions, *ids))
+            found: dict[str, list[InboxRecord]] = {}
+            for r in rows:
+                found.setdefault(r[0], []).append(inbox_record(r[1:]))
+            return found
+
+        return await self.runner.read(_consumed)
 
     async def stop_turns(self, turn_ids: Sequence[str], reason: str) -> None:
         """Record that a cancel shut these open turns' gates: never resumed (§18)."""

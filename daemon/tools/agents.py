@@ -32,7 +32,8 @@ def _flag(args: dict[str, Any], key: str, default: bool) -> bool:
     return value
 
 
-def _result(body: dict[str, Any]) -> ToolOutcome:
+def tool_result(body: dict[str, Any]) -> ToolOutcome:
+    """A call's result as the model reads it (also a resumed waiting call's, §18)."""
     return ToolOutcome(json.dumps(body, ensure_ascii=False))
 
 
@@ -60,7 +61,7 @@ class AgentSpawnTool:
     async def run(self, ctx: ToolContext, args: dict[str, Any]) -> ToolOutcome:
         agent, message = _text(args, "agent"), _text(args, "message")
         wait = _flag(args, "wait", True)
-        return _result(await _port(ctx).spawn(agent, message, wait=wait))
+        return tool_result(await _port(ctx).spawn(agent, message, wait=wait))
 
 
 class AgentMessageTool:
@@ -93,6 +94,6 @@ class AgentMessageTool:
         delivery = args.get("delivery", "steer")
         if delivery not in ("steer", "queue"):
             raise ToolError("`delivery` must be \"steer\" or \"queue\"")
-        return _result(await _port(ctx).message(
+        return tool_result(await _port(ctx).message(
             session_id, message, async_inform=async_inform, delivery=delivery
         ))
