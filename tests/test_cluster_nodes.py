@@ -190,7 +190,7 @@ def terminals_of(rec: Recorder, turn_id: str) -> list[dict[str, Any]]:
 async def test_a_killed_node_s_turn_is_interrupted_by_another_within_two_leases(
     tmp_path: Path, provider: Provider, backends: Backends,
 ) -> None:
-    async with open_nodes(tmp_path, provider, backends) as (a, b), \
+    async with open_nodes(tmp_path, provider, backends, server=RESUME_OFF) as (a, b), \
             open_recorder(b.ws_url) as rec, trio.open_nursery() as nursery:
         nursery.start_soon(chat_until_killed, a, mock(**HANG))
         [start] = await chunks_of(rec, 1)  # streaming on A, seen on B
@@ -224,7 +224,7 @@ async def test_a_killed_node_s_turn_is_interrupted_by_another_within_two_leases(
 async def test_a_killed_node_s_child_reply_wakes_its_parent_on_the_survivor_once(
     tmp_path: Path, provider: Provider, backends: Backends,
 ) -> None:
-    async with open_nodes(tmp_path, provider, backends) as (a, b), \
+    async with open_nodes(tmp_path, provider, backends, server=RESUME_OFF) as (a, b), \
             open_recorder(b.ws_url) as rec, trio.open_nursery() as nursery:
         nursery.start_soon(chat_until_killed, a, mock(calls=[
             {"tools": [spawn("plain", mock(**HANG), wait=False)]}, HANG,
@@ -269,8 +269,9 @@ async def test_a_killed_node_s_child_reply_wakes_its_parent_on_the_survivor_once
 async def test_two_sweepers_interrupt_a_dead_node_s_turns_once(
     tmp_path: Path, provider: Provider, backends: Backends,
 ) -> None:
-    async with open_nodes(tmp_path, provider, backends, ("node-a", "node-b", "node-c")) \
-            as (a, b, c), open_recorder(b.ws_url) as rec, trio.open_nursery() as nursery:
+    async with open_nodes(tmp_path, provider, backends, ("node-a", "node-b", "node-c"),
+                          server=RESUME_OFF) as (a, b, c), \
+            open_recorder(b.ws_url) as rec, trio.open_nursery() as nursery:
         for _ in range(3):
             nursery.start_soon(chat_until_killed, a, mock(**HANG))
         starts = await chunks_of(rec, 3)
@@ -408,7 +409,7 @@ async def _stream_of(rec: Recorder, turn_id: str) -> AsyncIterator[dict[str, Any
 async def test_a_stopped_node_leaves_at_once_and_its_sessions_move_without_a_lease_wait(
     tmp_path: Path, provider: Provider, backends: Backends,
 ) -> None:
-    async with open_nodes(tmp_path, provider, backends) as (a, b), \
+    async with open_nodes(tmp_path, provider, backends, server=RESUME_OFF) as (a, b), \
             open_recorder(b.ws_url) as rec, trio.open_nursery() as nursery:
         nursery.start_soon(chat_until_killed, a, mock(**HANG))
         [start] = await chunks_of(rec, 1)
