@@ -47,6 +47,13 @@ def held(release: Path) -> str:
     return mock(say=ANSWER, pause_after=3, pause_until=str(release))
 
 
+async def chat_answer(node: NodeProc, message: str,
+                      answers: list[tuple[str, int, dict[str, Any]]]) -> None:
+    """A JSON chat on `node`, its answer recorded as (node, status, body)."""
+    r = await node.http.post("/agents/plain/chat", json={"message": message})
+    answers.append((node.node_id, r.status_code, r.json()))
+
+
 def resumed_of(rec: Recorder, turn_id: str) -> list[dict[str, Any]]:
     return [e for e in rec.stream(turn_id) if e["eventType"] == "turn.resumed"]
 
@@ -177,9 +184,10 @@ async def test_a_rolling_restart_ends_every_running_turn_once_with_done(
         async with trio.open_nursery() as nursery:
             # 1. A stops: its three turns are suspended and resumed on B (watched there).
             async with open_recorder(b.ws_url) as rec_b:
+                answers: list[tuple[str, int, dict[str, Any]]] = []
                 for node in (a, b):
                     for _ in range(per_node):
-                        nursery.start_soon(chat_until_killed, node, held(release))
+                        nursery.start_soon(chat_answer, node, held(release), answers)
                 starts = await chunks_of(rec_b, 2 * per_node)
                 turns = [s["turnId"] for s in starts]
                 on_a = [s["turnId"] for s in starts if db(
@@ -225,3 +233,10 @@ async def test_a_rolling_restart_ends_every_running_turn_once_with_done(
         rows = db(backends, tmp_path, "SELECT terminal_code, count(*) FROM turns "
                   "WHERE id = ANY(%s) GROUP BY terminal_code", turns)
         assert rows == [("done", 2 * per_node)], rows
+        # Each JSON chat answered as its node stopped: 503, the turn suspended (§18).
+        assert sorted(n for n, _, _ in answers) == ["node-a"] * per_node + [
+            "node-b"] * per_node, answers
+        for _, status, body in answers:
+            assert status == 503, body
+            assert body["error"]["details"]["suspended"] is True, body
+        assert {body["error"]["details"]["turnId"] for _, _, body in answers} == set(turns)
