@@ -20,9 +20,10 @@ from typing import Any
 
 import trio
 
-from tests.clusterkit import LEASE_S, Backends
+from tests.clusterkit import LEASE_S, Backends, node_dir
 from tests.harness import Provider, Recorder, assert_one_terminal_last, mock, open_recorder
 from tests.test_cluster_nodes import (  # noqa: F401  (the backends fixture)
+    POLL_S,
     SWEEP_MARGIN_S,
     NodeProc,
     backends,
@@ -198,7 +199,8 @@ async def test_a_rolling_restart_ends_every_running_turn_once_with_done(
                 await a_stack.aclose()
                 with trio.fail_after(10):
                     await rec_b.wait_for(resumed(on_a, "shutdown", "node-b", per_node))
-            await wait_swept(backends, tmp_path, "node-a")
+            # Started again at once, under the same id: while B's sweep of its last run
+            # is still under way it waits for it (not NodeIdInUse), then joins.
             a_stack = await stack.enter_async_context(AsyncExitStack())
             a = await start_node(a_stack, tmp_path, provider, backends, 0, "node-a",
                                  server=FAST_DRAIN)
@@ -208,7 +210,6 @@ async def test_a_rolling_restart_ends_every_running_turn_once_with_done(
                 await b_stack.aclose()
                 with trio.fail_after(10):
                     await rec_a.wait_for(resumed(turns, "shutdown", "node-a", 2 * per_node))
-                await wait_swept(backends, tmp_path, "node-b")
                 b_stack = await stack.enter_async_context(AsyncExitStack())
                 b = await start_node(b_stack, tmp_path, provider, backends, 1, "node-b",
                                      server=FAST_DRAIN)
@@ -230,6 +231,7 @@ async def test_a_rolling_restart_ends_every_running_turn_once_with_done(
                 assert stream[-1]["data"]["resumed"] == (2 if turn in on_a else 1)
                 suspended = [e for e in stream if e["eventType"] == "turn.suspended"]
                 assert len(suspended) == (2 if turn in on_a else 1), turn
+        assert node_rows(backends, tmp_path) == ["node-a", "node-b"]
         rows = db(backends, tmp_path, "SELECT terminal_code, count(*) FROM turns "
                   "WHERE id = ANY(%s) GROUP BY terminal_code", turns)
         assert rows == [("done", 2 * per_node)], rows
@@ -240,3 +242,40 @@ async def test_a_rolling_restart_ends_every_running_turn_once_with_done(
             assert status == 503, body
             assert body["error"]["details"]["suspended"] is True, body
         assert {body["error"]["details"]["turnId"] for _, _, body in answers} == set(turns)
+
+
+async def test_a_node_started_during_the_sweep_of_its_last_run_waits_and_joins(
+    tmp_path: Path, provider: Provider, backends: Backends,  # noqa: F811
+) -> None:
+    """A node restarted under its id right after a stop that left suspended turns may
+    find its last run's row being swept (`swept`, not alive): it waits for the sweep
+    and joins once the row is gone, instead of exiting 1 as a live duplicate would."""
+    async with open_nodes(tmp_path, provider, backends, ("node-b",)) as [b]:
+        assert await b.stop() == 0  # the database is migrated; no node runs now
+    # node-z's last run, swept and not yet removed: a sweep under way.
+    db(backends, tmp_path, "INSERT INTO nodes(node_id, url, started_at, lease_until, swept) "
+       "VALUES ('node-z', 'http://z', 1, 1, TRUE) RETURNING 1")
+    log_path = node_dir(tmp_path, 2) / "node-z.log"
+    async with AsyncExitStack() as stack, trio.open_nursery() as nursery:
+        started: list[NodeProc] = []
+        listening = trio.Event()
+
+        async def start() -> None:
+            started.append(await start_node(stack, tmp_path, provider, backends, 2,
+                                            "node-z"))
+            listening.set()
+
+        nursery.start_soon(start)
+        with trio.fail_after(20):  # it says it waits: a line in its log (another process)
+            while "under way" not in (  # noqa: ASYNC110
+                    log_path.read_text() if log_path.exists() else ""):
+                await trio.sleep(POLL_S)
+        assert not listening.is_set()
+        db(backends, tmp_path, "DELETE FROM nodes WHERE node_id='node-z' RETURNING 1")
+        with trio.fail_after(20):
+            await listening.wait()
+        [z] = started
+        assert (await z.http.get("/health")).json()["status"] == "ok"
+        assert node_rows(backends, tmp_path) == ["node-z"]
+        r = await z.http.post("/agents/plain/chat", json={"message": mock(say="joined")})
+        assert r.status_code == 200 and r.json()["content"] == "joined", r.text

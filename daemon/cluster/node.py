@@ -49,6 +49,7 @@ from daemon.clock import now_ms
 from daemon.cluster.clock import StoreClock
 from daemon.cluster.takeover import take_over
 from daemon.errors import (
+    NodeIdInUse,
     ServiceUnavailable,
     StoreError,
     StoreUnavailable,
@@ -127,10 +128,31 @@ class ClusterNode:
         return self._store_lost or self._log.degraded
 
     async def register(self, url: str) -> None:
-        self.epoch = await self._coordination.register_node(self.node_id, url, self.lease_ms)
+        """Join with a new epoch. A row of this id that is not alive — its last run
+        stopped and is being swept (a clean stop that left suspended turns ends its
+        lease at once, CONTRACT §18) — is waited for, every lease_s/3 for up to
+        connect_timeout_s: a restart right after a stop joins once the sweep has
+        resumed those turns elsewhere. A live one is NodeIdInUse at once."""
+        deadline = trio.current_time() + self.config.connect_timeout_s
+        while True:
+            try:
+                self.epoch = await self._coordination.register_node(
+                    self.node_id, url, self.lease_ms)
+                break
+            except NodeIdInUse:
+                if trio.current_time() >= deadline or not await self._being_swept():
+                    raise
+                log.info("node %s: the sweep of its last run is under way; joining "
+                         "once it has ended", self.node_id)
+                await trio.sleep(self.period_s)
         self._coordination.on_fenced = self.fence_detected
         self._log.set_writer_epoch(self.node_id, self.epoch, self.fence_detected)
         log.info("node %s joined the cluster with epoch %d", self.node_id, self.epoch)
+
+    async def _being_swept(self) -> bool:
+        """This id's row is there and not alive (swept, or its lease run out)."""
+        return any(n.node_id == self.node_id and not n.alive
+                   for n in await self._coordination.nodes())
 
     def fence_detected(self) -> None:
         """The store refused a write, the bus an append, or the heartbeat found the
