@@ -56,6 +56,7 @@ from daemon.errors import (
     TurnClosed,
     Unavailable,
 )
+from daemon.runtime.progress import LoggedTurn, logged_turns
 from daemon.runtime.published import published_terminals
 
 if TYPE_CHECKING:
@@ -300,14 +301,21 @@ class ClusterNode:
         # (it stopped between the two; the bus's fence refuses it now): its stored end
         # is published, once. Those are among the turns it ended in its last leases.
         ended = await self._coordination.node_ended_turns(dead, ENDED_LEASES * self.lease_ms)
-        published = await published_terminals(
-            sessions.bus.log, [*turns, *(e.turn for e in ended)])
+        looked_up = [*turns, *(e.turn for e in ended)]
+        logged: dict[str, LoggedTurn] = {}
+        if sessions.resuming:  # one pass: terminals, and what a resume needs (§18)
+            logged = await logged_turns(sessions.bus.log, looked_up)
+            published = {t: seen.terminal for t, seen in logged.items()
+                         if seen.terminal is not None}
+        else:
+            published = await published_terminals(sessions.bus.log, looked_up)
         unpublished = [e for e in ended if e.turn.id not in published]
         for e in unpublished:
             await sessions.publish_stored_end(e, dead)
         owed = []
         if sessions.resuming:  # CONTRACT §18: resumed here (cluster/takeover.py)
-            taken = await take_over(sessions, self._coordination, dead, turns, published)
+            taken = await take_over(sessions, self._coordination, dead, turns, published,
+                                    logged)
             owed, self.resumed = taken.owed, self.resumed + taken.resumed
             self.interrupted += taken.ended
         else:

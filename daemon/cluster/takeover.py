@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from daemon.errors import TurnClosed
-from daemon.runtime.progress import LoggedTurn, logged_turns
+from daemon.runtime.progress import LoggedTurn
 
 if TYPE_CHECKING:
     from daemon.cluster.ports import Coordination
@@ -47,14 +47,15 @@ class TakenOver:
 
 
 async def take_over(sessions: SessionManager, coordination: Coordination, dead: str,
-                    turns: Sequence[TurnRecord], published: dict[str, Published]
-                    ) -> TakenOver:
-    """Resume (or end) each of `dead`'s open `turns` on this node; the replies those
-    that ended owe are returned, stored, for the sweep to hand over once it has
-    released the dead node's other sessions."""
+                    turns: Sequence[TurnRecord], published: dict[str, Published],
+                    logged: dict[str, LoggedTurn]) -> TakenOver:
+    """Resume (or end) each of `dead`'s open `turns` on this node, by what the log says
+    of each (`logged`: runtime/progress.py, read once by the sweep behind the fences;
+    `published`: the terminals among it); the replies those that ended owe are
+    returned, stored, for the sweep to hand over once it has released the dead node's
+    other sessions."""
     me = coordination.node_id
     done = TakenOver()
-    logged = await logged_turns(sessions.bus.log, [t for t in turns if t.id not in published])
     for turn in turns:
         message = f"node {dead} stopped while this turn ran"
         try:
