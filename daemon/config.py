@@ -369,9 +369,9 @@ class Config:
 
     @property
     def resuming(self) -> bool:
-        """CONTRACT §18 is in force: `resume = "auto"`, and no [cluster] (the sweeping
-        node's resume, node_lost, is not built: a cluster keeps v3's behaviour)."""
-        return self.server.resuming and self.cluster is None
+        """CONTRACT §18 is in force: `resume = "auto"` (with [cluster] too: the sweeping
+        node resumes a lost node's turns, cluster/takeover.py)."""
+        return self.server.resuming
 
     def with_overrides(
         self, *, host: str | None = None, port: int | None = None, data_dir: str | None = None

@@ -30,6 +30,7 @@ from tests.harness import (
 )
 from tests.process import spawn_daemon
 from tests.test_cluster_nodes import (  # noqa: F401  (the backends fixture)
+    RESUME_OFF,
     SWEEP_MARGIN_S,
     NodeProc,
     backends,
@@ -59,8 +60,9 @@ def _installed(path: Path) -> bool:
 @asynccontextmanager
 async def open_node(stack: AsyncExitStack, tmp: Path, provider: Provider,
                     backends: Backends, index: int, node_id: str, *,  # noqa: F811
-                    env: dict[str, str] | None = None) -> AsyncIterator[NodeProc]:
-    path = node_config(tmp, provider, backends, index, node_id)
+                    env: dict[str, str] | None = None, server: str = "",
+                    ) -> AsyncIterator[NodeProc]:
+    path = node_config(tmp, provider, backends, index, node_id, server=server)
     log_path = path.parent / f"{node_id}.log"
     log_file = stack.enter_context(log_path.open("ab"))
     proc = await stack.enter_async_context(spawn_daemon(
@@ -73,12 +75,14 @@ async def open_node(stack: AsyncExitStack, tmp: Path, provider: Provider,
 @asynccontextmanager
 async def open_pair(tmp: Path, provider: Provider, backends: Backends,  # noqa: F811
                     ) -> AsyncIterator[tuple[NodeProc, NodeProc, Recorder]]:
-    """Nodes A (the one to be paused) and B, and a recorder on B."""
+    """Nodes A (the one to be paused) and B, and a recorder on B; with resume = "off"
+    (the sweep ends A's turns INTERRUPTED: their resume under the same fence is
+    tests/test_cluster_resume.py's)."""
     async with AsyncExitStack() as stack:
         a = await stack.enter_async_context(
-            open_node(stack, tmp, provider, backends, 0, "node-a"))
+            open_node(stack, tmp, provider, backends, 0, "node-a", server=RESUME_OFF))
         b = await stack.enter_async_context(
-            open_node(stack, tmp, provider, backends, 1, "node-b"))
+            open_node(stack, tmp, provider, backends, 1, "node-b", server=RESUME_OFF))
         yield a, b, await stack.enter_async_context(open_recorder(b.ws_url))
 
 

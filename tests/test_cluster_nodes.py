@@ -49,6 +49,10 @@ HANG = {"say": 400, "hang_after": 4}
 # of a lease of slack (lease ran out <= lease_s after the kill, next sweep <= lease_s/3
 # later), so this margin is only for scheduling noise.
 SWEEP_MARGIN_S = 0.75
+# v3's behaviour (CONTRACT §18 "Bounds"): a lost node's turns end INTERRUPTED, a stopped
+# node's CANCELLED `shutdown` — what the tests of §13.4 here assert; the resume of those
+# turns is tests/test_cluster_resume.py's.
+RESUME_OFF = 'resume = "off"'
 # How often a test looks at /health or the database while it waits for a state it
 # cannot be told about by an event (a poll inside a fail_after bound, not a sleep as
 # synchronisation).
@@ -94,30 +98,33 @@ class NodeProc:
 
 def node_config(tmp: Path, provider: Provider, backends: Backends, index: int,
                 node_id: str, *, store: str | None = None, bus: str | None = None,
-                lease_s: float = LEASE_S, more: str = "") -> Path:
+                lease_s: float = LEASE_S, more: str = "", server: str = "") -> Path:
+    """`server`: more lines for [server] (e.g. RESUME_OFF)."""
     where = node_dir(tmp, index)
     where.mkdir(parents=True, exist_ok=True)
-    return write_config(where, provider.url, extra=cluster_table(
+    return write_config(where, provider.url, server=server, extra=cluster_table(
         store or backends.database_for(tmp), bus or backends.redis_url, node_id, lease_s,
         more))
 
 
 @asynccontextmanager
 async def open_nodes(tmp: Path, provider: Provider, backends: Backends,
-                     node_ids: tuple[str, ...] = ("node-a", "node-b"),
-                     ) -> AsyncIterator[list[NodeProc]]:
+                     node_ids: tuple[str, ...] = ("node-a", "node-b"), *,
+                     server: str = "") -> AsyncIterator[list[NodeProc]]:
     """The nodes as child processes, started one after the other (the first migrates the
     database); whatever still runs at the end is killed (tests/process.py)."""
     async with AsyncExitStack() as stack:
         nodes = []
         for index, node_id in enumerate(node_ids):
-            nodes.append(await start_node(stack, tmp, provider, backends, index, node_id))
+            nodes.append(await start_node(stack, tmp, provider, backends, index, node_id,
+                                          server=server))
         yield nodes
 
 
 async def start_node(stack: AsyncExitStack, tmp: Path, provider: Provider,
-                     backends: Backends, index: int, node_id: str) -> NodeProc:
-    path = node_config(tmp, provider, backends, index, node_id)
+                     backends: Backends, index: int, node_id: str, *,
+                     server: str = "") -> NodeProc:
+    path = node_config(tmp, provider, backends, index, node_id, server=server)
     log_path = path.parent / f"{node_id}.log"
     log_file = stack.enter_context(log_path.open("ab"))
     # Its log in a file of the test's dir, at INFO: what a failed test's reader needs.
@@ -183,7 +190,7 @@ def terminals_of(rec: Recorder, turn_id: str) -> list[dict[str, Any]]:
 async def test_a_killed_node_s_turn_is_interrupted_by_another_within_two_leases(
     tmp_path: Path, provider: Provider, backends: Backends,
 ) -> None:
-    async with open_nodes(tmp_path, provider, backends) as (a, b), \
+    async with open_nodes(tmp_path, provider, backends, server=RESUME_OFF) as (a, b), \
             open_recorder(b.ws_url) as rec, trio.open_nursery() as nursery:
         nursery.start_soon(chat_until_killed, a, mock(**HANG))
         [start] = await chunks_of(rec, 1)  # streaming on A, seen on B
@@ -217,7 +224,7 @@ async def test_a_killed_node_s_turn_is_interrupted_by_another_within_two_leases(
 async def test_a_killed_node_s_child_reply_wakes_its_parent_on_the_survivor_once(
     tmp_path: Path, provider: Provider, backends: Backends,
 ) -> None:
-    async with open_nodes(tmp_path, provider, backends) as (a, b), \
+    async with open_nodes(tmp_path, provider, backends, server=RESUME_OFF) as (a, b), \
             open_recorder(b.ws_url) as rec, trio.open_nursery() as nursery:
         nursery.start_soon(chat_until_killed, a, mock(calls=[
             {"tools": [spawn("plain", mock(**HANG), wait=False)]}, HANG,
@@ -262,8 +269,9 @@ async def test_a_killed_node_s_child_reply_wakes_its_parent_on_the_survivor_once
 async def test_two_sweepers_interrupt_a_dead_node_s_turns_once(
     tmp_path: Path, provider: Provider, backends: Backends,
 ) -> None:
-    async with open_nodes(tmp_path, provider, backends, ("node-a", "node-b", "node-c")) \
-            as (a, b, c), open_recorder(b.ws_url) as rec, trio.open_nursery() as nursery:
+    async with open_nodes(tmp_path, provider, backends, ("node-a", "node-b", "node-c"),
+                          server=RESUME_OFF) as (a, b, c), \
+            open_recorder(b.ws_url) as rec, trio.open_nursery() as nursery:
         for _ in range(3):
             nursery.start_soon(chat_until_killed, a, mock(**HANG))
         starts = await chunks_of(rec, 3)
@@ -401,7 +409,7 @@ async def _stream_of(rec: Recorder, turn_id: str) -> AsyncIterator[dict[str, Any
 async def test_a_stopped_node_leaves_at_once_and_its_sessions_move_without_a_lease_wait(
     tmp_path: Path, provider: Provider, backends: Backends,
 ) -> None:
-    async with open_nodes(tmp_path, provider, backends) as (a, b), \
+    async with open_nodes(tmp_path, provider, backends, server=RESUME_OFF) as (a, b), \
             open_recorder(b.ws_url) as rec, trio.open_nursery() as nursery:
         nursery.start_soon(chat_until_killed, a, mock(**HANG))
         [start] = await chunks_of(rec, 1)

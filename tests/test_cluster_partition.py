@@ -31,6 +31,7 @@ from tests.test_cluster_fencing import (
     swept_line,
 )
 from tests.test_cluster_nodes import (  # noqa: F401  (the backends fixture)
+    RESUME_OFF,
     SWEEP_MARGIN_S,
     NodeProc,
     backends,
@@ -71,10 +72,13 @@ async def test_a_node_cut_off_mid_turn_is_fenced_and_publishes_nothing_more(
         pg = await stack.enter_async_context(open_partition(_port(store)))
         redis = await stack.enter_async_context(open_partition(_port(backends.redis_url)))
         # B first: it migrates the schema, with nothing in the way.
-        b = await start_node(stack, tmp_path, provider, backends, 1, "node-b")
+        # resume = "off": the sweep ends A's turn INTERRUPTED (its resume under the
+        # same fence is tests/test_cluster_resume.py's).
+        b = await start_node(stack, tmp_path, provider, backends, 1, "node-b",
+                             server=RESUME_OFF)
         path = node_config(tmp_path, provider, backends, 0, "node-a",
                            store=_via(store, pg.port),
-                           bus=_via(backends.redis_url, redis.port))
+                           bus=_via(backends.redis_url, redis.port), server=RESUME_OFF)
         log_path = path.parent / "node-a.log"
         log_file = stack.enter_context(log_path.open("ab"))
         proc = await stack.enter_async_context(

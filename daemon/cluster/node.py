@@ -14,12 +14,14 @@ schedule leader.
                         by SIGKILL, or one paused, cut off or stalled longer than a
                         lease. A node that finds its epoch gone was swept as dead while
                         it lived (so does a write the store or the bus refused): its
-                        turns have INTERRUPTED terminals already and nothing more of
-                        theirs is published; it stops and exits 1 with one line.
+                        turns are another node's now (resumed or INTERRUPTED) and
+                        nothing more of theirs is published; it stops and exits 1.
     serve_sweeper       every lease_s/3, whoever holds the sweeper's advisory lock (one
                         node at a time) takes each dead node: fenced first (a new epoch
-                        in the store, then the bus's fence key), then INTERRUPTED for
-                        its turns, their owed replies delivered, its sessions idle and
+                        in the store, then the bus's fence key), then its open turns
+                        resumed here (CONTRACT §18, `node_lost`: cluster/takeover.py;
+                        INTERRUPTED with resume = "off" or when one may not be
+                        resumed), their owed replies delivered, its sessions idle and
                         released (the next node that needs one claims it), their
                         inboxes drained, the node's row removed — all through the
                         store's transactions, so a second sweep finds nothing to do.
@@ -28,8 +30,10 @@ schedule leader.
                         lock is the database connection's, so it frees itself when the
                         node dies, and the next node takes over within a lease.
 
-Within 2 x lease_s of a node's death its turns are INTERRUPTED: its lease runs out at
-most lease_s after its last heartbeat, and a sweeper looks every lease_s/3.
+Within 2 x lease_s of a node's death its turns are resumed (or INTERRUPTED) on another:
+its lease runs out at most lease_s after its last heartbeat, and a sweeper looks every
+lease_s/3. A node that stops cleanly with suspended turns ends its lease at once
+(`leave`), so they are resumed within lease_s/3.
 """
 
 from __future__ import annotations
@@ -43,7 +47,16 @@ import trio
 
 from daemon.clock import now_ms
 from daemon.cluster.clock import StoreClock
-from daemon.errors import ServiceUnavailable, StoreError, StoreUnavailable, TurnClosed
+from daemon.cluster.takeover import take_over
+from daemon.errors import (
+    NodeIdInUse,
+    ServiceUnavailable,
+    StoreError,
+    StoreUnavailable,
+    TurnClosed,
+    Unavailable,
+)
+from daemon.runtime.progress import LoggedTurn, logged_turns
 from daemon.runtime.published import published_terminals
 
 if TYPE_CHECKING:
@@ -61,6 +74,9 @@ SWEEPER_LOCK = "veild:sweeper"
 # it stalled, and then the lease ran out).
 ENDED_LEASES = 3
 SCHEDULER_LOCK = "veild:scheduler"
+# How long a leaving node waits for the bus to take what its turns published (their
+# `turn.suspended`) before it ends its lease (a sweep then fences the bus).
+LEAVE_FLUSH_S = 2.0
 
 
 class Degradable(Protocol):
@@ -69,6 +85,8 @@ class Degradable(Protocol):
 
     def set_writer_epoch(self, node_id: str, epoch: int,
                          on_fenced: Callable[[], None]) -> None: ...
+
+    async def fence(self, timeout_s: float | None = None) -> int: ...
 
 
 class ClusterNode:
@@ -89,6 +107,7 @@ class ClusterNode:
         self._store_lost = False
         self.swept = 0  # dead nodes this node has swept (tests and metrics read it)
         self.interrupted = 0  # turns this node's sweeps ended INTERRUPTED
+        self.resumed = 0  # turns this node's sweeps resumed here (CONTRACT §18)
 
     @property
     def lease_ms(self) -> int:
@@ -110,10 +129,31 @@ class ClusterNode:
         return self._store_lost or self._log.degraded
 
     async def register(self, url: str) -> None:
-        self.epoch = await self._coordination.register_node(self.node_id, url, self.lease_ms)
+        """Join with a new epoch. A row of this id that is not alive — its last run
+        stopped and is being swept (a clean stop that left suspended turns ends its
+        lease at once, CONTRACT §18) — is waited for, every lease_s/3 for up to
+        connect_timeout_s: a restart right after a stop joins once the sweep has
+        resumed those turns elsewhere. A live one is NodeIdInUse at once."""
+        deadline = trio.current_time() + self.config.connect_timeout_s
+        while True:
+            try:
+                self.epoch = await self._coordination.register_node(
+                    self.node_id, url, self.lease_ms)
+                break
+            except NodeIdInUse:
+                if trio.current_time() >= deadline or not await self._being_swept():
+                    raise
+                log.info("node %s: the sweep of its last run is under way; joining "
+                         "once it has ended", self.node_id)
+                await trio.sleep(self.period_s)
         self._coordination.on_fenced = self.fence_detected
         self._log.set_writer_epoch(self.node_id, self.epoch, self.fence_detected)
         log.info("node %s joined the cluster with epoch %d", self.node_id, self.epoch)
+
+    async def _being_swept(self) -> bool:
+        """This id's row is there and not alive (swept, or its lease run out)."""
+        return any(n.node_id == self.node_id and not n.alive
+                   for n in await self._coordination.nodes())
 
     def fence_detected(self) -> None:
         """The store refused a write, the bus an append, or the heartbeat found the
@@ -133,12 +173,27 @@ class ClusterNode:
 
     async def leave(self) -> None:
         """A clean stop: this node's sessions released, its row removed (its turns have
-        ended `shutdown`), so no sweep is needed and another node may take them. A
-        fenced node leaves nothing: the sweeper releases what was its."""
+        ended), so no sweep is needed and another node may take them. A fenced node
+        leaves nothing: the sweeper releases what was its.
+
+        With turns left open — suspended (CONTRACT §18), or an end the store did not
+        take — its lease is ended instead: the next sweep, on a live node, within
+        lease_s/3, resumes them there (reason `shutdown`), or this node's own restart
+        under the same id does if it comes first. Their `turn.suspended` is in the
+        bus's stream before that (a sweep fences the bus)."""
         if self.fenced:
             return
         self.leaving = True  # the heartbeat stops: its row is about to go
         try:
+            if await self._coordination.node_unfinished_turns(self.node_id):
+                try:
+                    await self._log.fence(LEAVE_FLUSH_S)
+                except ServiceUnavailable as exc:  # BusUnavailable: a sweep still runs
+                    log.warning("leaving the cluster: %s", exc)
+                await self._coordination.expire_node(self.node_id, self.epoch)
+                log.info("node %s left the cluster with open turns: a live node resumes "
+                         "them at its next sweep", self.node_id)
+                return
             await self._coordination.release_sessions(self.node_id)
             await self._coordination.drop_node(self.node_id, self.epoch)
         except StoreError as exc:
@@ -192,6 +247,8 @@ class ClusterNode:
         """Take every dead node, if this node holds the sweeper's lock; returns how many
         were swept."""
         swept = 0
+        if sessions.closing:  # stopping: it resumes nothing (a live node sweeps)
+            return 0
         async with self._coordination.try_advisory_lock(SWEEPER_LOCK) as held:
             if not held:
                 # Its holder may be a node that is paused, not dead (its connection
@@ -204,7 +261,10 @@ class ClusterNode:
                 try:
                     if await self._sweep_node(node_id, epoch, sessions):
                         swept += 1
-                except StoreError as exc:  # one node's sweep failing holds up no other
+                except (StoreError, Unavailable) as exc:
+                    # One node's sweep failing holds up no other; its row stays
+                    # `swept` and the next sweep (this node's or another's) goes on.
+                    # Unavailable: this node began to stop while it resumed them.
                     log.warning("sweep of node %s skipped: %s", node_id, exc)
         return swept
 
@@ -230,8 +290,9 @@ class ClusterNode:
         if fenced is None:
             return False
         turns = await self._coordination.node_unfinished_turns(dead)
-        log.warning("node %s is dead (its lease ran out): %d turn(s) interrupted",
-                    dead, len(turns))
+        log.warning("node %s is dead (its lease ran out, or it stopped and left turns "
+                    "suspended): %d open turn(s) %s", dead, len(turns),
+                    "to resume here" if sessions.resuming else "interrupted")
         # A turn whose end the dead node could not store (its store was cut off, its
         # bus was not) may have published its terminal: that one is kept, its code
         # stored, and no second terminal published. Behind the bus's fence the log
@@ -240,20 +301,32 @@ class ClusterNode:
         # (it stopped between the two; the bus's fence refuses it now): its stored end
         # is published, once. Those are among the turns it ended in its last leases.
         ended = await self._coordination.node_ended_turns(dead, ENDED_LEASES * self.lease_ms)
-        published = await published_terminals(
-            sessions.bus.log, [*turns, *(e.turn for e in ended)])
+        looked_up = [*turns, *(e.turn for e in ended)]
+        logged: dict[str, LoggedTurn] = {}
+        if sessions.resuming:  # one pass: terminals, and what a resume needs (§18)
+            logged = await logged_turns(sessions.bus.log, looked_up)
+            published = {t: seen.terminal for t, seen in logged.items()
+                         if seen.terminal is not None}
+        else:
+            published = await published_terminals(sessions.bus.log, looked_up)
         unpublished = [e for e in ended if e.turn.id not in published]
         for e in unpublished:
             await sessions.publish_stored_end(e, dead)
         owed = []
-        for turn in turns:
-            try:
-                owed.extend(await sessions.interrupt(
-                    turn, f"node {dead} stopped while this turn ran",
-                    published.get(turn.id)))
-            except TurnClosed:
-                continue  # ended (stored) by another sweep meanwhile: it has its terminal
-            self.interrupted += 1
+        if sessions.resuming:  # CONTRACT §18: resumed here (cluster/takeover.py)
+            taken = await take_over(sessions, self._coordination, dead, turns, published,
+                                    logged)
+            owed, self.resumed = taken.owed, self.resumed + taken.resumed
+            self.interrupted += taken.ended
+        else:
+            for turn in turns:
+                try:
+                    owed.extend(await sessions.interrupt(
+                        turn, f"node {dead} stopped while this turn ran",
+                        published.get(turn.id)))
+                except TurnClosed:
+                    continue  # ended (stored) by another sweep meanwhile: it has its terminal
+                self.interrupted += 1
         for session_id in await self._coordination.node_running_sessions(dead):
             await sessions.set_idle(session_id)
         released = await self._coordination.release_sessions(dead)

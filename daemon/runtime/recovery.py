@@ -13,7 +13,8 @@ store first, then published — unless it had published its terminal before its 
 failed to be stored: its row is then closed with that terminal's code
 (runtime/published.py) and no second terminal goes out. A session marked running whose
 turn left no row is just idled. The cluster's sweeper uses the same steps for a dead
-node's turns (cluster/node.py). Replies such a turn owed are stored with its end and
+node's turns (cluster/node.py, cluster/takeover.py: resumed there with reason
+`node_lost`, `resume_or_end`). Replies such a turn owed are stored with its end and
 handed to delivery (runtime/delivery.py).
 """
 
@@ -137,6 +138,16 @@ class Recovery:
     def _host_running(self, session_id: str) -> bool:
         state = self._host.in_memory(session_id)  # a turn just resumed on it
         return state is not None and state.running is not None
+
+    async def resume_or_end(self, turn: TurnRecord, seen: LoggedTurn, reason: str,
+                            node: str | None) -> _End | None:
+        """One open turn of a node the cluster's sweeper took (cluster/takeover.py):
+        resumed here as at a start — None once it runs —, else the end it gets."""
+        planned = await self._plan(turn, seen, reason, node)
+        if not isinstance(planned, ResumedTurn):
+            return planned
+        await self._start([planned])
+        return None
 
     async def _plan(self, turn: TurnRecord, seen: LoggedTurn, reason: str,
                     node: str | None) -> ResumedTurn | _End:

@@ -125,7 +125,7 @@ class SessionManager:
         # Inbox delivery and wakes; recovery of turns whose exit path never ran.
         self.deliveries = Deliveries(self, store, services.stop)
         server = config.server
-        # CONTRACT §18 (a cluster keeps v3's behaviour for now: docs/durability.md).
+        # CONTRACT §18 (in a cluster too: cluster/takeover.py).
         self.resuming = config.resuming
         self.recovery = Recovery(
             self, store, bus, services.stop, self.deliveries,
@@ -139,7 +139,8 @@ class SessionManager:
     ) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            await self.recovery.recover_interrupted()
+            # In a cluster: this node's own, left by its last run under the same id.
+            await self.recovery.recover_interrupted(node=self.directory.describe()[0])
             for session_id in await self.store.sessions_to_wake():  # CONTRACT §1
                 self.deliveries.wake(await self.load(session_id))
             task_status.started(self)

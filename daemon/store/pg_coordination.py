@@ -25,7 +25,7 @@ import trio
 
 from daemon.errors import NodeIdInUse, StoreError, StoreUnavailable
 from daemon.store.models import EndedTurn, NodeRecord, TokenUsage, TurnEnd, TurnRecord
-from daemon.store.pg_fence import NodeLease
+from daemon.store.pg_fence import LIVE, NodeLease
 from daemon.store.pg_pool import (
     CONNECT_ATTEMPT_S,
     KEEPALIVES,
@@ -286,6 +286,26 @@ class PgCoordination:
             "UPDATE sessions SET owner=NULL WHERE owner=%s RETURNING id",
             (node_id,)).fetchall())
         return sorted(r[0] for r in rows)
+
+    async def adopt_session(self, session_id: str, node_id: str, to: str) -> bool:
+        """owner := `to` if the session is still `node_id`'s (a swept node's session
+        whose open turn `to` resumes, CONTRACT §18): True if `to` took it. The
+        compare-and-set makes a resume once: a second sweep of the same node no longer
+        finds the turn among `node_id`'s."""
+        # Under `to`'s own lease (pg_fence.LIVE): a sweeper that is itself swept
+        # meanwhile takes nothing its own sweep would then miss.
+        return await self._pool.execute(
+            f"WITH live AS ({LIVE}) UPDATE sessions SET owner=%s "
+            "WHERE id=%s AND owner=%s AND EXISTS (SELECT 1 FROM live)",
+            (to, self._lease.epoch, to, session_id, node_id)) == 1
+
+    async def expire_node(self, node_id: str, epoch: int | None) -> None:
+        """End a node's lease now (a clean stop that leaves suspended turns open, §18):
+        the next sweep, on any node, fences it and resumes them. Only while the row has
+        `epoch` (a restart under the same id has taken it otherwise)."""
+        await self._pool.execute(
+            f"UPDATE nodes SET lease_until = {NOW_MS} - 1 "
+            "WHERE node_id=%s AND epoch=%s AND NOT swept", (node_id, epoch))
 
     async def node_unfinished_turns(self, node_id: str) -> list[TurnRecord]:
         columns = ", ".join(f"t.{c.strip()}" for c in UNFINISHED_TURN_COLUMNS.split(","))
