@@ -421,9 +421,10 @@ class PostgresStore:
                 "UPDATE turns SET ended_at=%s, terminal_code=%s, cancel_reason=%s, model=%s, "
                 "input_tokens=%s, output_tokens=%s, cache_tokens=%s, cost=%s, "
                 "error_message=%s, finish_reason=%s, usage_estimated=%s, "
-                f"end_stored_ms={NOW_MS} WHERE id=%s AND ended_at IS NULL",
+                f"end_stored_ms={NOW_MS}, end_epoch=%s WHERE id=%s AND ended_at IS NULL",
                 (ended_at, code, cancel_reason, model, t.input, t.output, t.cache, t.cost,
-                 end.error_message, end.finish_reason, t.estimated, turn_id)).rowcount
+                 end.error_message, end.finish_reason, t.estimated, self._lease.epoch,
+                 turn_id)).rowcount
             if not closed and conn.execute("SELECT 1 FROM turns WHERE id=%s",
                                            (turn_id,)).fetchone():
                 raise TurnClosed(turn_id)
