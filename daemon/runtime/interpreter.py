@@ -131,13 +131,10 @@ class EngineEvents:
         if message.tool_call_id:
             data["toolCallId"] = message.tool_call_id
         data["iteration"] = iteration
-        if message.inbox_ids:
-            # A delivery (CONTRACT §6): said by the inbox entry it consumed, so a client
-            # never has to trust a first line that merely looks like the header.
-            first = message.inbox_ids[0]
-            entry = next((i for i in reversed(self._hold.consumed) if i.id == first), None)
-            data["delivered"] = True
-            data["fromSessionId"] = entry.from_session_id if entry else None
+        # A delivery (CONTRACT §6): said by the inbox entry it consumed (the message
+        # carries its source), so a client never has to trust a first line that merely
+        # looks like the header; GET …/messages says it the same way.
+        data.update(ev.delivery_wire(message))
         self._publisher.stream(ev.MESSAGE, data)
         self._publisher.plain("chat.message",
                               {"event": {**data, "timestamp": message.created_at}})
