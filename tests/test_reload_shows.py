@@ -172,6 +172,13 @@ async def test_a_turn_s_queued_and_retry_notes_are_listed_with_it(
             nursery.start_soon(partial_chat(d, "hello", "chat"))
             second = await rec.wait_for(lambda evs: next(
                 (e["turnId"] for e in evs if e.get("eventType") == "turn.queued"), None))
+            # While it waits, its turn says so already (stored before the event was
+            # published: a tab opened now shows it).
+            r = await d.http.get(f"/sessions/{first_session(rec, second)}/turns")
+            [running] = r.json()["turns"]
+            assert running["terminal"] is None
+            assert [(n["eventType"], n["data"]) for n in running["notes"]] == [
+                ("turn.queued", {"reason": "max_running_turns", "limit": 1, "waiting": 1})]
             go.touch()
             await rec.terminal(first)
             terminal = await rec.terminal(second)

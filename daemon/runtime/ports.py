@@ -18,7 +18,7 @@ port, cluster/ports.Coordination.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -111,6 +111,8 @@ class Store(Protocol):
     # answers records its reason on the open rows it stopped (never resumed)
     async def resume_turn(self, turn_id: str, attempt: int) -> None: ...
     async def stop_turns(self, turn_ids: Sequence[str], reason: str) -> None: ...
+    # a running turn's notes so far (its queued and retry events): a reload reads them
+    async def note_turn(self, turn_id: str, notes: Sequence[dict[str, Any]]) -> None: ...
     async def turns(self, session_id: str) -> list[TurnHistory]: ...
     # how one turn ended: its terminal code, None while open (or unknown)
     async def turn_code(self, turn_id: str) -> str | None: ...

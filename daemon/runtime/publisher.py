@@ -53,9 +53,11 @@ class TurnPublisher:
         self._tool_encoders: dict[tuple[str, str, str], ev.ChunkEncoder] = {}
         self.notes = TurnNotes()
 
-    def stream(self, event_type: str, data: dict[str, Any]) -> int:
-        """Publish one session.stream event of this turn; returns its seq."""
-        self.notes.saw(event_type, data)
+    def stream(self, event_type: str, data: dict[str, Any], *, noted: bool = False) -> int:
+        """Publish one session.stream event of this turn; returns its seq. `noted`: a
+        note its caller took (and stored) before publishing it (TurnNotes.saw)."""
+        if not noted:
+            self.notes.saw(event_type, data)
         return self._bus.publish_stream(self._ref, self._turn_id, event_type,
                                         data).seq
 

@@ -513,12 +513,12 @@ class Turn:
         except trio.WouldBlock:
             pass
         limit = int(slots.total_tokens)
-        self.publisher.stream(ev.TURN_QUEUED, {
+        queued_at = trio.current_time()
+        await self.interpreter.publish_note(ev.TURN_QUEUED, {
             "reason": "max_running_turns", "limit": limit,
             "waiting": slots.statistics().tasks_waiting + 1})
-        queued_at = trio.current_time()
         await slots.acquire()
-        self.publisher.stream(ev.TURN_ADMITTED, {
+        await self.interpreter.publish_note(ev.TURN_ADMITTED, {
             "reason": "max_running_turns", "limit": limit,
             "waitedMs": round((trio.current_time() - queued_at) * 1000)})
 

@@ -470,6 +470,13 @@ class PostgresStore:
             "UPDATE turns SET stop_reason=%s WHERE id = ANY(%s) AND ended_at IS NULL",
             (reason, list(turn_ids))))
 
+    async def note_turn(self, turn_id: str, notes: Sequence[dict[str, Any]]) -> None:
+        """A running turn's notes so far (its end stores them all again): a write of
+        its turn, fenced."""
+        await self._fenced(lambda conn: conn.execute(
+            "UPDATE turns SET notes=%s WHERE id=%s AND ended_at IS NULL",
+            (notes_json(notes), turn_id)))
+
     # -- inbox ----------------------------------------------------------------------------
 
     async def deliver(self, d: InboxRecord) -> InboxRecord:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -471,6 +472,12 @@ class Store:
         await self.runner.write(lambda conn: conn.executemany(
             "UPDATE turns SET stop_reason=? WHERE id=? AND ended_at IS NULL",
             [(reason, t) for t in turn_ids]))
+
+    async def note_turn(self, turn_id: str, notes: Sequence[dict[str, Any]]) -> None:
+        """A running turn's notes so far (its end stores them all again)."""
+        await self.runner.write(lambda conn: conn.execute(
+            "UPDATE turns SET notes=? WHERE id=? AND ended_at IS NULL",
+            (notes_json(notes), turn_id)))
 
     async def running_sessions(self) -> list[str]:
         def _running(conn: sqlite3.Connection) -> list[str]:

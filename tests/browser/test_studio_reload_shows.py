@@ -177,3 +177,60 @@ async def test_a_pruned_turn_with_a_steered_delivery_reloads_as_it_was_shown(
     users = [p for p in shown if p["id"] == "user-message"]
     assert [(u["from"], u["link"]) for u in users] == [("", None), (child, child)], users
     assert again == live
+
+
+ROW = """(sid) => {
+  const row = document.querySelector(`[data-testid=session-row][data-session-id="${sid}"]`);
+  return row && { queued: row.dataset.queued, retrying: row.dataset.retrying,
+                  status: row.dataset.status,
+                  queuedBadge: row.querySelector('[data-testid=queued-badge]').textContent,
+                  queuedTitle: row.querySelector('[data-testid=queued-badge]').title,
+                  retryBadge: row.querySelector('.retry-badge').textContent };
+}"""
+
+
+async def row_when(tab: Tab, sid: str, js: str) -> dict[str, Any]:
+    """The session's row once `js` (a predicate of it, `r`) holds."""
+    await tab.wait(f"(sid) => {{ const r = ({ROW})(sid); return r && ({js}); }}", sid)
+    result: dict[str, Any] = await tab.eval(ROW, sid)
+    return result
+
+
+@pytest.mark.deadline(150)  # its own fail_after, plus setup
+async def test_a_tab_opened_while_a_turn_waits_or_retries_shows_its_badge(
+        chromium: BrowserThread, provider: Provider, tmp_path: Path,
+        rawp: RawProvider) -> None:
+    """The session list's badges of a turn that waits for a slot, then of its call that
+    waits to be retried (HTTP 503, a 20 s wait), in a tab opened after those events
+    (no live event of them reaches it): the same badges the tab that watched shows."""
+    go = tmp_path / "go"
+    rawp.plan = [failing(503, retry_after="20"), answer]
+    async with open_daemon(tmp_path, provider, server="max_running_turns = 1",
+                           extra=RAW.format(url=rawp.url)) as d, \
+            open_recorder(d.ws_url) as rec:
+        with trio.fail_after(90):
+            async with open_tab(chromium, d.url + "/studio") as tab:
+                await tab.connected()
+                async with held_first(d, rec, go):
+                    turn = await start_chat(tab, "chat", "hello")
+                    sid = await tab.transcript_id()
+                    await rec.wait_for(lambda evs: any(
+                        e.get("eventType") == "turn.queued" and e.get("turnId") == turn
+                        for e in evs))
+                    watched = await row_when(tab, sid, "r.queued === 'true'")
+                    async with open_tab(chromium, d.url + "/studio") as fresh:
+                        await fresh.connected()
+                        opened = await row_when(fresh, sid, "r.queued === 'true'")
+                    assert opened == watched, (opened, watched)
+                    assert opened["queuedBadge"] == "⏸ queued"
+                # Admitted; its call fails and waits 20 s to be retried.
+                with trio.fail_after(30):
+                    await rec.wait_for(lambda evs: any(
+                        e.get("eventType") == "provider.retry" and e.get("turnId") == turn
+                        for e in evs))
+                watched = await row_when(tab, sid, "r.retrying === 'retry'")
+                async with open_tab(chromium, d.url + "/studio") as fresh:
+                    await fresh.connected()
+                    opened = await row_when(fresh, sid, "r.retrying === 'retry'")
+                assert opened == watched, (opened, watched)
+                assert opened["retryBadge"] == "↻ retrying" and opened["queued"] == ""
