@@ -332,3 +332,62 @@ async def test_a_sweep_publishes_the_end_a_dead_node_stored_but_did_not_publish(
         # Each has its one terminal: a second sweep (none: the row is gone) or a
         # restart finds nothing more to publish.
         assert node_rows(backends, tmp_path) == ["node-b"]
+
+
+async def test_a_sweep_publishes_an_end_stored_long_before_its_node_died_by_its_epoch(
+    tmp_path: Path, provider: Provider, backends: Backends,  # noqa: F811
+) -> None:
+    """CONTRACT §5.2 across a sweep, with a writer stuck for long: a node stores a
+    turn's end, its writer is stuck (the heartbeat goes on) for many leases before it
+    appends the terminal, and then the node dies. The sweep finds that end by the epoch
+    the node died with, not by when it was stored (it looked only at the last
+    ENDED_LEASES leases), and publishes it as the turn's one terminal; so too an end
+    that node stored as a sweeper for a session it did not own. An end stored at
+    another epoch of the same node id (an earlier life, long past) is left alone."""
+    from daemon.runtime.events import SessionRef
+    from tests.clusterkit import open_cluster
+
+    async with open_cluster(tmp_path, provider, backends, nodes=("node-b",)) as [b], \
+            open_recorder(b.ws_url) as rec:
+        lease_ms = int(LEASE_S * 1000)
+        until = 100 * lease_ms  # node-z's lease, on the store's clock (long past)
+        # Far above what the sequence hands out in a test: no other row has them.
+        epoch, earlier = 9_000_001, 9_000_000
+        latest = b.daemon.runtime.bus.latest_seq
+        rows = {  # turn: (session, owner, end stored at, the epoch it was stored at)
+            "turn_stuck": ("ses_stuck", "node-z", until - 50 * lease_ms, epoch),
+            "turn_swept": ("ses_swept", "node-b", until - 40 * lease_ms, epoch),
+            "turn_sent": ("ses_sent2", "node-z", until - 30 * lease_ms, epoch),
+            "turn_earlier": ("ses_earlier", "node-z", until - lease_ms // 2, earlier),
+        }
+        for turn, (sid, owner, stored, at) in rows.items():
+            db(backends, tmp_path,
+               "INSERT INTO sessions(id, agent_name, root_session_id, status, created_at, "
+               "updated_at, owner) VALUES (%s, 'plain', %s, 'idle', 1, 1, %s) "
+               "RETURNING 1", sid, sid, owner)
+            db(backends, tmp_path,
+               "INSERT INTO turns(id, session_id, trigger, started_at, start_seq, ended_at, "
+               "terminal_code, input_tokens, output_tokens, end_stored_ms, end_epoch) "
+               "VALUES (%s, %s, 'http', 1, %s, 2, 'done', 3, 4, %s, %s) RETURNING 1",
+               turn, sid, latest + 1, stored, at)
+        ref = SessionRef("ses_sent2", "plain", None, "ses_sent2", 0, None, ("ses_sent2",))
+        b.daemon.runtime.bus.publish_stream(ref, "turn_sent", "done", {"cancelled": False})
+        sent = await rec.terminal("turn_sent")
+        # Only now is node-z dead: the sweeper takes it.
+        db(backends, tmp_path, "INSERT INTO nodes(node_id, url, started_at, lease_until, "
+           "epoch) VALUES ('node-z', 'http://z', 1, %s, %s) RETURNING 1", until, epoch)
+        await wait_swept(backends, tmp_path, "node-z")
+        await fence(rec, b)  # anything the sweep published is on `rec` by now
+        for turn in ("turn_stuck", "turn_swept"):
+            [published] = terminals_of(rec, turn)
+            assert published["eventType"] == "done", published
+            assert published["data"]["tokenUsage"]["input"] == 3, published
+            assert published["data"]["tokenUsage"]["output"] == 4, published
+        assert terminals_of(rec, "turn_sent") == [sent]
+        assert terminals_of(rec, "turn_earlier") == []
+        assert node_rows(backends, tmp_path) == ["node-b"]
+        # A node stores each end it writes with its epoch: what the sweep looks for.
+        r = await b.http.post("/agents/plain/chat", json={"message": mock(say="end")})
+        assert r.status_code == 200, r.text
+        assert db(backends, tmp_path, "SELECT t.end_epoch = n.epoch FROM turns t, nodes n "
+                  "WHERE t.id = %s AND n.node_id = 'node-b'", r.json()["turnId"]) == [(True,)]

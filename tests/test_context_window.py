@@ -154,14 +154,18 @@ class History(RuleBasedStateMachine):
     @invariant()
     def nothing_lost(self) -> None:
         wire = history_wire(self.s.messages, self.s.records)
-        listed = [e for e in wire if e["role"] != "summary"]
+        listed = [e for e in wire if e["role"] not in ("summary", "compaction")]
         assert [e["content"] for e in listed] == [m.content for m in self.s.messages]
         summaries = [e for e in wire if e["role"] == "summary"]
         assert len(summaries) == sum(1 for r in self.s.records if r.summary is not None)
-        # Each summary sits after exactly the messages stored before it.
+        # A prune-only compaction is listed too (issue 44: a reload draws its divider).
+        pruned = [e for e in wire if e["role"] == "compaction"]
+        assert len(pruned) == sum(1 for r in self.s.records if r.summary is None)
+        assert all(e["content"] is None for e in pruned)
+        # Each compaction sits after exactly the messages stored before it.
         seen = 0
         for e in wire:
-            if e["role"] == "summary":
+            if e["role"] in ("summary", "compaction"):
                 assert e["coversUntil"] <= seen
             else:
                 seen += 1

@@ -15,7 +15,8 @@ from tests.harness import Provider, Running, mock, open_daemon, open_recorder, s
 TURN_KEYS = {"turnId", "trigger", "fromSessionId", "startedAt", "endedAt", "terminal",
              "errorCode", "cancelReason", "tokenUsage", "model", "startSeq", "schedule",
              "error", "finishReason",
-             "resumed", "snapshot"}  # CONTRACT §18, §19
+             "resumed", "snapshot",  # CONTRACT §18, §19
+             "notes"}  # issue 44: its queued and retry notes, for a reload
 HELPER = """
 [agents.helper]
 engine = "openai"

@@ -68,8 +68,17 @@ _CHAT_RESULT = obj(
 _SSE_FRAMES = Resp("the turn's session.stream events as SSE frames (`id:`, `event:`, "
                    "`data:` the bus envelope), ending after its terminal", ref("SseFrame"), SSE)
 _NO_SESSION = error("no such session")
-_MESSAGE = obj(["role", "content", "createdAt", "turnId"], role=STR, content=STR,
-               toolCalls=array(ANY), toolCallId=STR, createdAt=INT, turnId=nullable(STR))
+_MESSAGE = obj(
+    ["role", "content", "createdAt", "turnId"],
+    role={**STR, "description": "system, user, assistant, tool; summary (a compaction "
+          "that summarised, §15) or compaction (one where pruning was enough)"},
+    content={**nullable(STR), "description": "null: a compaction that summarised nothing"},
+    toolCalls=array(ANY), toolCallId=STR, createdAt=INT, turnId=nullable(STR),
+    delivered={**BOOL, "description": "taken from the session's inbox (§6), as its "
+               "`message` event said; absent otherwise"},
+    fromSessionId={**nullable(STR), "description": "with `delivered`: the session that "
+                   "sent it; null: from outside"},
+    coversUntil=INT, reason=STR, beforeTokens=INT, afterTokens=INT, prunedToolResults=INT)
 _CONTEXT = obj(
     ["sessionId", "agentName", "messages", "estimatedTokens", "contextTokens",
      "thresholdTokens", "keepTokens", "coversUntil", "prunedUntil", "compactNext"],
@@ -89,6 +98,10 @@ _TURN = obj(
     error=nullable(obj(["code", "message"], code=STR, message=STR)),
     finishReason=nullable(FINISH_REASON),
     snapshot={**BOOL, "description": "whether the workspace before it was kept (§19)"},
+    notes={**array(obj(["eventType", "data", "ts", "after"], eventType=STR, data=ANY,
+                       ts=INT, after=INT)),
+           "description": "its turn.queued, turn.admitted and provider.retry events as "
+           "published, each with `after`: how many of its messages came before it"},
 )
 _DELETED = obj(["deleted"], deleted={**array(STR), "description":
                                      "the ids removed, the named session first"})

@@ -82,6 +82,10 @@ def show(args: argparse.Namespace) -> int:
             print(safe(f"\n[summary of the first {m.get('coversUntil')} messages] "
                        f"{m.get('content') or ''}".rstrip()))
             continue
+        if m["role"] == "compaction":  # pruning was enough: nothing summarised
+            print(safe(f"\n[context compacted: {m.get('prunedToolResults')} tool results "
+                       "pruned]"))
+            continue
         print(safe(f"\n[{m['role']}] {m.get('content') or ''}".rstrip()))
         for tc in m.get("toolCalls") or []:
             print(safe(f"  -> {tc.get('name')} {json.dumps(tc.get('arguments'))}"))

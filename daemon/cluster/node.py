@@ -68,10 +68,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SWEEPER_LOCK = "veild:sweeper"
-# How many leases before a dead node's lease ran out the sweep looks back for turns
-# whose end it stored without publishing their terminal: it stored each end under its
-# lease, and appends the terminal right after (more than a lease between the two means
-# it stalled, and then the lease ran out).
+# How many leases before a dead node's lease ran out the sweep looks back for turns of
+# its sessions whose end was stored with no epoch kept (rows from before PostgreSQL
+# schema 9); an end stored with its epoch is found by that epoch, however long before
+# the lease ran out (its writer may be stuck while its heartbeat goes on).
 ENDED_LEASES = 3
 SCHEDULER_LOCK = "veild:scheduler"
 # How long a leaving node waits for the bus to take what its turns published (their
@@ -299,8 +299,13 @@ class ClusterNode:
         # can no longer change for those turns, so what this finds is final.
         # A turn whose end the dead node stored but whose terminal it never appended
         # (it stopped between the two; the bus's fence refuses it now): its stored end
-        # is published, once. Those are among the turns it ended in its last leases.
-        ended = await self._coordination.node_ended_turns(dead, ENDED_LEASES * self.lease_ms)
+        # is published, once. Those are the turns it ended at the epoch it died with
+        # (however long its writer was stuck before it died), of those the log still
+        # retains (whether a terminal was appended can only be read there): an end it
+        # stored longer ago than that had its terminal appended, or was lost with it.
+        oldest, _ = sessions.bus.log.retained_range()
+        ended = await self._coordination.node_ended_turns(
+            dead, ENDED_LEASES * self.lease_ms, after_seq=max(0, oldest - 1))
         looked_up = [*turns, *(e.turn for e in ended)]
         logged: dict[str, LoggedTurn] = {}
         if sessions.resuming:  # one pass: terminals, and what a resume needs (§18)

@@ -318,6 +318,16 @@ def fork_wire(f: ForkPoint | None) -> dict[str, Any] | None:
     return {"sessionId": f.session_id, "turnId": f.turn_id, "at": f.at}
 
 
+def delivery_wire(m: MessageRecord) -> dict[str, Any]:
+    """Where a message came from, when it was taken from the session's inbox (CONTRACT
+    §6): `delivered: true` and the sending session's `fromSessionId` (null: from
+    outside), as its `message` event and GET /sessions/{id}/messages say it; nothing
+    for a message the turn was started with or made."""
+    if not m.delivered:
+        return {}
+    return {"delivered": True, "fromSessionId": m.from_session_id}
+
+
 def message_wire(m: MessageRecord) -> dict[str, Any]:
     out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.tool_calls:
@@ -326,6 +336,7 @@ def message_wire(m: MessageRecord) -> dict[str, Any]:
         out["toolCallId"] = m.tool_call_id
     out["createdAt"] = m.created_at
     out["turnId"] = m.turn_id
+    out.update(delivery_wire(m))
     return out
 
 
@@ -337,10 +348,13 @@ def compaction_data(c: CompactionRecord) -> dict[str, Any]:
 
 
 def summary_wire(c: CompactionRecord) -> dict[str, Any]:
-    """A summary as GET /sessions/{id}/messages lists it, at its place (CONTRACT §15):
-    `coversUntil` is how many of the session's messages (summaries not counted) it
-    covers, from the first."""
-    return {"role": "summary", "content": c.summary, "coversUntil": c.covers_until,
+    """A compaction as GET /sessions/{id}/messages lists it, at its place (CONTRACT
+    §15): one that summarised as `role: "summary"` (its summary the content), one where
+    pruning was enough as `role: "compaction"` (content null) — the divider the live
+    `compaction` event drew. `coversUntil` is how many of the session's messages
+    (compactions not counted) the summary in force covers, from the first."""
+    return {"role": "summary" if c.summary is not None else "compaction",
+            "content": c.summary, "coversUntil": c.covers_until,
             "reason": c.reason, "beforeTokens": c.before_tokens,
             "afterTokens": c.after_tokens, "prunedToolResults": c.pruned_tool_results,
             "createdAt": c.created_at, "turnId": c.turn_id}
@@ -348,16 +362,15 @@ def summary_wire(c: CompactionRecord) -> dict[str, Any]:
 
 def history_wire(messages: list[MessageRecord],
                  compactions: list[CompactionRecord]) -> list[dict[str, Any]]:
-    """Every message, and each summary once after the messages stored before it."""
-    summaries = [c for c in compactions if c.summary is not None]
+    """Every message, and each compaction once after the messages stored before it."""
     out: list[dict[str, Any]] = []
     at = 0
     for index, m in enumerate(messages):
-        while at < len(summaries) and summaries[at].place <= index:
-            out.append(summary_wire(summaries[at]))
+        while at < len(compactions) and compactions[at].place <= index:
+            out.append(summary_wire(compactions[at]))
             at += 1
         out.append(message_wire(m))
-    out.extend(summary_wire(c) for c in summaries[at:])
+    out.extend(summary_wire(c) for c in compactions[at:])
     return out
 
 
@@ -378,6 +391,9 @@ def turn_wire(t: TurnHistory) -> dict[str, Any]:
         "startSeq": t.start_seq,
         "schedule": t.schedule,  # the schedule that started it (§11), else null
         "resumed": t.resumed,  # CONTRACT §18
+        # Its queued and retry notes, as published (runtime/publisher.py): a reload
+        # draws them again where they were.
+        "notes": list(t.notes),
         **turn_outcome_wire(t),
     }
 

@@ -26,6 +26,7 @@ from daemon.clock import now_ms
 from daemon.config import AgentConfig
 from daemon.engines import base as eng
 from daemon.engines.context import Calibration, Window
+from daemon.errors import StoreError
 from daemon.observe.tracing import TurnTrace
 from daemon.runtime import events as ev
 from daemon.runtime.context_view import base_bytes
@@ -124,6 +125,19 @@ class EngineEvents:
         await store_then_mirror(self._stop, write, mirror,
                                 what=f"a message of turn {self._turn_id}")
 
+    async def publish_note(self, event_type: str, data: dict[str, Any]) -> None:
+        """Publish a note of the turn (runtime/publisher.py TurnNotes) once its notes so
+        far, this one included, are stored: whoever sees the event and then reads the
+        turn (a tab opened now: Studio's queued and retrying badges) finds it there. A
+        store that fails here costs the turn nothing: its end stores them all again."""
+        notes = self._publisher.notes
+        notes.saw(event_type, data)
+        try:
+            await self._store.note_turn(self._turn_id, list(notes.items))
+        except StoreError as exc:
+            log.warning("could not store the notes of turn %s: %s", self._turn_id, exc)
+        self._publisher.stream(event_type, data, noted=True)
+
     def publish_message(self, message: MessageRecord, iteration: int) -> None:
         data: dict[str, Any] = {"role": message.role, "content": message.content}
         if message.tool_calls:
@@ -131,13 +145,10 @@ class EngineEvents:
         if message.tool_call_id:
             data["toolCallId"] = message.tool_call_id
         data["iteration"] = iteration
-        if message.inbox_ids:
-            # A delivery (CONTRACT §6): said by the inbox entry it consumed, so a client
-            # never has to trust a first line that merely looks like the header.
-            first = message.inbox_ids[0]
-            entry = next((i for i in reversed(self._hold.consumed) if i.id == first), None)
-            data["delivered"] = True
-            data["fromSessionId"] = entry.from_session_id if entry else None
+        # A delivery (CONTRACT §6): said by the inbox entry it consumed (the message
+        # carries its source), so a client never has to trust a first line that merely
+        # looks like the header; GET …/messages says it the same way.
+        data.update(ev.delivery_wire(message))
         self._publisher.stream(ev.MESSAGE, data)
         self._publisher.plain("chat.message",
                               {"event": {**data, "timestamp": message.created_at}})
@@ -211,15 +222,16 @@ class EngineEvents:
                     data["status"] = event.status
                 if event.fallback:
                     data["fallback"] = True
-                publisher.stream(ev.PROVIDER_RETRY, data)
+                await self.publish_note(ev.PROVIDER_RETRY, data)
             case eng.ProviderQueued():
                 queue: dict[str, Any] = {
                     "reason": "max_concurrent", "limit": event.limit,
                     "provider": event.provider, "model": event.model}
                 if event.waited_ms is None:
-                    publisher.stream(ev.TURN_QUEUED, {**queue, "waiting": event.waiting})
+                    await self.publish_note(ev.TURN_QUEUED, {**queue, "waiting": event.waiting})
                 else:
-                    publisher.stream(ev.TURN_ADMITTED, {**queue, "waitedMs": event.waited_ms})
+                    await self.publish_note(ev.TURN_ADMITTED,
+                                            {**queue, "waitedMs": event.waited_ms})
             case eng.Compacted():
                 await self._compacted(event)
             case eng.CompactionSkipped():

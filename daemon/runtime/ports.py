@@ -18,7 +18,7 @@ port, cluster/ports.Coordination.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -115,6 +115,8 @@ class Store(Protocol):
     # id -> the entries, in id order): the replies a resumed one owes at its end
     async def consumed_by(self, turns: Sequence[TurnRecord]) -> dict[str, list[InboxRecord]]: ...
     async def stop_turns(self, turn_ids: Sequence[str], reason: str) -> None: ...
+    # a running turn's notes so far (its queued and retry events): a reload reads them
+    async def note_turn(self, turn_id: str, notes: Sequence[dict[str, Any]]) -> None: ...
     async def turns(self, session_id: str) -> list[TurnHistory]: ...
     # how one turn ended: its terminal code, None while open (or unknown)
     async def turn_code(self, turn_id: str) -> str | None: ...

@@ -12,8 +12,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from daemon.clock import now_ms
 from daemon.runtime import events as ev
 from daemon.runtime.bus import Bus
+
+# The events of a turn a reload must draw again that no stored message says (issue 44):
+# a wait for a slot and a provider's retries. Kept with the turn's end (TurnEnd.notes).
+NOTE_TYPES = frozenset({ev.TURN_QUEUED, ev.TURN_ADMITTED, ev.PROVIDER_RETRY})
+# A turn keeps its first notes only: each call retries at most its max_retries, and the
+# calls of a turn are bounded, but a row must not grow without one.
+MAX_NOTES = 200
+
+
+class TurnNotes:
+    """The notes of one turn: each NOTE_TYPES event as published (`eventType`, `data`,
+    `ts`) with `after`, how many of the turn's messages were published before it — its
+    place among them, as a reload draws it."""
+
+    def __init__(self, messages_before: int = 0) -> None:
+        self.items: list[dict[str, Any]] = []
+        self.messages = messages_before
+
+    def saw(self, event_type: str, data: dict[str, Any]) -> None:
+        if event_type == ev.MESSAGE:
+            self.messages += 1
+        elif event_type in NOTE_TYPES and len(self.items) < MAX_NOTES:
+            self.items.append({"eventType": event_type, "data": data, "ts": now_ms(),
+                               "after": self.messages})
 
 
 class TurnPublisher:
@@ -26,9 +51,13 @@ class TurnPublisher:
         # By eventType, and for tool.chunk by (toolCallId, toolName, stream).
         self._encoders: dict[str, ev.ChunkEncoder] = {}
         self._tool_encoders: dict[tuple[str, str, str], ev.ChunkEncoder] = {}
+        self.notes = TurnNotes()
 
-    def stream(self, event_type: str, data: dict[str, Any]) -> int:
-        """Publish one session.stream event of this turn; returns its seq."""
+    def stream(self, event_type: str, data: dict[str, Any], *, noted: bool = False) -> int:
+        """Publish one session.stream event of this turn; returns its seq. `noted`: a
+        note its caller took (and stored) before publishing it (TurnNotes.saw)."""
+        if not noted:
+            self.notes.saw(event_type, data)
         return self._bus.publish_stream(self._ref, self._turn_id, event_type,
                                         data).seq
 

@@ -277,6 +277,9 @@ class Turn:
         services, record, ask = self.services, self.session.record, self.ask
         self.publisher = TurnPublisher(services.bus, self.session.ref, self.id,
                                        lambda: self.gate_closed)
+        if self.resumed is not None:  # its notes' places count its stored messages too
+            self.publisher.notes.messages = sum(
+                1 for m in self.resumed.stored.messages if m.turn_id == self.id)
         self.interpreter = EngineEvents(self.id, self.session, services.store, services.stop,
                                    self.publisher, self.inbox_hold,
                                    budget_tokens=ask.budget_tokens, cancel=self.cancel,
@@ -443,8 +446,11 @@ class Turn:
                 for result in ask.results:
                     await self.interpreter.append(result, 0)
             elif not self.compact_only:  # a compaction turn adds no message (§15)
-                message = MessageRecord("user", ask.message, None, None, now_ms(),
-                                        tuple(i.id for i in self.inbox_hold.drained))
+                drained = self.inbox_hold.drained
+                message = MessageRecord(
+                    "user", ask.message, None, None, now_ms(), tuple(i.id for i in drained),
+                    delivered=bool(drained),
+                    from_session_id=drained[0].from_session_id if drained else None)
                 await self.interpreter.append(message, 0)
                 if ask.fresh:  # as the store would read it back
                     self._history = [replace(message, inbox_ids=(), turn_id=self.id)]
@@ -557,12 +563,12 @@ class Turn:
         except trio.WouldBlock:
             pass
         limit = int(slots.total_tokens)
-        self.publisher.stream(ev.TURN_QUEUED, {
+        queued_at = trio.current_time()
+        await self.interpreter.publish_note(ev.TURN_QUEUED, {
             "reason": "max_running_turns", "limit": limit,
             "waiting": slots.statistics().tasks_waiting + 1})
-        queued_at = trio.current_time()
         await slots.acquire()
-        self.publisher.stream(ev.TURN_ADMITTED, {
+        await self.interpreter.publish_note(ev.TURN_ADMITTED, {
             "reason": "max_running_turns", "limit": limit,
             "waitedMs": round((trio.current_time() - queued_at) * 1000)})
 
@@ -629,7 +635,8 @@ class Turn:
 
     def _take_handed(self) -> list[MessageRecord]:
         """The entries handed to this turn, as the messages its engine appends next."""
-        return [MessageRecord("user", i.content, None, None, now_ms(), (i.id,))
+        return [MessageRecord("user", i.content, None, None, now_ms(), (i.id,),
+                              delivered=True, from_session_id=i.from_session_id)
                 for i in self.inbox_hold.take_handed()]
 
     # -- the exit path --------------------------------------------------------------------
@@ -822,7 +829,8 @@ class Turn:
                         if code == "CANCELLED" else None,
                         usage=usage, model=model,
                         outcome=TurnEnd.of(code, message,
-                                           self.interpreter.tally.finish_reason),
+                                           self.interpreter.tally.finish_reason,
+                                           tuple(self.publisher.notes.items)),
                     ),
                     delivered, what=f"the end of turn {self.id}", to_last=True)
             return None

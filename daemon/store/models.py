@@ -78,6 +78,10 @@ class MessageRecord:
     # message, so a delivery is processed exactly once (never zero, never twice).
     inbox_ids: tuple[int, ...] = ()
     turn_id: str | None = None  # the turn that stored it (read back from the store)
+    # Taken from the session's inbox (a delivery, CONTRACT §6), and from which session
+    # (None: from outside): what its `message` event said, kept for a reload.
+    delivered: bool = False
+    from_session_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,11 +164,16 @@ class TurnEnd:
 
     error_message: str | None = None
     finish_reason: str | None = None
+    # Its notes (runtime/publisher.py TurnNotes): the queued and retry events it
+    # published, each with when and after how many of its messages, for a reload.
+    notes: tuple[dict[str, Any], ...] = ()
 
     @classmethod
-    def of(cls, code: str | None, message: str, finish_reason: str) -> TurnEnd:
+    def of(cls, code: str | None, message: str, finish_reason: str,
+           notes: tuple[dict[str, Any], ...] = ()) -> TurnEnd:
         """`code` None: a `done`."""
-        return cls(None, finish_reason) if code is None else cls(message, None)
+        return (cls(None, finish_reason, notes) if code is None
+                else cls(message, None, notes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +209,7 @@ class TurnHistory:
     error_message: str | None = None
     finish_reason: str | None = None
     resumed: int = 0  # CONTRACT §18: how often it was resumed
+    notes: tuple[dict[str, Any], ...] = ()  # its queued and retry notes (TurnEnd.notes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,14 @@ FENCES_KEPT_MS = 30 * 24 * 3600 * 1000
 _BEAT_SHARE = 0.5
 
 
+# A stored end as node_ended_turns reads it (an EndedTurn).
+_ENDED = (
+    "t.id, t.session_id, t.trigger, t.started_at, t.reply_to, t.start_seq, t.terminal_code, "
+    "t.cancel_reason, t.model, t.input_tokens, t.output_tokens, t.cache_tokens, t.cost, "
+    "t.error_message, t.finish_reason, t.usage_estimated"
+)
+
+
 class PgCoordination:
     """Nodes, leases, fences, sweeps, ownership and advisory locks of one node's store."""
 
@@ -98,7 +106,7 @@ class PgCoordination:
             f"VALUES (%s, %s, {NOW_MS}, {NOW_MS} + %s) "
             "ON CONFLICT (node_id) DO UPDATE SET url=excluded.url, "
             "started_at=excluded.started_at, lease_until=excluded.lease_until, "
-            "epoch=nextval('node_epochs'), swept=FALSE "
+            "epoch=nextval('node_epochs'), swept=FALSE, dead_epoch=NULL "
             f"WHERE nodes.lease_until <= {NOW_MS} AND NOT nodes.swept RETURNING epoch",
             (node_id, url, lease_ms)).fetchall())
         if not rows:
@@ -192,7 +200,9 @@ class PgCoordination:
         # The fence is kept in node_fences too (it outlives the row, and Redis's copy).
         rows = await self._pool.statement(lambda conn: conn.execute(
             "WITH fenced AS (UPDATE nodes SET epoch = CASE WHEN swept THEN epoch "
-            "ELSE nextval('node_epochs') END, swept = TRUE "
+            "ELSE nextval('node_epochs') END, swept = TRUE, "
+            # The epoch it died with: what the ends it stored carry (node_ended_turns).
+            "dead_epoch = CASE WHEN swept THEN dead_epoch ELSE epoch END "
             f"WHERE node_id=%s AND epoch=%s AND (swept OR lease_until < {NOW_MS}) "
             "RETURNING node_id, epoch) "
             f"INSERT INTO node_fences(node_id, epoch, fenced_ms) "
@@ -318,18 +328,24 @@ class PgCoordination:
         # (runtime/published.py), not from seq 0.
         return [unfinished_turn(r) for r in rows]
 
-    async def node_ended_turns(self, node_id: str, within_ms: int) -> list[EndedTurn]:
-        """The turns of `node_id`'s sessions whose end was stored (by anyone) within
-        `within_ms` before the node's lease ran out, on the store's clock: those whose
-        terminal the node may not have appended before it stopped (node.py's sweep)."""
+    async def node_ended_turns(self, node_id: str, within_ms: int,
+                               after_seq: int = 0) -> list[EndedTurn]:
+        """The turns whose end the fenced node `node_id` stored at the lease epoch it
+        died with, however long before it died, and those of its sessions whose end was
+        stored with no epoch kept (a row from before schema 9) within `within_ms` before
+        its lease ran out, on the store's clock: those whose terminal the node may not
+        have appended before it stopped (node.py's sweep). Only turns that started
+        after `after_seq` (what the bus still retains: whether their terminal was
+        appended can be read there)."""
         rows = await self._pool.rows(
-            "SELECT t.id, t.session_id, t.trigger, t.started_at, t.reply_to, t.start_seq, "
-            "t.terminal_code, t.cancel_reason, t.model, t.input_tokens, t.output_tokens, "
-            "t.cache_tokens, t.cost, t.error_message, t.finish_reason, t.usage_estimated "
-            "FROM turns t JOIN sessions s ON s.id = t.session_id "
-            "WHERE s.owner = %s AND t.end_stored_ms IS NOT NULL AND t.end_stored_ms >= "
-            "(SELECT lease_until FROM nodes WHERE node_id = %s) - %s "
-            "ORDER BY t.started_at, t.seq", (node_id, node_id, within_ms))
+            f"SELECT {_ENDED} FROM turns t WHERE t.start_seq > %(after)s AND t.end_epoch = "
+            "(SELECT dead_epoch FROM nodes WHERE node_id = %(node)s AND swept) "
+            f"UNION SELECT {_ENDED} FROM turns t JOIN sessions s ON s.id = t.session_id "
+            "WHERE s.owner = %(node)s AND t.end_epoch IS NULL "
+            "AND t.end_stored_ms IS NOT NULL AND t.end_stored_ms >= "
+            "(SELECT lease_until FROM nodes WHERE node_id = %(node)s) - %(within)s "
+            "ORDER BY 4, 6",
+            {"node": node_id, "within": within_ms, "after": after_seq})
         return [EndedTurn(TurnRecord(r[0], r[1], r[2], r[3], r[4], start_seq=r[5]),
                           r[6], r[7], r[8], TokenUsage(r[9], r[10], r[11], r[12], r[15]),
                           TurnEnd(r[13], r[14]))

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -316,5 +316,6 @@ class PgPool:
         """One write statement; returns the rows it changed."""
         return await self.statement(lambda conn: conn.execute(sql, args).rowcount)
 
-    async def rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    async def rows(self, sql: str, args: Sequence[Any] | Mapping[str, Any] = ()
+                   ) -> list[tuple[Any, ...]]:
         return await self.read(lambda conn: conn.execute(sql, args).fetchall())

@@ -57,6 +57,7 @@ from daemon.store.rows import (
     compaction_record,
     inbox_record,
     message_record,
+    notes_json,
     schedule_record,
     session_record,
     stored_context,
@@ -99,7 +100,7 @@ def _consume_inbox(conn: Conn, ids: Sequence[int], turn_id: str) -> None:
 
 _INSERT_MESSAGE, _INSERT_MESSAGE_FENCED = guarded(
     "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
-    "created_at, turn_id)", 7)
+    "created_at, turn_id, delivered, from_session_id)", 9)
 _INSERT_SESSION = guarded(
     "INSERT INTO sessions(id, agent_name, parent_session_id, root_session_id, depth, "
     "spawn_tool_call_id, status, created_at, updated_at, model, forked_session_id, "
@@ -126,7 +127,7 @@ _INSERT_INBOX = guarded(
 def _message_row(session_id: str, m: MessageRecord, turn_id: str | None) -> tuple[Any, ...]:
     return (session_id, m.role, m.content,
             json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id,
-            m.created_at, turn_id)
+            m.created_at, turn_id, m.delivered, m.from_session_id)
 
 
 # What a session's next LLM call starts from (`context`), as the SQLite store's _CONTEXT
@@ -420,10 +421,11 @@ class PostgresStore:
             closed = conn.execute(
                 "UPDATE turns SET ended_at=%s, terminal_code=%s, cancel_reason=%s, model=%s, "
                 "input_tokens=%s, output_tokens=%s, cache_tokens=%s, cost=%s, "
-                "error_message=%s, finish_reason=%s, usage_estimated=%s, "
-                f"end_stored_ms={NOW_MS} WHERE id=%s AND ended_at IS NULL",
+                "error_message=%s, finish_reason=%s, usage_estimated=%s, notes=%s, "
+                f"end_stored_ms={NOW_MS}, end_epoch=%s WHERE id=%s AND ended_at IS NULL",
                 (ended_at, code, cancel_reason, model, t.input, t.output, t.cache, t.cost,
-                 end.error_message, end.finish_reason, t.estimated, turn_id)).rowcount
+                 end.error_message, end.finish_reason, t.estimated, notes_json(end.notes),
+                 self._lease.epoch, turn_id)).rowcount
             if not closed and conn.execute("SELECT 1 FROM turns WHERE id=%s",
                                            (turn_id,)).fetchone():
                 raise TurnClosed(turn_id)
@@ -486,6 +488,13 @@ class PostgresStore:
         await self._pool.write(lambda conn: conn.execute(
             "UPDATE turns SET stop_reason=%s WHERE id = ANY(%s) AND ended_at IS NULL",
             (reason, list(turn_ids))))
+
+    async def note_turn(self, turn_id: str, notes: Sequence[dict[str, Any]]) -> None:
+        """A running turn's notes so far (its end stores them all again): a write of
+        its turn, fenced."""
+        await self._fenced(lambda conn: conn.execute(
+            "UPDATE turns SET notes=%s WHERE id=%s AND ended_at IS NULL",
+            (notes_json(notes), turn_id)))
 
     # -- inbox ----------------------------------------------------------------------------
 
@@ -568,8 +577,9 @@ class PostgresStore:
             args = {"f": fork.id, "s": src, "upto": upto}
             conn.execute(
                 "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
-                "created_at, turn_id) SELECT %(f)s, role, content, tool_calls, tool_call_id, "
-                "created_at, turn_id FROM messages WHERE session_id = %(s)s ORDER BY id "
+                "created_at, turn_id, delivered, from_session_id) SELECT %(f)s, role, "
+                "content, tool_calls, tool_call_id, created_at, turn_id, delivered, "
+                "from_session_id FROM messages WHERE session_id = %(s)s ORDER BY id "
                 "LIMIT %(upto)s", args)
             conn.execute(
                 "INSERT INTO compactions(session_id, turn_id, place, covers_until, "

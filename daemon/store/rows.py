@@ -29,7 +29,9 @@ SESSION_COLUMNS = (
 INBOX_COLUMNS = (
     "id, session_id, content, from_session_id, delivery, wakes, reply_to, created_at"
 )
-MESSAGE_COLUMNS = "role, content, tool_calls, tool_call_id, created_at, turn_id"
+MESSAGE_COLUMNS = (
+    "role, content, tool_calls, tool_call_id, created_at, turn_id, delivered, from_session_id"
+)
 COMPACTION_COLUMNS = (
     "place, covers_until, pruned_until, summary, reason, before_tokens, after_tokens, "
     "pruned_tool_results, created_at, turn_id"
@@ -37,7 +39,7 @@ COMPACTION_COLUMNS = (
 TURN_HISTORY_COLUMNS = (
     "id, trigger, from_session_id, started_at, ended_at, terminal_code, cancel_reason, "
     "input_tokens, output_tokens, cache_tokens, cost, model, start_seq, schedule, "
-    "error_message, finish_reason, usage_estimated, attempt"
+    "error_message, finish_reason, usage_estimated, attempt, notes"
 )
 # An open turn as a resume (or an interruption) reads it back: unfinished_turn().
 UNFINISHED_TURN_COLUMNS = (
@@ -77,7 +79,8 @@ def inbox_record(row: Sequence[Any]) -> InboxRecord:
 def message_record(row: Sequence[Any]) -> MessageRecord:
     """A row of MESSAGE_COLUMNS."""
     return MessageRecord(row[0], row[1], json.loads(row[2]) if row[2] else None, row[3],
-                         row[4], turn_id=row[5])
+                         row[4], turn_id=row[5], delivered=bool(row[6]),
+                         from_session_id=row[7])
 
 
 def compaction_record(row: Sequence[Any]) -> CompactionRecord:
@@ -91,7 +94,24 @@ def turn_history(row: Sequence[Any]) -> TurnHistory:
     r = row
     return TurnHistory(r[0], r[1], r[2], r[3], r[4], r[5], r[6],
                        TokenUsage(r[7], r[8], r[9], r[10], bool(r[16])), r[11], r[12], r[13],
-                       error_message=r[14], finish_reason=r[15], resumed=r[17])
+                       error_message=r[14], finish_reason=r[15], resumed=r[17],
+                       notes=notes_of(r[18]))
+
+
+def notes_json(notes: Sequence[dict[str, Any]]) -> str | None:
+    """A turn's notes as its `notes` column holds them (None: none)."""
+    return json.dumps(list(notes), separators=(",", ":")) if notes else None
+
+
+def notes_of(value: str | None) -> tuple[dict[str, Any], ...]:
+    """A `notes` column read back (one that is not a JSON list reads as none)."""
+    if not value:
+        return ()
+    try:
+        notes = json.loads(value)
+    except ValueError:
+        return ()
+    return tuple(n for n in notes if isinstance(n, dict)) if isinstance(notes, list) else ()
 
 
 def unfinished_turn(row: Sequence[Any]) -> TurnRecord:
@@ -120,5 +140,5 @@ def stored_context(rows: Sequence[Sequence[Any]]) -> StoredContext:
     summary = next((c for c in reversed(records) if c.summary is not None), None)
     return StoredContext(
         summary=summary, latest=records[-1] if records else None,
-        messages=[message_record((r[4], r[5], r[6], r[7], r[2], r[3]))
+        messages=[message_record((r[4], r[5], r[6], r[7], r[2], r[3], False, None))
                   for r in rows if r[0] == 1])

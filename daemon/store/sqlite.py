@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -48,6 +49,7 @@ from daemon.store.rows import (
     compaction_record,
     inbox_record,
     message_record,
+    notes_json,
     schedule_record,
     session_record,
     stored_context,
@@ -102,10 +104,10 @@ def _insert_message(conn: sqlite3.Connection, session_id: str, m: MessageRecord,
         _consume_inbox(conn, m.inbox_ids, turn_id)
     conn.execute(
         "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
-        "created_at, turn_id) VALUES (?,?,?,?,?,?,?)",
+        "created_at, turn_id, delivered, from_session_id) VALUES (?,?,?,?,?,?,?,?,?)",
         (session_id, m.role, m.content,
          json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id,
-         m.created_at, turn_id),
+         m.created_at, turn_id, int(m.delivered), m.from_session_id),
     )
 
 
@@ -405,10 +407,11 @@ class Store:
             closed = conn.execute(
                 "UPDATE turns SET ended_at=?, terminal_code=?, cancel_reason=?, model=?, "
                 "input_tokens=?, output_tokens=?, cache_tokens=?, cost=?, "
-                "error_message=?, finish_reason=?, usage_estimated=? "
+                "error_message=?, finish_reason=?, usage_estimated=?, notes=? "
                 "WHERE id=? AND ended_at IS NULL",
                 (ended_at, code, cancel_reason, model, t.input, t.output, t.cache, t.cost,
-                 end.error_message, end.finish_reason, int(t.estimated), turn_id),
+                 end.error_message, end.finish_reason, int(t.estimated),
+                 notes_json(end.notes), turn_id),
             ).rowcount
             if not closed and conn.execute("SELECT 1 FROM turns WHERE id=?",
                                            (turn_id,)).fetchone():
@@ -495,6 +498,12 @@ class Store:
             "UPDATE turns SET stop_reason=? WHERE id=? AND ended_at IS NULL",
             [(reason, t) for t in turn_ids]))
 
+    async def note_turn(self, turn_id: str, notes: Sequence[dict[str, Any]]) -> None:
+        """A running turn's notes so far (its end stores them all again)."""
+        await self.runner.write(lambda conn: conn.execute(
+            "UPDATE turns SET notes=? WHERE id=? AND ended_at IS NULL",
+            (notes_json(notes), turn_id)))
+
     async def running_sessions(self) -> list[str]:
         def _running(conn: sqlite3.Connection) -> list[str]:
             rows = conn.execute("SELECT id FROM sessions WHERE status='running'")
@@ -574,8 +583,9 @@ class Store:
             args = {"f": fork.id, "s": src, "upto": upto}
             conn.execute(
                 "INSERT INTO messages(session_id, role, content, tool_calls, tool_call_id, "
-                "created_at, turn_id) SELECT :f, role, content, tool_calls, tool_call_id, "
-                "created_at, turn_id FROM messages WHERE session_id = :s ORDER BY id "
+                "created_at, turn_id, delivered, from_session_id) SELECT :f, role, content, "
+                "tool_calls, tool_call_id, created_at, turn_id, delivered, from_session_id "
+                "FROM messages WHERE session_id = :s ORDER BY id "
                 "LIMIT :upto", args)
             conn.execute(
                 "INSERT INTO compactions(session_id, turn_id, place, covers_until, "

@@ -3,10 +3,10 @@ place in the turn that made it — "Context compacted · threshold · 41,200 →
 · 12 tool results pruned" — with the summary folded below it (a <details>, rendered by
 Studio's own markdown renderer, which escapes everything) when there is one, and no fold
 when pruning was enough. Live from the `compaction` event; on reload from the `summary`
-entries of GET /sessions/{id}/messages; a running turn replayed from the bus after its
-compaction shows it once, never twice. A manual compaction (`POST …/compact`, a turn
-with trigger `compact`) is a turn card with its divider and no user bubble, and its
-tokens count in the session's usage.
+(and, where pruning was enough, `compaction`) entries of GET /sessions/{id}/messages;
+a running turn replayed from the bus after its compaction shows it once, never twice.
+A manual compaction (`POST …/compact`, a turn with trigger `compact`) is a turn card
+with its divider and no user bubble, and its tokens count in the session's usage.
 
 Two ways: a real daemon whose agent has a 2,000-token window (the mock provider, long
 user messages, so the second and every later turn compacts; a third turn held by the
@@ -293,7 +293,10 @@ def events() -> list[dict[str, Any]]:
 
 
 def summary(turn: str, d: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "summary", "content": d["summary"], "coversUntil": d["coversUntil"],
+    """A compaction as GET …/messages lists it: `summary`, or `compaction` when pruning
+    was enough (issue 44)."""
+    return {"role": "summary" if d["summary"] is not None else "compaction",
+            "content": d["summary"], "coversUntil": d["coversUntil"],
             "reason": d["reason"], "beforeTokens": d["beforeTokens"],
             "afterTokens": d["afterTokens"], "prunedToolResults": d["prunedToolResults"],
             "createdAt": 1_700_000_000_000, "turnId": turn}
@@ -301,7 +304,8 @@ def summary(turn: str, d: dict[str, Any]) -> dict[str, Any]:
 
 def history() -> dict[str, Any]:
     """The same session as GET …/turns and …/messages answer once it has ended: the
-    prune-only compaction is not listed, the manual turn has no message of its own."""
+    prune-only compaction listed as one (issue 44), the manual turn has no message of
+    its own."""
     def msg(turn: str, role: str, content: str) -> dict[str, Any]:
         return {"role": role, "content": content, "createdAt": 1_700_000_000_000,
                 "turnId": turn}
@@ -313,7 +317,8 @@ def history() -> dict[str, Any]:
              for t, trigger in (("t1", "http"), ("t2", "http"), ("t3", "compact"))]
     messages = [msg("t1", "user", "hello"), summary("t1", THRESHOLD),
                 msg("t1", "assistant", "the answer"), msg("t2", "user", "again"),
-                msg("t2", "assistant", "once more"), summary("t3", MANUAL)]
+                summary("t2", PRUNED), msg("t2", "assistant", "once more"),
+                summary("t3", MANUAL)]
     return {"turns": {"turns": turns}, "messages": {"messages": messages}}
 
 
@@ -399,12 +404,12 @@ async def test_the_view_draws_a_divider_per_compaction_from_events_and_from_the_
     assert '<img src=x onerror="window.__pwned=1">' in f1["text"]
     assert "<strong>Goal</strong>" in f1["html"] and "<code>code</code>" in f1["html"]
     assert f1["title"].startswith("threshold: ") and f3["title"].startswith("manual: ")
-    # From the store: the same dividers in the same places, the prune-only one gone
-    # (the store lists summaries only).
+    # From the store: the same dividers in the same places, the prune-only one too
+    # (issue 44: the store lists it; before, a reload lost it).
     past = drawn["past"]
     assert [(t["turn"], t["trigger"], t["label"], t["parts"]) for t in past] == [
         ("t1", "http", "chat", ["user-message", line["threshold"], "assistant-text"]),
-        ("t2", "http", "chat", ["user-message", "assistant-text"]),
+        ("t2", "http", "chat", ["user-message", line["pruned"], "assistant-text"]),
         ("t3", "compact", "compaction", [line["manual"]]),
     ]
-    assert past[0]["folds"] == live[0]["folds"] and past[2]["folds"] == live[2]["folds"]
+    assert [t["folds"] for t in past] == [t["folds"] for t in live]

@@ -13,6 +13,9 @@ import { cause, fallbackText } from './retry.js';
 
 const TERMINAL_FETCH_CONCURRENCY = 4;
 const OVER_KEPT = 2000;
+// How long after a stored retry's wait a tab opened then still shows the session as
+// retrying (the retried request has not streamed yet, or nothing said so since).
+const RETRY_SHOWN_MS = 10_000;
 
 export class Tree {
   constructor(el, { onOpen, onChange, onError, onRemove }) {
@@ -109,11 +112,13 @@ export class Tree {
     const type = e.eventType;
     if (type === 'inference.chunk' || type === 'thinking.chunk' || type === 'tool.chunk') {
       const s = this.sessions.get(e.sessionId);
+      if (s) s.seenLive = true;
       if (s && s.retry) this.retried(s);  // the retried call streams
       return;
     }
     const s = this.ensure(e);
     const d = e.data;
+    s.seenLive = true;  // newer than what its stored notes say (noted)
     if (type === 'provider.retry') {
       // A subtle state of the row while the call is retried (the notice is in the view).
       s.retry = {
@@ -233,6 +238,8 @@ export class Tree {
       if (!s || s.terminalKnown) continue;
       try {
         const { turns } = await api(`/sessions/${encodeURIComponent(s.id)}/turns`);
+        const running = turns.filter((t) => !t.terminal).pop();
+        if (running && s.status === 'running') this.noted(s, running.notes || []);
         const last = turns.filter((t) => t.terminal).pop();
         if (last && !s.terminalKnown) {
           s.terminal = { terminal: last.terminal, code: last.errorCode || '', reason: last.cancelReason || '', finish: last.finishReason || '' };
@@ -242,6 +249,29 @@ export class Tree {
         if (err.status !== 404) this.onError(err);
       }
     }
+  }
+
+  /** A running turn's stored notes (GET …/turns): what its queued and retrying badges
+   * were before this tab saw its events — queued while a wait for a slot has no
+   * admission yet; retrying while its last note is a retry whose wait (plus a bound
+   * for the retried request to start streaming) is not long over. An event of the
+   * session seen live since wins: it is newer. */
+  noted(s, notes) {
+    if (s.seenLive) return;
+    let queued = null;
+    let retry = null;
+    for (const n of notes) {
+      const d = n.data || {};
+      if (n.eventType === 'turn.queued') queued = queueText(d, 'waiting');
+      else if (n.eventType === 'turn.admitted') queued = null;
+      retry = n.eventType === 'provider.retry' && Date.now() - (n.ts || 0) < (d.waitMs || 0) + RETRY_SHOWN_MS
+        ? { fallback: Boolean(d.fallback), provider: d.provider,
+            text: d.fallback ? fallbackText(d, retry && retry.provider) : `${cause(d)}: retry ${d.attempt} of ${d.maxRetries}` }
+        : null;
+    }
+    s.queued = queued;
+    s.retry = retry;
+    this.render(s);
   }
 
   pendingApprovals(s) {

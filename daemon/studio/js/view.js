@@ -9,14 +9,16 @@
 // A provider's retry or fallback (`provider.retry`, CONTRACT §14) is a notice where the
 // call's answer would stream: live while it waits (a countdown), then a small past note
 // that stays above the answer (retry.js has the words). A turn or call that waits for a
-// slot (`turn.queued`, then `turn.admitted`) is a notice the same way (queue.js).
+// slot (`turn.queued`, then `turn.admitted`) is a notice the same way (queue.js). A
+// finished turn drawn from the store draws both again from its `notes` (GET …/turns:
+// those events as published, each after how many of its messages it came), as past
+// notes where the live view had them.
 //
 // A compaction of the context (CONTRACT §15) is a divider at its place in the turn that
 // made it — from the live `compaction` event, or from a `summary` entry of the stored
-// messages (compaction.js has the words). Each turn is drawn from exactly one of the two
-// (a finished turn from the store, a running one from the bus), so a divider is never
-// doubled; the store lists only compactions that summarised, so a prune-only divider is
-// live-only.
+// messages (`compaction` for one where pruning was enough; compaction.js has the words).
+// Each turn is drawn from exactly one of the two (a finished turn from the store, a
+// running one from the bus), so a divider is never doubled.
 //
 // A turn that survived the daemon (CONTRACT §18, resume.js): each live Body keeps the
 // events it drew (its own and those of the sub-agents inside it); at a `turn.resumed` it
@@ -573,20 +575,40 @@ class Body {
     }
   }
 
-  /** A stored turn's messages (GET /sessions/{id}/messages), rendered finished. The
-   * store keeps no origin per message: a wake turn's own (first) message is its
-   * delivery, from the turn's `fromSessionId`; a later one came through the inbox
-   * too, from a source not kept, so only an outside delivery's header is shown as one. */
+  /** A stored turn's messages (GET /sessions/{id}/messages), rendered finished, with
+   * its notes (`turn.notes`: its queued and retry events, each `after` that many of its
+   * messages) drawn where the live view drew them. A user message's origin is what the
+   * store kept of it (`delivered`, `fromSessionId`: its `message` event's words); a
+   * wake turn's own message, stored before that was kept, is its delivery from the
+   * turn's `fromSessionId`. */
   past(messages, turn = {}) {
     this.log = null;  // drawn from the store: nothing of it is replayed
+    const notes = Array.isArray(turn.notes) ? turn.notes : [];
+    let next = 0;  // the next note to draw
+    let count = 0;  // the turn's messages drawn so far
+    // Its notes that came after `count` messages (and, before a divider, before it).
+    const drawNotes = (before = Infinity) => {
+      while (next < notes.length && (notes[next].after ?? 0) <= count
+             && (notes[next].ts ?? 0) < before) {
+        this.pastNote(notes[next]);
+        next += 1;
+      }
+    };
     let own = true;
     for (const m of messages) {
-      if (m.role === 'summary') {
+      if (m.role === 'summary' || m.role === 'compaction') {
+        drawNotes(m.createdAt ?? Infinity);
         this.el.append(compactionDivider(fromSummary(m)));
-      } else if (m.role === 'user') {
+        continue;
+      }
+      drawNotes();
+      if (this.retrying) this.settle('message');  // the call after a retry: it was made
+      this.route = null;  // a call ended: the next one starts at the agent's provider
+      count += 1;
+      if (m.role === 'user') {
         if (turn.trigger === 'compact' && !m.content) continue;  // a compaction's turn
-        const delivered = own ? (turn.trigger === 'wake' ? { fromSessionId: turn.fromSessionId } : null)
-          : (turn.trigger ? { fromSessionId: null } : null);
+        let delivered = m.delivered ? { fromSessionId: m.fromSessionId ?? null } : null;
+        if (!delivered && own && turn.trigger === 'wake') delivered = { fromSessionId: turn.fromSessionId };
         own = false;
         this.el.append(userBubble(m.content, 'user', delivered));
       } else if (m.role === 'system') {  // a session's own system prompt (§17: seeded)
@@ -600,6 +622,27 @@ class Body {
         this.view.toolCalls.get(m.toolCallId)?.result({ content: m.content, isError: null, durationMs: null });
       }
     }
+    drawNotes();
+    this.pastEnd(turn);
+  }
+
+  /** One stored note, drawn as its live event was. */
+  pastNote(n) {
+    this.apply({ eventType: n.eventType, data: n.data || {}, ts: n.ts, seq: 0 });
+  }
+
+  /** The stored turn's end, for its notes: a retry's wait the end cut short is "not
+   * retried" (live: the end came while it counted down), one over by then was made; a
+   * wait for a slot it never got ended with the turn. */
+  pastEnd(turn) {
+    const notice = this.retrying;
+    if (notice) {
+      clearTimeout(notice.timer);
+      const cut = turn.endedAt != null && turn.endedAt - notice.start < (notice.d.waitMs || 0);
+      notice.el.dataset.state = cut ? 'waiting' : 'retrying';
+      this.settle(turn.terminal === 'error' ? 'error' : 'done');
+    }
+    this.admitted(null);
   }
 }
 
