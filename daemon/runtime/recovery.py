@@ -37,7 +37,9 @@ from daemon.runtime.published import Published, published_terminals
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
 from daemon.runtime.turn import COMPACT_TRIGGER, STOP_REASONS, Resumption
+from daemon.runtime.turnrow import OfferNotKept, offer_of
 from daemon.store.models import EndedTurn, InboxRecord, SessionRecord, TokenUsage, TurnRecord
+from daemon.tools.client import ClientOffer
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,8 @@ class RecoveryHost(Protocol):
     def engine_of(self, agent_name: str) -> str | None: ...
 
     def resume(self, state: SessionState, turn: TurnRecord, message: str,
-               resumed: Resumption) -> None: ...
+               resumed: Resumption, *, client: ClientOffer | None = None,
+               output_cap: int | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,10 @@ class Recovery:
             # not resumed (docs/durability.md).
             return "INTERRUPTED", (f"{STOPPED}; a claude-cli turn (or one of an agent "
                                    "no longer configured) is not resumed"), details
+        try:  # a /v1 client's tools and fields, offered again (CONTRACT §17.1)
+            client, output_cap = offer_of(turn.client_offer)
+        except OfferNotKept as exc:
+            return "INTERRUPTED", f"{STOPPED}; {exc}", details
         stored = await self._store.context(turn.session_id)
         mine = [m for m in stored.messages if m.turn_id == turn.id]
         if not mine or mine[0].role != "user":
@@ -155,7 +162,8 @@ class Recovery:
                              stored, turn.usage, turn.model, node, frozenset(seen.decided))
         log.info("turn resumed", extra={"sessionId": turn.session_id, "turnId": turn.id,
                                         "attempt": attempt, "reason": reason})
-        self._host.resume(state, turn, mine[0].content, resumed)
+        self._host.resume(state, turn, mine[0].content, resumed, client=client,
+                          output_cap=output_cap)
         if self._metrics is not None:
             self._metrics.turn_resumed(reason)
         return None

@@ -150,10 +150,12 @@ class SessionManager:
     async def deliver(
         self, session_id: str, content: str, *, from_session_id: str | None = None,
         delivery: str = "steer", reply_to: str | None = None,
+        traceparent: str | None = None,
     ) -> InboxRecord:
         return await self.deliveries.deliver(session_id, content,
                                              from_session_id=from_session_id,
-                                             delivery=delivery, reply_to=reply_to)
+                                             delivery=delivery, reply_to=reply_to,
+                                             traceparent=traceparent)
 
     async def hand_over(self, items: Sequence[InboxRecord]) -> None:
         await self.deliveries.hand_over(items)
@@ -404,16 +406,19 @@ class SessionManager:
         return agent.engine if agent is not None else None
 
     def resume(self, state: SessionState, turn: TurnRecord, message: str,
-               resumed: Resumption) -> None:
+               resumed: Resumption, *, client: ClientOffer | None = None,
+               output_cap: int | None = None) -> None:
         """Start again a turn the last process left open (CONTRACT §18): same id,
-        trigger, budget; it takes a running slot as any turn. What waits in its
+        trigger, budget, trace (§12.1), client offer and output cap (§17.1, read from
+        its row by recovery); it takes a running slot as any turn. What waits in its
         session's inbox is handed to it, as to any turn."""
         agent = self._claimable(state)
         run = self._new_turn(
             state, agent, state.inbox.start_turn(turn.id), message, turn.trigger,
             turn_id=turn.id, budget_tokens=turn.budget_tokens,
             from_session_id=turn.from_session_id, reply_to=turn.reply_to,
-            schedule=turn.schedule, resumed=resumed)
+            schedule=turn.schedule, client=client, output_cap=output_cap,
+            traceparent=turn.traceparent, resumed=resumed)
         assert self._nursery is not None
         self._nursery.start_soon(self._run, run)
 
@@ -424,8 +429,12 @@ class SessionManager:
         turn_id = new_id("turn")
         hold = state.inbox.start_drain(turn_id)
         message = "\n\n".join(i.content for i in hold.drained)
+        # The trace of what it drains (CONTRACT §12.1 v4): kept with the entry, so a wake
+        # after a restart, or of an entry another node delivered, continues it.
+        context = next((i.traceparent for i in hold.drained if i.traceparent), None)
         return self._new_turn(state, agent, hold, message, "wake", turn_id=turn_id,
-                              from_session_id=hold.drained[0].from_session_id)
+                              from_session_id=hold.drained[0].from_session_id,
+                              traceparent=context)
 
     async def run_unattended(self, job: Callable[[], Awaitable[T]]) -> T:
         """`job` as the daemon's, not its caller's: run in the manager's nursery, so a

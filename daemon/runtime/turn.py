@@ -64,6 +64,7 @@ from daemon.runtime.publisher import TurnPublisher
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
 from daemon.runtime.toolrunner import ToolSite, TurnTools
+from daemon.runtime.turnrow import offer_json
 from daemon.snapshots import Snapshots
 from daemon.store.models import (
     InboxRecord,
@@ -266,7 +267,8 @@ class Turn:
             agent=self.agent.name, session_id=record.id, root_session_id=record.root_session_id,
             turn_id=self.id, trigger=ask.trigger, message=ask.message,
             waited=self.parent is not None, from_session_id=ask.from_session_id,
-            drained=[i.id for i in self.inbox_hold.drained], traceparent=ask.traceparent)
+            drained=[i.id for i in self.inbox_hold.drained], traceparent=ask.traceparent,
+            resumed=self.resumed is not None)
         sub_agents = services.sub_agents
         self.toolbox = TurnTools(ToolSite(
             turn_id=self.id, session_id=record.id, ref=self.session.ref, agent=self.agent,
@@ -415,6 +417,11 @@ class Turn:
                 lambda: self.services.store.start_turn(TurnRecord(
                     self.id, self.session.record.id, ask.trigger, now_ms(), ask.reply_to,
                     ask.from_session_id, start_seq, ask.schedule,
+                    budget_tokens=ask.budget_tokens,
+                    # What a resumed run needs to go on as this one (CONTRACT §18): the
+                    # trace its span is in (§12.1 v4), the client's offer (§17.1).
+                    traceparent=self.trace.kept() or ask.traceparent,
+                    client_offer=offer_json(ask.client, ask.output_cap),
                 ), record),
                 self._start_stored, what=f"the start of turn {self.id}")
             if ask.results:  # a /v1 client's tool results continue the turn it ended
@@ -631,8 +638,12 @@ class Turn:
         body = delivery_text.turn_result(code, message, self.interpreter.tally.content)
         kind = delivery_text.kind_of_reply(self.ask.trigger)
         text = delivery_text.from_session(sid, self.agent.name, kind, body)
+        # The wake each one starts continues this turn's trace (CONTRACT §12.1 v4), also
+        # after a restart or on another node: the entry carries this turn's span.
+        context = self.trace.context()
         return [
-            InboxRecord(0, target, text, sid, "steer", code != "CANCELLED", None, now_ms())
+            InboxRecord(0, target, text, sid, "steer", code != "CANCELLED", None, now_ms(),
+                        context)
             for target in dict.fromkeys(t for t in targets if t and t != sid)
         ]
 
