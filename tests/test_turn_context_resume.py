@@ -142,3 +142,84 @@ async def test_a_wake_after_a_restart_continues_the_senders_trace(
             spans = await _spans_of(receiver, {wake})
     assert interrupted["eventType"] == "error", interrupted
     assert (spans[wake]["traceId"], spans[wake]["parentSpanId"]) == other
+
+
+async def _v1_turn_killed(tmp_path: Path, provider: Provider, body: dict[str, Any],
+                          killed_at: str) -> tuple[Path, str, str]:
+    """A /v1 chat whose turn is killed (SIGKILL) once the recorder saw `killed_at`;
+    its config, turn and session."""
+    config = write_config(tmp_path, provider.url)
+    async with spawn_daemon(config) as proc, open_recorder(proc.ws_url) as rec, \
+            trio.open_nursery() as nursery:
+        async def ask() -> None:
+            try:
+                async with httpx.AsyncClient(base_url=proc.url, timeout=60) as http:
+                    await http.post("/v1/chat/completions", json=body)
+            except httpx.HTTPError:
+                pass
+
+        nursery.start_soon(ask)
+        turn_id = await rec.turn_of()
+        await rec.wait_for(lambda evs: any(e.get("eventType") == killed_at for e in evs))
+        session_id = rec.stream(turn_id)[0]["sessionId"]
+        await _kill(proc)
+        nursery.cancel_scope.cancel()
+    return config, turn_id, session_id
+
+
+async def test_a_client_call_beside_a_killed_bash_still_ends_the_resumed_turn(
+        tmp_path: Path, provider: Provider) -> None:
+    """An answer calls bash (the agent's) and get_weather (the client's); the daemon is
+    killed while bash runs. Resumed, bash gets its "stopped while it ran" result and
+    the client's call ends the turn with `finishReason: "tool_calls"`, as it would
+    have: the daemon neither answers nor runs the client's call."""
+    bash = {"name": "bash", "arguments": {"command": "echo started; sleep 30"}}
+    body = {"model": "assistant", "tools": [WEATHER], "messages": [{"role": "user",
+            "content": mock(calls=[{"say": "both", "tools": [bash, CALL]},
+                                   {"say": "never asked"}])}]}
+    config, turn_id, session_id = await _v1_turn_killed(tmp_path, provider, body,
+                                                        "tool.chunk")
+    calls_before = len(provider.served)
+    async with spawn_daemon(config) as proc, \
+            open_recorder(proc.ws_url, "since=0") as rec, \
+            httpx.AsyncClient(base_url=proc.url, timeout=30) as http:
+        terminal = await rec.terminal(turn_id)
+        messages = (await http.get(f"/sessions/{session_id}/messages")).json()["messages"]
+    assert terminal["eventType"] == "done", terminal
+    assert (terminal["data"]["resumed"], terminal["data"]["finishReason"]) == (1, "tool_calls")
+    assert len(provider.served) == calls_before  # no LLM call after the resume
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"], messages
+    [result] = [m for m in messages if m["role"] == "tool"]
+    assert "the daemon stopped while this tool ran" in result["content"]
+    assert [c["name"] for c in messages[1]["toolCalls"]] == ["bash", "get_weather"]
+
+
+async def test_a_turn_started_from_client_tool_results_is_resumed(
+        tmp_path: Path, provider: Provider) -> None:
+    """A stateless request whose last message is the client's tool result: the turn
+    starts from that result (no user message of its own) and is resumed like any."""
+    release = tmp_path / "release"
+    script = mock(calls=[{"tools": [CALL]},
+                         {"say": "it is sunny in Paris today", "pause_after": 2,
+                          "pause_until": str(release)}])
+    body = {"model": "plain", "tools": [WEATHER], "messages": [
+        {"role": "user", "content": script},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]}
+    config, turn_id, session_id = await _v1_turn_killed(tmp_path, provider, body,
+                                                        "inference.chunk")
+    release.touch()
+    async with spawn_daemon(config) as proc, \
+            open_recorder(proc.ws_url, "since=0") as rec, \
+            httpx.AsyncClient(base_url=proc.url, timeout=30) as http:
+        terminal = await rec.terminal(turn_id)
+        messages = (await http.get(f"/sessions/{session_id}/messages")).json()["messages"]
+    assert terminal["eventType"] == "done", terminal
+    assert terminal["data"]["resumed"] == 1
+    assert [(m["role"], m["turnId"] == turn_id) for m in messages] == [
+        ("user", False), ("assistant", False), ("tool", True), ("assistant", True)]
+    assert messages[-1]["content"] == "it is sunny in Paris today"
+    again = provider.served[-1].body or {}
+    assert [t["function"]["name"] for t in again.get("tools") or ()] == ["get_weather"]

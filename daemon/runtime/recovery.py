@@ -37,7 +37,7 @@ from daemon.runtime.published import Published, published_terminals
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
 from daemon.runtime.turn import COMPACT_TRIGGER, STOP_REASONS, Resumption
-from daemon.runtime.turnrow import OfferNotKept, offer_of
+from daemon.runtime.turnrow import OfferNotKept, asked, offer_of
 from daemon.store.models import EndedTurn, InboxRecord, SessionRecord, TokenUsage, TurnRecord
 from daemon.tools.client import ClientOffer
 
@@ -152,7 +152,8 @@ class Recovery:
             return "INTERRUPTED", f"{STOPPED}; {exc}", details
         stored = await self._store.context(turn.session_id)
         mine = [m for m in stored.messages if m.turn_id == turn.id]
-        if not mine or mine[0].role != "user":
+        message = asked(mine)
+        if message is None:
             return "INTERRUPTED", f"{STOPPED}; nothing of it was stored", details
         attempt = turn.attempt + 1
         await self._store.resume_turn(turn.id, attempt)
@@ -162,7 +163,7 @@ class Recovery:
                              stored, turn.usage, turn.model, node, frozenset(seen.decided))
         log.info("turn resumed", extra={"sessionId": turn.session_id, "turnId": turn.id,
                                         "attempt": attempt, "reason": reason})
-        self._host.resume(state, turn, mine[0].content, resumed, client=client,
+        self._host.resume(state, turn, message, resumed, client=client,
                           output_cap=output_cap)
         if self._metrics is not None:
             self._metrics.turn_resumed(reason)

@@ -36,6 +36,7 @@ import trio
 from daemon.clock import now_ms
 from daemon.config import AgentConfig
 from daemon.engines import base as eng
+from daemon.engines.request import TOOL_CALLS
 from daemon.errors import (
     ContextOverflowError,
     Fenced,
@@ -465,7 +466,8 @@ class Turn:
         """Before a resumed turn's engine runs: each tool call of its last stored answer
         that has no stored result gets the "stopped while it ran" error result, stored
         and then published, and is not run again. None when its last stored answer
-        asked for no tool: the turn had its answer, and ends with it."""
+        asked for no tool, or called a /v1 client's tool (§17.1): the turn had its
+        answer, and ends with it (`finishReason` `tool_calls` for the client's call)."""
         stored = resumed.stored
         mine = [m for m in stored.messages if m.turn_id == self.id]
         answers = [i for i, m in enumerate(mine) if m.role == "assistant"]
@@ -479,9 +481,27 @@ class Turn:
                 return None
             return stored
         done = {m.tool_call_id for m in mine[answers[-1] + 1:] if m.role == "tool"}
-        missing = [c for c in last.tool_calls if c.get("id") not in done]
+        # CONTRACT §17.1: a call of the /v1 client's own tool (offered again, from the
+        # row) is not the daemon's to run or to answer: it ends the turn, as it did.
+        theirs = self.ask.client.names if self.ask.client is not None else frozenset()
+        calls = [c for c in last.tool_calls if c.get("id") not in done]
+        missing = [c for c in calls if c.get("name") not in theirs]
+        if len(missing) < len(calls):
+            await self._settle_missing(resumed, missing)
+            await self.interpreter.handle(eng.Finished(
+                last.content, self.interpreter.tally.iterations, finish_reason=TOOL_CALLS))
+            return None
         if not missing:
             return stored
+        messages = await self._settle_missing(resumed, missing)
+        return StoredContext(stored.summary, stored.latest, [*stored.messages, *messages])
+
+    async def _settle_missing(self, resumed: Resumption, missing: list[dict[str, Any]]
+                              ) -> tuple[MessageRecord, ...]:
+        """The resumed turn's calls whose results were not stored: each an error result
+        (it may have run in part), or asked again when its approval was pending."""
+        if not missing:
+            return ()
         stopped = ToolOutcome(STOPPED_WHILE_RUNNING, is_error=True)
         results: list[eng.ToolFinished] = []
         for c in missing:
@@ -500,7 +520,7 @@ class Turn:
                                        turn_id=self.id) for f in finished)
         await self.interpreter.handle(eng.ToolResults(
             finished, messages, self.interpreter.tally.iterations))
-        return StoredContext(stored.summary, stored.latest, [*stored.messages, *messages])
+        return messages
 
     def _start_stored(self, _: None) -> None:
         self.start_stored = True

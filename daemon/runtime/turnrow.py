@@ -1,7 +1,8 @@
 """What a turn's row keeps of its ask besides the columns of its own (CONTRACT §18): a
 /v1 client's offer — its tools, its request fields (§17.1) and its output cap (§14.1) —
 as one JSON text, so that a run resumed after a restart offers the model what the first
-run did. One place for that shape, both ways.
+run did. One place for that shape, both ways. And what a turn that starts from a
+client's tool results says it was asked, when it starts and when it is resumed.
 
 Bounded: an offer over OFFER_MAX_BYTES is not kept whole; the row says so (`tooLarge`),
 and such a turn is not resumed (it ends INTERRUPTED, saying why) rather than resumed
@@ -12,8 +13,10 @@ is nearly all tools comes near it.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
+from daemon.store.models import MessageRecord
 from daemon.tools.client import ClientOffer, ClientTool
 
 OFFER_MAX_BYTES = 1024 * 1024
@@ -55,3 +58,24 @@ def offer_of(text: str | None) -> tuple[ClientOffer | None, int | None]:
     client = ClientOffer(tools, options) if tools or options else None
     cap = shape.get("outputCap")
     return client, int(cap) if cap is not None else None
+
+
+def results_text(results: Sequence[MessageRecord]) -> str:
+    """What a turn that starts from tool results says it was asked (chat.user_message)."""
+    return "\n\n".join(f"[result of {m.tool_call_id}]\n{m.content}" for m in results)
+
+
+def asked(mine: Sequence[MessageRecord]) -> str | None:
+    """What a stored turn was asked, from its own stored messages (CONTRACT §18): its
+    user message, or the client's tool results it started from (§17.1); None when
+    neither was stored."""
+    if not mine:
+        return None
+    if mine[0].role == "user":
+        return mine[0].content
+    results = []
+    for m in mine:
+        if m.role != "tool":
+            break
+        results.append(m)
+    return results_text(results) if results else None
