@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import trio
 
-from tests.harness import Provider, mock, open_recorder, write_config
+from tests.harness import Provider, mock, open_recorder, spawn, write_config
 from tests.otlp_receiver import Receiver, open_receiver
 from tests.process import DaemonProcess, spawn_daemon
 from tests.test_tracing import server_keys, turn_spans
@@ -223,3 +223,39 @@ async def test_a_turn_started_from_client_tool_results_is_resumed(
     assert messages[-1]["content"] == "it is sunny in Paris today"
     again = provider.served[-1].body or {}
     assert [t["function"]["name"] for t in again.get("tools") or ()] == ["get_weather"]
+
+
+async def test_an_interrupted_childs_reply_wakes_its_parent_in_the_same_trace(
+        tmp_path: Path, provider: Provider) -> None:
+    """A no-wait child is held when the daemon is killed; started again with `resume =
+    "off"`, the child ends INTERRUPTED (its span never ended) and its reply wakes the
+    parent's session: that wake continues the trace the child's row kept — a child of
+    the parent turn's span (which had ended and was exported before the kill)."""
+    release = tmp_path / "release"
+    child_script = mock(say="the child holds here", pause_after=2, pause_until=str(release))
+    async with open_receiver() as receiver:
+        config = write_config(tmp_path, provider.url, server=server_keys(receiver))
+        async with spawn_daemon(config, env=ENV) as proc, open_recorder(proc.ws_url) as rec, \
+                httpx.AsyncClient(base_url=proc.url, timeout=30) as http:
+            first = await http.post("/agents/assistant/chat", json={"message": mock(calls=[
+                {"tools": [spawn("plain", child_script, wait=False)]}, {"say": "spawned"}])})
+            assert first.status_code == 200, first.text
+            parent, parent_turn = first.json()["sessionId"], first.json()["turnId"]
+            child = await rec.wait_for(lambda evs: next(
+                (e["turnId"] for e in evs if e.get("eventType") == "inference.chunk"
+                 and e["sessionId"] != parent), None))
+            await _spans_of(receiver, {parent_turn})  # exported before the kill
+            await _kill(proc)
+        release.touch()
+        config = write_config(tmp_path, provider.url,
+                              server=server_keys(receiver) + 'resume = "off"\n')
+        async with spawn_daemon(config, env=ENV) as proc, \
+                open_recorder(proc.ws_url, "since=0") as rec:
+            assert (await rec.terminal(child))["eventType"] == "error"
+            wake = await rec.wait_for(lambda evs: next(
+                (e["turnId"] for e in evs if e.get("eventType") == "turn.start"
+                 and e["sessionId"] == parent and e["data"]["trigger"] == "wake"), None))
+            await rec.terminal(wake)
+            spans = await _spans_of(receiver, {parent_turn, wake})
+    assert (spans[wake]["traceId"], spans[wake]["parentSpanId"]) == (
+        spans[parent_turn]["traceId"], spans[parent_turn]["spanId"])

@@ -205,6 +205,8 @@ class Recovery:
                 record.id, record.agent_name, delivery_text.kind_of_reply(turn.trigger),
                 delivery_text.turn_result(None if code == "done" else code, message, ""),
             ), record.id, "steer", wakes, None, now_ms(),
+            # Its span never ended: the wake continues the trace its row kept (§12.1).
+            turn.traceparent,
         )] if turn.reply_to else []
         # Unless it was published already: the turn's own exit path died with its
         # process, so this is its terminal.
