@@ -25,7 +25,7 @@ import trio
 from tests.harness import Provider, mock, open_recorder, spawn, write_config
 from tests.otlp_receiver import Receiver, open_receiver
 from tests.process import DaemonProcess, spawn_daemon
-from tests.test_tracing import server_keys, turn_spans
+from tests.test_tracing import server_keys, turn_spans, under
 
 TRACE_ID, SPAN_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 WEATHER = {"type": "function", "function": {
@@ -91,9 +91,15 @@ async def test_a_resumed_v1_turn_keeps_its_trace_and_its_client_tools(
     # Its client call ended the turn: stored as the answer's call, with no result.
     assert [m["role"] for m in messages] == ["user", "assistant"], messages
     assert [c["name"] for c in messages[1]["toolCalls"]] == ["get_weather"]
-    # The resumed run's span is in the caller's trace, under the caller's span.
+    # The resumed run's span is in the caller's trace, under the caller's span, and so
+    # is its LLM call (the lost run's spans never ended: nothing of it was exported).
     turn = spans[turn_id]
     assert (turn["traceId"], turn["parentSpanId"]) == (TRACE_ID, SPAN_ID)
+    (chat,) = under(receiver.spans, turn, "chat ")
+    assert chat["traceId"] == TRACE_ID
+    assert chat["attributes"]["gen_ai.response.finish_reasons"] == ["tool_call"]
+    assert [s["attributes"]["veild.turn_id"] for s in receiver.spans
+            if s["name"].startswith("invoke_agent ")] == [turn_id]
 
 
 async def test_a_wake_after_a_restart_continues_the_senders_trace(
