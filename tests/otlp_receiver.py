@@ -108,6 +108,15 @@ async def _read_request(stream: trio.SocketStream, buffer: bytearray) -> tuple[s
 
 
 async def _serve_one(receiver: Receiver, stream: trio.SocketStream) -> None:
+    try:
+        await _serve_requests(receiver, stream)
+    except trio.BrokenResourceError:
+        # The exporting daemon was killed (SIGKILL) with its connection open: a
+        # collector outlives its clients, so this connection ends, the receiver not.
+        pass
+
+
+async def _serve_requests(receiver: Receiver, stream: trio.SocketStream) -> None:
     buffer = bytearray()
     async with stream:
         while (request := await _read_request(stream, buffer)) is not None:

@@ -205,6 +205,28 @@ async def test_turn_start_end_with_deliveries_and_quiet(store: Store) -> None:
     assert await store.turn_code("t1") == "done"
 
 
+async def test_a_turn_and_an_inbox_entry_keep_their_trace_and_client_offer(
+        store: Store) -> None:
+    """CONTRACT §12.1 (v4), §17.1, §18: what a resume and a wake read back of them."""
+    context = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    offer = '{"tools":[{"name":"get_weather"}],"options":{},"outputCap":77}'
+    await store.create_session(session("s"))
+    await store.start_turn(TurnRecord("t1", "s", "openai", 3000, budget_tokens=500,
+                                      traceparent=context, client_offer=offer),
+                           running(session("s"), 3000))
+    [unfinished] = await store.unfinished_turns()
+    assert (unfinished.traceparent, unfinished.client_offer, unfinished.budget_tokens) == (
+        context, offer, 500)
+    kept = await store.deliver(InboxRecord(0, "s", "hi", None, "queue", True, None, 2000,
+                                           context))
+    [entry] = await store.pending_inbox("s")
+    assert entry == kept and entry.traceparent == context
+    owed = InboxRecord(0, "s", "owed", "s", "steer", True, None, 4000, context)
+    [stored] = await store.end_turn("t1", "done", 4000, idle(session("s"), 4000), [owed])
+    assert [e.traceparent for e in await store.pending_inbox("s")] == [context, context]
+    assert stored.traceparent == context
+
+
 async def test_turns_history_in_order_with_cancel_and_schedule(store: Store) -> None:
     s = session("s")
     await store.create_session(s)

@@ -150,7 +150,8 @@ async def _message(rt: Runtime, body: dict[str, Any]) -> Result:
     """POST /sessions/{id}/messages: a message from outside into the inbox."""
     sid = body["sessionId"]
     await rt.sessions.deliver(sid, delivery_text.from_outside(sid, body["message"]),
-                              delivery=body["delivery"])
+                              delivery=body["delivery"],
+                              traceparent=body.get("traceparent"))
     return 202, {"queued": True}
 
 
@@ -159,6 +160,8 @@ async def _deliver(rt: Runtime, body: dict[str, Any]) -> Result:
     item = await rt.sessions.deliver(
         body["sessionId"], body["content"], from_session_id=body.get("fromSessionId"),
         delivery=body.get("delivery", "steer"), reply_to=body.get("replyTo"),
+        # CONTRACT §12.1 (v4): the calling span on that node; the wake here continues it.
+        traceparent=body.get("traceparent"),
     )
     return 202, {"queued": True, "inboxId": item.id}
 

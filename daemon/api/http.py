@@ -268,6 +268,8 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         req = parse.MessageRequest.parse(await body_object())
         return _answer(await perform(rt, "message", {
             "sessionId": session_id, "message": req.message, "delivery": req.delivery,
+            # CONTRACT §12.1 (v4): the wake that drains it continues the caller's trace.
+            "traceparent": request.headers.get("traceparent"),
         }))
 
     @bp.post("/sessions/<session_id>/approvals/<approval_id>")

@@ -22,6 +22,7 @@ from typing import Any
 
 from daemon.api.openai_wire import invalid
 from daemon.config import AgentConfig
+from daemon.runtime.turnrow import results_text
 from daemon.store.models import MessageRecord
 from daemon.tools.base import Tool
 from daemon.tools.client import ClientOffer, ClientTool
@@ -165,11 +166,6 @@ def _arguments(raw: Any) -> Any:
 
 def call_record(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
     return {"id": call_id, "name": name, "arguments": _arguments(arguments)}
-
-
-def results_text(results: Sequence[MessageRecord]) -> str:
-    """What a turn that starts from tool results says it was asked (chat.user_message)."""
-    return "\n\n".join(f"[result of {m.tool_call_id}]\n{m.content}" for m in results)
 
 
 def split_turn(records: list[MessageRecord], system: list[str], param: str) -> ChatTurn:

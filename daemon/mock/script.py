@@ -142,7 +142,9 @@ a summarising call (`compaction`), its `request_chars` and `request_bytes` (the 
 body's length), and its conversation (`messages`; a Messages API request's as the chat
 the scripts read, daemon.mock.anthropic.as_chat).
 
-Without a script the demo behaviour applies, paced so that a person can watch it:
+A user message without a script takes the one of a `#mock` line in the system prompt (an
+agent's `system`), if there is one. Without a script the demo behaviour applies, paced
+so that a person can watch it:
   - when the request offers `agent_spawn`, spawn the `helper` agent (wait) with a task,
     then sum up what it answered (Studio shows the helper working inside that call);
   - otherwise think a little, say what it will do, run one bash command, then sum up
@@ -301,6 +303,24 @@ def _find_script(messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any] | 
     return -1, None
 
 
+def _system_script(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The script of a `#mock` line that opens a line of a system message: an agent's
+    `system` prompt scripts the requests whose user message has none (a client whose
+    prompts are fixed, such as docs/openai.md's framework examples)."""
+    for m in messages:
+        if m.get("role") != "system":
+            continue
+        for line in _text(m).splitlines():
+            if line.startswith(MARKER):
+                try:
+                    script = json.loads(line[len(MARKER):])
+                except ValueError:
+                    continue
+                if isinstance(script, dict):
+                    return script
+    return None
+
+
 def _text(message: dict[str, Any]) -> str:
     content = message.get("content") or ""
     if isinstance(content, list):  # content parts
@@ -448,7 +468,11 @@ def plan(messages: list[dict[str, Any]], tools: frozenset[str] = frozenset(),
         return _compaction_spec(messages)
     user_index, script = _find_script(messages)
     calls_made = sum(1 for m in messages[user_index + 1:] if m.get("role") == "assistant")
-    if script is None and user_index >= 0 and _text(messages[user_index]).startswith(DELIVERY):
+    delivered = (script is None and user_index >= 0
+                 and _text(messages[user_index]).startswith(DELIVERY))
+    if script is None and not delivered:
+        script = _system_script(messages)
+    if delivered:
         first = _text(messages[user_index]).splitlines()[0]
         calls, loop = [{"say": f"Noted: {first[1:].split(']')[0]}."}], False
     elif script is None and "agent_spawn" in tools:

@@ -94,6 +94,15 @@ class TurnTrace(Protocol):
     def chat(self, provider: str, model: str, messages: Sequence[Any]) -> ChatSpan: ...
     def tool(self, call_id: str, name: str, arguments: Any) -> ToolSpan: ...
     def delivered_by_tool(self, inbox_id: int) -> None: ...
+    def context(self) -> str | None:
+        """This turn's span as a W3C `traceparent` (what it delivers carries); None
+        when tracing is off."""
+        ...
+    def kept(self) -> str | None:
+        """What the turn's row keeps (CONTRACT §12.1 v4): the span its own descends
+        from, or its own when it has none (a new trace), so that a resumed run (§18)
+        stays in the trace; None when tracing is off."""
+        ...
     def end(self, code: str | None, message: str, content: str, *, model: str | None,
             input_tokens: int, output_tokens: int, cancel_reason: str | None,
             delivered: Sequence[int]) -> None: ...
@@ -104,7 +113,8 @@ class Tracing(Protocol):
 
     def turn(self, *, agent: str, session_id: str, root_session_id: str, turn_id: str,
              trigger: str, message: str, waited: bool, from_session_id: str | None,
-             drained: Sequence[int], traceparent: str | None = None) -> TurnTrace: ...
+             drained: Sequence[int], traceparent: str | None = None,
+             resumed: bool = False) -> TurnTrace: ...
     def dropped(self) -> int: ...
     async def flush(self) -> bool: ...
     async def aclose(self, timeout_s: float) -> None: ...
@@ -159,6 +169,12 @@ class _NoTurnTrace:
     def delivered_by_tool(self, inbox_id: int) -> None:
         pass
 
+    def context(self) -> str | None:
+        return None
+
+    def kept(self) -> str | None:
+        return None
+
     def end(self, code: str | None, message: str, content: str, *, model: str | None,
             input_tokens: int, output_tokens: int, cancel_reason: str | None,
             delivered: Sequence[int]) -> None:
@@ -173,7 +189,8 @@ class NoTracing:
 
     def turn(self, *, agent: str, session_id: str, root_session_id: str, turn_id: str,
              trigger: str, message: str, waited: bool, from_session_id: str | None,
-             drained: Sequence[int], traceparent: str | None = None) -> TurnTrace:
+             drained: Sequence[int], traceparent: str | None = None,
+             resumed: bool = False) -> TurnTrace:
         return NO_TURN_TRACE
 
     def dropped(self) -> int:
@@ -260,6 +277,20 @@ def remote_parent(traceparent: str) -> Any:
                              trace_flags=trace.TraceFlags(int(match[3], 16)))
 
 
+def w3c(context: Any) -> str:
+    """A SpanContext as a W3C `traceparent`."""
+    return (f"00-{context.trace_id:032x}-{context.span_id:016x}-"
+            f"{int(context.trace_flags):02x}")
+
+
+def calling_context() -> str | None:
+    """The tool call running in this task as a W3C `traceparent`, for what it asks of
+    another node or leaves for a later turn (CONTRACT §12.1 v4: a delivery carries it);
+    None outside a tool call or with tracing off."""
+    origin = _ORIGIN.get()
+    return w3c(origin.tool) if origin is not None else None
+
+
 def _clip(text: str) -> str:
     if len(text) <= CONTENT_MAX_CHARS:
         return text
@@ -342,10 +373,15 @@ class OtelTracing:
 
     def turn(self, *, agent: str, session_id: str, root_session_id: str, turn_id: str,
              trigger: str, message: str, waited: bool, from_session_id: str | None,
-             drained: Sequence[int], traceparent: str | None = None) -> TurnTrace:
+             drained: Sequence[int], traceparent: str | None = None,
+             resumed: bool = False) -> TurnTrace:
         parent, links = None, []
         origin = _ORIGIN.get()
-        if (origin is not None and trigger in _CALLER_TRIGGERS
+        if resumed and traceparent is not None:
+            # A run resumed after a restart (CONTRACT §18): where its row says the first
+            # run's span descended from, whatever started it.
+            parent = remote_parent(traceparent)
+        elif (origin is not None and trigger in _CALLER_TRIGGERS
                 and origin.session_id == from_session_id):
             if waited:
                 parent = origin.tool
@@ -521,6 +557,14 @@ class _OtelTurn:
         origin = _ORIGIN.get()
         if origin is not None and origin.session_id == self._session_id:
             self._t.remember_delivered([inbox_id], origin.turn, origin.tool)
+
+    def context(self) -> str | None:
+        return w3c(self.span.get_span_context()) if self.span is not None else None
+
+    def kept(self) -> str | None:
+        if self._parent is not None:
+            return w3c(self._parent)
+        return self.context()
 
     def end(self, code: str | None, message: str, content: str, *, model: str | None,
             input_tokens: int, output_tokens: int, cancel_reason: str | None,

@@ -30,6 +30,7 @@ from daemon.errors import (
     StoreError,
     Unavailable,
 )
+from daemon.observe.tracing import calling_context
 from daemon.runtime.directory import SessionDirectory
 from daemon.runtime.inbox import Inbox
 from daemon.runtime.mirror import store_then_mirror
@@ -69,13 +70,14 @@ def inbox_wire(item: InboxRecord) -> dict[str, Any]:
     """An inbox entry as one node hands it to another (cluster routing)."""
     return {"id": item.id, "sessionId": item.session_id, "content": item.content,
             "fromSessionId": item.from_session_id, "delivery": item.delivery,
-            "wakes": item.wakes, "replyTo": item.reply_to, "createdAt": item.created_at}
+            "wakes": item.wakes, "replyTo": item.reply_to, "createdAt": item.created_at,
+            "traceparent": item.traceparent}
 
 
 def inbox_record(wire: dict[str, Any]) -> InboxRecord:
     return InboxRecord(int(wire["id"]), wire["sessionId"], wire["content"],
                        wire.get("fromSessionId"), wire["delivery"], bool(wire["wakes"]),
-                       wire.get("replyTo"), int(wire["createdAt"]))
+                       wire.get("replyTo"), int(wire["createdAt"]), wire.get("traceparent"))
 
 
 def inbox_full(inbox: Inbox) -> Conflict:
@@ -96,20 +98,24 @@ class Deliveries:
     async def deliver(
         self, session_id: str, content: str, *, from_session_id: str | None = None,
         delivery: str = "steer", reply_to: str | None = None,
+        traceparent: str | None = None,
     ) -> InboxRecord:
         """Store a message in the session's inbox, then hand it over or wake the session.
         NotFound or Conflict (the inbox is full) before anything is stored. A session
-        another node owns gets it there (its inbox bound is counted there)."""
+        another node owns gets it there (its inbox bound is counted there).
+        `traceparent`: the span it comes from (CONTRACT §12.1 v4; default: the tool
+        call running in this task), kept with the entry for the wake that drains it."""
         host = self._host
+        context = traceparent or calling_context()
         node = await host.directory.owner(session_id)
         if node is not None:
             _, body = await host.directory.call(node, "deliver", {
                 "sessionId": session_id, "content": content,
                 "fromSessionId": from_session_id, "delivery": delivery,
-                "replyTo": reply_to,
+                "replyTo": reply_to, "traceparent": context,
             })
             return InboxRecord(int(body["inboxId"]), session_id, content,
-                               from_session_id, delivery, True, reply_to, now_ms())
+                               from_session_id, delivery, True, reply_to, now_ms(), context)
         state = await host.load(session_id)
         if state.deleted or host.deleting(session_id):
             raise NotFound(f"no session {session_id!r} (deleted)", {"sessionId": session_id})
@@ -131,7 +137,7 @@ class Deliveries:
                 self._stop,
                 lambda: self._store.deliver(InboxRecord(
                     0, session_id, content, from_session_id, delivery, True, reply_to,
-                    now_ms())),
+                    now_ms(), context)),
                 arrive, what=f"a delivery to session {session_id}")
         except BaseException:
             if not arrived:  # not stored: the place goes back (a cancel after it: kept)

@@ -41,6 +41,7 @@ from daemon.runtime.published import Published, published_terminals
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
 from daemon.runtime.turn import COMPACT_TRIGGER, STOP_REASONS, ResumedTurn, Resumption
+from daemon.runtime.turnrow import OfferNotKept, asked, offer_of
 from daemon.runtime.waiting import link_waiting, standalone
 from daemon.store.models import EndedTurn, InboxRecord, SessionRecord, TokenUsage, TurnRecord
 
@@ -59,8 +60,7 @@ class RecoveryHost(Protocol):
 
     def engine_of(self, agent_name: str) -> str | None: ...
 
-    def resume(self, state: SessionState, turn: TurnRecord, message: str,
-               resumed: Resumption) -> None: ...
+    def resume(self, plan: ResumedTurn) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -175,15 +175,20 @@ class Recovery:
             # not resumed (docs/durability.md).
             return "INTERRUPTED", (f"{STOPPED}; a claude-cli turn (or one of an agent "
                                    "no longer configured) is not resumed"), details
+        try:  # a /v1 client's tools and fields, offered again (CONTRACT §17.1)
+            client, output_cap = offer_of(turn.client_offer)
+        except OfferNotKept as exc:
+            return "INTERRUPTED", f"{STOPPED}; {exc}", details
         stored = await self._store.context(turn.session_id)
         mine = [m for m in stored.messages if m.turn_id == turn.id]
-        if not mine or mine[0].role != "user":
+        message = asked(mine)
+        if message is None:
             return "INTERRUPTED", f"{STOPPED}; nothing of it was stored", details
         if seen.suspended:
             reason = "shutdown"
-        return ResumedTurn(state, turn, mine[0].content, Resumption(
+        return ResumedTurn(state, turn, message, Resumption(
             turn.attempt + 1, seen.after_seq(len(mine), turn.start_seq), reason, stored,
-            turn.usage, turn.model, node, frozenset(seen.decided)))
+            turn.usage, turn.model, node, frozenset(seen.decided)), client, output_cap)
 
     async def _start(self, resumes: Sequence[ResumedTurn]) -> None:
         """Count the resumes of `resumes` in one store write (before any of them runs:
@@ -202,7 +207,7 @@ class Recovery:
             if self._metrics is not None:
                 self._metrics.turn_resumed(reason)
         for r in link_waiting(resumes):
-            self._host.resume(r.state, r.turn, r.message, r.resumed)
+            self._host.resume(r)
             # Each started turn gets a step before the next one starts: the first ones
             # reach their provider while the rest start (hundreds started in one step
             # would all be ready to send before any was sent).
@@ -244,6 +249,8 @@ class Recovery:
                 record.id, record.agent_name, delivery_text.kind_of_reply(turn.trigger),
                 delivery_text.turn_result(None if code == "done" else code, message, ""),
             ), record.id, "steer", wakes, None, now_ms(),
+            # Its span never ended: the wake continues the trace its row kept (§12.1).
+            turn.traceparent,
         )] if turn.reply_to else []
         # Unless it was published already: the turn's own exit path died with its
         # process, so this is its terminal.

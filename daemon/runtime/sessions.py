@@ -152,10 +152,12 @@ class SessionManager:
     async def deliver(
         self, session_id: str, content: str, *, from_session_id: str | None = None,
         delivery: str = "steer", reply_to: str | None = None,
+        traceparent: str | None = None,
     ) -> InboxRecord:
         return await self.deliveries.deliver(session_id, content,
                                              from_session_id=from_session_id,
-                                             delivery=delivery, reply_to=reply_to)
+                                             delivery=delivery, reply_to=reply_to,
+                                             traceparent=traceparent)
 
     async def hand_over(self, items: Sequence[InboxRecord]) -> None:
         await self.deliveries.hand_over(items)
@@ -405,12 +407,12 @@ class SessionManager:
         agent = self.config.agents.get(agent_name)
         return agent.engine if agent is not None else None
 
-    def resume(self, state: SessionState, turn: TurnRecord, message: str,
-               resumed: Resumption) -> None:
+    def resume(self, plan: ResumedTurn) -> None:
         """Start again a turn the last process left open (CONTRACT §18): same id,
-        trigger, budget; it takes a running slot as any turn. What waits in its
+        trigger, budget, trace (§12.1), client offer and output cap (§17.1, read from
+        its row by recovery); it takes a running slot as any turn. What waits in its
         session's inbox is handed to it, as to any turn."""
-        run = self._claim_resumed(ResumedTurn(state, turn, message, resumed))
+        run = self._claim_resumed(plan)
         assert self._nursery is not None
         self._nursery.start_soon(self._run, run)
 
@@ -431,7 +433,8 @@ class SessionManager:
             state, agent, hold, plan.message, turn.trigger,
             turn_id=turn.id, budget_tokens=turn.budget_tokens,
             from_session_id=turn.from_session_id, parent=inside, reply_to=turn.reply_to,
-            schedule=turn.schedule, resumed=plan.resumed)
+            schedule=turn.schedule, client=plan.client, output_cap=plan.output_cap,
+            traceparent=turn.traceparent, resumed=plan.resumed)
 
     def _claim_drain(self, state: SessionState) -> Turn:
         """Claim the session for a wake turn that takes everything queued at once (wakes
@@ -440,8 +443,12 @@ class SessionManager:
         turn_id = new_id("turn")
         hold = state.inbox.start_drain(turn_id)
         message = "\n\n".join(i.content for i in hold.drained)
+        # The trace of what it drains (CONTRACT §12.1 v4): kept with the entry, so a wake
+        # after a restart, or of an entry another node delivered, continues it.
+        context = next((i.traceparent for i in hold.drained if i.traceparent), None)
         return self._new_turn(state, agent, hold, message, "wake", turn_id=turn_id,
-                              from_session_id=hold.drained[0].from_session_id)
+                              from_session_id=hold.drained[0].from_session_id,
+                              traceparent=context)
 
     async def run_unattended(self, job: Callable[[], Awaitable[T]]) -> T:
         """`job` as the daemon's, not its caller's: run in the manager's nursery, so a

@@ -36,6 +36,7 @@ import trio
 from daemon.clock import now_ms
 from daemon.config import AgentConfig
 from daemon.engines import base as eng
+from daemon.engines.request import TOOL_CALLS
 from daemon.errors import (
     ApiError,
     ContextOverflowError,
@@ -65,6 +66,7 @@ from daemon.runtime.publisher import TurnPublisher
 from daemon.runtime.state import SessionState
 from daemon.runtime.stopbound import StopBound
 from daemon.runtime.toolrunner import ToolSite, TurnTools
+from daemon.runtime.turnrow import offer_json
 from daemon.snapshots import Snapshots
 from daemon.store.models import (
     InboxRecord,
@@ -221,8 +223,11 @@ class ResumedTurn:
 
     state: SessionState
     turn: TurnRecord
-    message: str  # its user message, as stored
+    message: str  # what it was asked, as stored (runtime/turnrow.asked)
     resumed: Resumption
+    # a /v1 client's tools and fields and its output cap, read from its row (§17.1)
+    client: ClientOffer | None = None
+    output_cap: int | None = None
 
 
 # The result a tool call gets when the daemon stopped while it ran (CONTRACT §18): it is
@@ -291,7 +296,8 @@ class Turn:
             agent=self.agent.name, session_id=record.id, root_session_id=record.root_session_id,
             turn_id=self.id, trigger=ask.trigger, message=ask.message,
             waited=self.parent is not None, from_session_id=ask.from_session_id,
-            drained=[i.id for i in self.inbox_hold.drained], traceparent=ask.traceparent)
+            drained=[i.id for i in self.inbox_hold.drained], traceparent=ask.traceparent,
+            resumed=self.resumed is not None)
         sub_agents = services.sub_agents
         self.toolbox = TurnTools(ToolSite(
             turn_id=self.id, session_id=record.id, ref=self.session.ref, agent=self.agent,
@@ -440,6 +446,11 @@ class Turn:
                 lambda: self.services.store.start_turn(TurnRecord(
                     self.id, self.session.record.id, ask.trigger, now_ms(), ask.reply_to,
                     ask.from_session_id, start_seq, ask.schedule,
+                    budget_tokens=ask.budget_tokens,
+                    # What a resumed run needs to go on as this one (CONTRACT §18): the
+                    # trace its span is in (§12.1 v4), the client's offer (§17.1).
+                    traceparent=self.trace.kept() or ask.traceparent,
+                    client_offer=offer_json(ask.client, ask.output_cap),
                 ), record),
                 self._start_stored, what=f"the start of turn {self.id}")
             if ask.results:  # a /v1 client's tool results continue the turn it ended
@@ -486,7 +497,8 @@ class Turn:
         """Before a resumed turn's engine runs: each tool call of its last stored answer
         that has no stored result gets the "stopped while it ran" error result, stored
         and then published, and is not run again. None when its last stored answer
-        asked for no tool: the turn had its answer, and ends with it."""
+        asked for no tool, or called a /v1 client's tool (§17.1): the turn had its
+        answer, and ends with it (`finishReason` `tool_calls` for the client's call)."""
         stored = resumed.stored
         mine = [m for m in stored.messages if m.turn_id == self.id]
         answers = [i for i, m in enumerate(mine) if m.role == "assistant"]
@@ -500,9 +512,27 @@ class Turn:
                 return None
             return stored
         done = {m.tool_call_id for m in mine[answers[-1] + 1:] if m.role == "tool"}
-        missing = [c for c in last.tool_calls if c.get("id") not in done]
+        # CONTRACT §17.1: a call of the /v1 client's own tool (offered again, from the
+        # row) is not the daemon's to run or to answer: it ends the turn, as it did.
+        theirs = self.ask.client.names if self.ask.client is not None else frozenset()
+        calls = [c for c in last.tool_calls if c.get("id") not in done]
+        missing = [c for c in calls if c.get("name") not in theirs]
+        if len(missing) < len(calls):
+            await self._settle_missing(resumed, missing)
+            await self.interpreter.handle(eng.Finished(
+                last.content, self.interpreter.tally.iterations, finish_reason=TOOL_CALLS))
+            return None
         if not missing:
             return stored
+        messages = await self._settle_missing(resumed, missing)
+        return StoredContext(stored.summary, stored.latest, [*stored.messages, *messages])
+
+    async def _settle_missing(self, resumed: Resumption, missing: list[dict[str, Any]]
+                              ) -> tuple[MessageRecord, ...]:
+        """The resumed turn's calls whose results were not stored: each an error result
+        (it may have run in part), or asked again when its approval was pending."""
+        if not missing:
+            return ()
         stopped = ToolOutcome(STOPPED_WHILE_RUNNING, is_error=True)
         results: list[eng.ToolFinished] = []
         # A call whose child turn is resumed too waits for that child's result, as the
@@ -538,7 +568,7 @@ class Turn:
                                        turn_id=self.id) for f in finished)
         await self.interpreter.handle(eng.ToolResults(
             finished, messages, self.interpreter.tally.iterations))
-        return StoredContext(stored.summary, stored.latest, [*stored.messages, *messages])
+        return messages
 
     async def _resume_child(self, child: ResumedTurn) -> Turn | ToolOutcome:
         """Start `child` inside this turn (CONTRACT §18); the call's error result if it
@@ -688,8 +718,12 @@ class Turn:
         body = delivery_text.turn_result(code, message, self.interpreter.tally.content)
         kind = delivery_text.kind_of_reply(self.ask.trigger)
         text = delivery_text.from_session(sid, self.agent.name, kind, body)
+        # The wake each one starts continues this turn's trace (CONTRACT §12.1 v4), also
+        # after a restart or on another node: the entry carries this turn's span.
+        context = self.trace.context()
         return [
-            InboxRecord(0, target, text, sid, "steer", code != "CANCELLED", None, now_ms())
+            InboxRecord(0, target, text, sid, "steer", code != "CANCELLED", None, now_ms(),
+                        context)
             for target in dict.fromkeys(t for t in targets if t and t != sid)
         ]
 

@@ -144,6 +144,11 @@ class TurnRecord:
     stop_reason: str | None = None
     usage: TokenUsage = field(default_factory=TokenUsage)
     model: str | None = None
+    # Kept so that a resumed run goes on as the first would have: the W3C trace context
+    # its span descends from (CONTRACT §12.1 v4) and a /v1 client's offer, as JSON
+    # (runtime/turnrow.py; §17.1).
+    traceparent: str | None = None
+    client_offer: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +229,9 @@ class InboxRecord:
     wakes: bool
     reply_to: str | None
     created_at: int
+    # The span that delivered it (W3C, CONTRACT §12.1 v4): the wake that drains it
+    # continues that trace, after a restart or on another node too.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

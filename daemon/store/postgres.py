@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from daemon.errors import Fenced, InboxConsumed, OwnedElsewhere, StoreError, TurnClosed
@@ -69,12 +70,11 @@ T = TypeVar("T")
 
 def _inbox_row(d: InboxRecord) -> tuple[Any, ...]:
     return (d.session_id, d.content, d.from_session_id, d.delivery, d.wakes, d.reply_to,
-            d.created_at)
+            d.created_at, d.traceparent)
 
 
 def _with_id(d: InboxRecord, inbox_id: int) -> InboxRecord:
-    return InboxRecord(inbox_id, d.session_id, d.content, d.from_session_id, d.delivery,
-                       d.wakes, d.reply_to, d.created_at)
+    return replace(d, id=inbox_id)
 
 
 def _insert_inbox(conn: Conn, d: InboxRecord) -> InboxRecord:
@@ -121,7 +121,7 @@ _INSERT_COMPACTION = guarded(
     "summary, reason, before_tokens, after_tokens, pruned_tool_results, created_at)", 11)
 _INSERT_INBOX = guarded(
     "INSERT INTO inbox(session_id, content, from_session_id, delivery, wakes, reply_to, "
-    "created_at)", 7, returning="id")
+    "created_at, traceparent)", 8, returning="id")
 
 
 def _message_row(session_id: str, m: MessageRecord, turn_id: str | None) -> tuple[Any, ...]:
@@ -391,10 +391,11 @@ class PostgresStore:
                 raise OwnedElsewhere(t.session_id, row[0])
             conn.execute(
                 "INSERT INTO turns(id, session_id, trigger, started_at, reply_to, "
-                "from_session_id, start_seq, schedule, budget_tokens, progress_at) "
-                "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                "from_session_id, start_seq, schedule, budget_tokens, progress_at, "
+                "traceparent, client_offer) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
                 (t.id, t.session_id, t.trigger, t.started_at, t.reply_to, t.from_session_id,
-                 t.start_seq, t.schedule, t.budget_tokens, t.started_at))
+                 t.start_seq, t.schedule, t.budget_tokens, t.started_at, t.traceparent,
+                 t.client_offer))
             conn.execute("UPDATE sessions SET status=%s, updated_at=%s, "
                          "owner=COALESCE(owner, %s) WHERE id=%s",
                          (session.status, session.updated_at, self._lease.node_id, session.id))

@@ -27,7 +27,8 @@ SESSION_COLUMNS = (
     "engine_session_id, forked_session_id, forked_turn_id, forked_at"
 )
 INBOX_COLUMNS = (
-    "id, session_id, content, from_session_id, delivery, wakes, reply_to, created_at"
+    "id, session_id, content, from_session_id, delivery, wakes, reply_to, created_at, "
+    "traceparent"
 )
 MESSAGE_COLUMNS = (
     "role, content, tool_calls, tool_call_id, created_at, turn_id, delivered, from_session_id"
@@ -45,7 +46,7 @@ TURN_HISTORY_COLUMNS = (
 UNFINISHED_TURN_COLUMNS = (
     "id, session_id, trigger, started_at, reply_to, from_session_id, start_seq, schedule, "
     "budget_tokens, attempt, progress_at, stop_reason, input_tokens, output_tokens, "
-    "cache_tokens, cost, model"
+    "cache_tokens, cost, model, traceparent, client_offer"
 )
 SCHEDULE_COLUMNS = (
     "name, paused, last_run_at, next_run_at, last_session_id, last_turn_id, last_outcome, "
@@ -73,7 +74,8 @@ def kept_compaction(c: CompactionRecord, upto: int) -> bool:
 
 def inbox_record(row: Sequence[Any]) -> InboxRecord:
     """A row of INBOX_COLUMNS."""
-    return InboxRecord(row[0], row[1], row[2], row[3], row[4], bool(row[5]), row[6], row[7])
+    return InboxRecord(row[0], row[1], row[2], row[3], row[4], bool(row[5]), row[6], row[7],
+                       row[8])
 
 
 def message_record(row: Sequence[Any]) -> MessageRecord:
@@ -119,7 +121,8 @@ def unfinished_turn(row: Sequence[Any]) -> TurnRecord:
     r = row
     return TurnRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], budget_tokens=r[8],
                       attempt=r[9], progress_at=r[10], stop_reason=r[11],
-                      usage=TokenUsage(r[12], r[13], r[14], r[15]), model=r[16])
+                      usage=TokenUsage(r[12], r[13], r[14], r[15]), model=r[16],
+                      traceparent=r[17], client_offer=r[18])
 
 
 def schedule_record(row: Sequence[Any]) -> ScheduleRecord:

@@ -78,9 +78,9 @@ def _migrations() -> list[tuple[int, str]]:
 def _insert_inbox(conn: sqlite3.Connection, d: InboxRecord) -> InboxRecord:
     cursor = conn.execute(
         "INSERT INTO inbox(session_id, content, from_session_id, delivery, wakes, reply_to, "
-        "created_at) VALUES (?,?,?,?,?,?,?)",
+        "created_at, traceparent) VALUES (?,?,?,?,?,?,?,?)",
         (d.session_id, d.content, d.from_session_id, d.delivery, int(d.wakes), d.reply_to,
-         d.created_at),
+         d.created_at, d.traceparent),
     )
     assert cursor.lastrowid is not None
     return replace(d, id=cursor.lastrowid)
@@ -375,10 +375,11 @@ class Store:
         def _start(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "INSERT INTO turns(id, session_id, trigger, started_at, reply_to, "
-                "from_session_id, start_seq, schedule, budget_tokens, progress_at) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?)",
+                "from_session_id, start_seq, schedule, budget_tokens, progress_at, "
+                "traceparent, client_offer) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (t.id, t.session_id, t.trigger, t.started_at, t.reply_to, t.from_session_id,
-                 t.start_seq, t.schedule, t.budget_tokens, t.started_at),
+                 t.start_seq, t.schedule, t.budget_tokens, t.started_at, t.traceparent,
+                 t.client_offer),
             )
             conn.execute(
                 "UPDATE sessions SET status=?, updated_at=? WHERE id=?",
