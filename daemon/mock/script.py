@@ -293,12 +293,9 @@ def _find_script(messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any] | 
         if m.get("role") != "user":
             continue
         for line in _text(m).splitlines():
-            if line.startswith(MARKER):
-                try:
-                    script = json.loads(line[len(MARKER):])
-                except ValueError:
-                    script = {"say": "That #mock line is not valid JSON."}
-                return i, script if isinstance(script, dict) else {}
+            script = _line_script(line)
+            if script is not None:
+                return i, script or {"say": "That #mock line is not a JSON object."}
         return i, None
     return -1, None
 
@@ -311,14 +308,21 @@ def _system_script(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
         if m.get("role") != "system":
             continue
         for line in _text(m).splitlines():
-            if line.startswith(MARKER):
-                try:
-                    script = json.loads(line[len(MARKER):])
-                except ValueError:
-                    continue
-                if isinstance(script, dict):
-                    return script
+            if script := _line_script(line):
+                return script
     return None
+
+
+def _line_script(line: str) -> dict[str, Any] | None:
+    """The script of a `#mock` line: None for any other line, {} for one whose JSON is
+    not valid or not an object."""
+    if not line.startswith(MARKER):
+        return None
+    try:
+        script = json.loads(line[len(MARKER):])
+    except ValueError:
+        return {}
+    return script if isinstance(script, dict) else {}
 
 
 def _text(message: dict[str, Any]) -> str:
