@@ -40,6 +40,7 @@ from daemon.llm.openai_client import OpenAIClient
 from daemon.llm.provider_http import ProviderHTTP, choose_transport, open_provider_http
 from daemon.mcp.manager import McpManager
 from daemon.observe.looplag import LoopLag
+from daemon.observe.loopstats import install_from_env
 from daemon.observe.metrics import Metrics
 from daemon.observe.provider import ObservedAnthropicClient, ObservedOpenAIClient, ProviderCalls
 from daemon.observe.tracing import NO_TRACING, Tracing, open_tracing
@@ -234,6 +235,8 @@ async def serve_daemon(
         log.warning("cannot make the daemon non-dumpable: an unsandboxed tool may read "
                     "/proc/%d/environ", os.getpid())
     sandbox = await open_sandbox(config)  # CONTRACT §16: tried once, here
+    if handle_signals:
+        install_from_env()  # VEILD_LOOPSTATS: a bench run's loop profile (issue 46)
     stop = trio.Event()
     async with trio.open_nursery() as outer:
         if handle_signals:
