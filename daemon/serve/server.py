@@ -463,7 +463,7 @@ async def _serve(
                 await services.start(cluster.serve_leader, SCHEDULER_LOCK, scheduler.serve)
                 await services.start(cluster.serve_sweeper, sessions)
             runtime = late.value = Runtime(config, store, bus, sessions, mcp, scheduler,
-                                           clock)
+                                           clock, loop_lag.worst_recent)
             connections = Connections()
             http_server = HttpServer(
                 build_app(runtime, connections, metrics),
