@@ -206,6 +206,8 @@ def _metrics(bus: Bus) -> Metrics:
 # and connections client_close_grace_s to finish, each within what is left of this
 # budget; closing the event log and the store get the last CLOSE_S each.
 STOP_BUDGET_S = 8.0
+# Generation thresholds of the daemon's own process (freeze_startup_objects).
+GC_THRESHOLDS = (5_000, 10, 50)
 CLOSE_S = 0.8
 
 
@@ -259,9 +261,17 @@ def freeze_startup_objects() -> None:
     would otherwise traverse them all, holding the Trio thread for 30-70 ms under load
     (a cancel's terminal waits behind it). Only in the daemon's own process
     (`veild serve`): a test process starts many daemons, whose frozen objects would
-    never be collected."""
+    never be collected.
+
+    Then the generation thresholds (issue 46, docs/performance.md): in a burst of
+    1,000 turns a young collection cost 0.5 ms of CPU at the default 700 allocations,
+    and a full one 120-200 ms (it walks every in-flight task, coroutine and connection:
+    ~480,000 objects), 64 of them in two minutes because every tenth gen1 collection
+    was a full one. Young collections seven times larger still take a few ms; full ones
+    come after 50 gen1 collections, not 10: about 35 times fewer."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def _listen_url(host: str, listener: socket.socket) -> str:
