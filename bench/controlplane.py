@@ -10,7 +10,8 @@ saw (`done` events, close codes: 1013 is `lagged`, correct for a client that can
 up). Run twice by `make bench`: with the watchers and without.
 
 Environment: CP_ONLY=CP1|CP2 runs one scenario; CP_BEFORE=<a checkout> runs each on
-that tree's daemon first (before/after in one run); CP_SERVER more [server] lines.
+that tree's daemon first (before/after in one run), CP_AFTER=<a checkout> the "after"
+daemon on that one (default: this tree); CP_SERVER more [server] lines.
 
 `VEILD_LOOPSTATS` (daemon/observe/loopstats.py) is set on the daemon: its collection
 pauses and longest task steps are in the note. `python -m bench.controlplane --pyspy`
@@ -215,15 +216,16 @@ SCENARIOS = ((WATCHERS, "CP1 +200 watchers"), (0, "CP2 no watchers"))
 
 async def controlplane_rows(provider_url: str, ledger: Ledger, pyspy: bool = False,
                             only: str = "", server: str = "",
-                            before: str | None = None) -> list[Row]:
+                            before: str | None = None, after: str | None = None
+                            ) -> list[Row]:
     """`only`: "CP1" or "CP2" runs that one; `server`: more [server] lines; `before`:
     a checkout of the code before (e.g. `git archive main`): each scenario runs on a
     daemon of that tree first, then on this one, in the same run."""
     rows: list[Row] = []
-    runs = [(w, label, None) for w, label in SCENARIOS]
+    runs = [(w, label, after) for w, label in SCENARIOS]
     if before:
         runs = [run for w, label in SCENARIOS
-                for run in ((w, f"{label} (before)", before), (w, label, None))]
+                for run in ((w, f"{label} (before)", before), (w, label, after))]
     for watchers, label, tree in runs:
         if only and not label.startswith(only):
             continue
@@ -240,7 +242,7 @@ async def controlplane_rows(provider_url: str, ledger: Ledger, pyspy: bool = Fal
             if spy is not None and spy.exists():
                 print("\n".join([f"== {label}", *_pyspy_top(spy)]), flush=True)
             if os.environ.get("KEEP_LOOPSTATS") and stats.exists():
-                name = label.split()[0] + ("-before" if tree else "")
+                name = label.split()[0] + ("-before" if "(before)" in label else "")
                 keep = Path(os.environ["KEEP_LOOPSTATS"]) / f"{name}.json"
                 keep.write_text(stats.read_text())
     return rows
@@ -254,7 +256,7 @@ async def _main() -> int:
             mock.url, ledger, pyspy="--pyspy" in sys.argv,
             only=os.environ.get("CP_ONLY", ""),
             server=os.environ.get("CP_SERVER", "").replace("\\n", "\n"),
-            before=os.environ.get("CP_BEFORE"))
+            before=os.environ.get("CP_BEFORE"), after=os.environ.get("CP_AFTER"))
     return print_report(rows, header, ledger)
 
 
