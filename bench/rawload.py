@@ -74,9 +74,12 @@ def chats(url: str, n: int, body: str, expected: str) -> dict[str, object]:
     request = (f"POST /agents/bench/chat HTTP/1.1\r\nHost: {host}:{port}\r\n"
                f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
                "\r\n").encode() + payload
-    clients = [_Chat(_connect(host, port)) for _ in range(n)]
+    # Connected once told to go: the daemon closes a connection that sends no request
+    # within its keep-alive timeout (hypercorn's 5 s), longer than the other clients
+    # may take to start on a loaded machine.
     print("ready", flush=True)
     sys.stdin.readline()
+    clients = [_Chat(_connect(host, port)) for _ in range(n)]
     sel = selectors.DefaultSelector()
     for c in clients:
         c.sent_at = time.perf_counter()
