@@ -38,9 +38,9 @@ async def _line(process: trio.Process) -> str:
 
 @asynccontextmanager
 async def _process(args: list[str], env: dict[str, str] | None = None,
-                   stderr: Any = None) -> AsyncIterator[Proc]:
+                   stderr: Any = None, cwd: str | None = None) -> AsyncIterator[Proc]:
     process = await trio.lowlevel.open_process([sys.executable, "-m", "daemon", *args],
-                                               stdout=-1, env=env, stderr=stderr)
+                                               stdout=-1, env=env, stderr=stderr, cwd=cwd)
     try:
         url = (await _line(process)).split(" on ")[1]
         yield Proc(url, process.pid)
@@ -82,16 +82,18 @@ def cluster_table(store: str, bus: str, node_id: str, lease_s: float) -> str:
 @asynccontextmanager
 async def open_daemon(provider_url: str, extra: str = "",
                       stderr: Any = None, *, server: str = "",
-                      env: dict[str, str] | None = None) -> AsyncIterator[Proc]:
+                      env: dict[str, str] | None = None,
+                      tree: str | None = None) -> AsyncIterator[Proc]:
     """One `veild serve`; `extra` is appended to its config (a [cluster] table makes it
     a cluster node, with its own data_dir as every node has), `server` to its [server]
     table; `stderr`: where its log goes (a file object; None: inherited); `env`: more
-    environment variables."""
+    environment variables; `tree`: another checkout to run the daemon from (a before/after
+    run: `python -m daemon` finds its package in the working directory)."""
     with tempfile.TemporaryDirectory(prefix="veild-bench-") as tmp:
         config = Path(tmp) / "daemon.toml"
         config.write_text(config_text(Path(tmp) / "data", provider_url, extra, server))
         async with _process(["serve", "--config", str(config)],
                             env={"VEILD_LOG": "WARNING", "PATH": "/usr/bin:/bin",
                                  **(env or {})},
-                            stderr=stderr) as proc:
+                            stderr=stderr, cwd=tree) as proc:
             yield proc

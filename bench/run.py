@@ -13,6 +13,10 @@ a target that does not hold is a `NO` in the table, not an exit status.
           P3  bench/children.py (on a fresh daemon: its peak RSS)
   P3x     bench/children.py (3,000 children, on a fresh daemon of its own; no target)
   chats   bench/bursts.py (1,000 chats at once beside 200 /ws watchers; /health latency)
+  CP1 CP2 bench/controlplane.py (issue 46: the same burst with every client a process of
+          its own on raw sockets, 1 s turns; /health p50/p99/max with and without the
+          watchers, the daemon's collection pauses and longest loop steps;
+          CP_BEFORE=<checkout>: each also on that tree's daemon, before/after in one run)
   P4      bench/cancel.py         P5  bench/slow.py and bench/publish.py (in-process Bus)
   C1-C3   bench/cluster.py (a two-node cluster against the embedded default)
   S1-S4   bench/sandbox.py (the bubblewrap sandbox of a bash call against none)
@@ -32,16 +36,18 @@ a target that does not hold is a `NO` in the table, not an exit status.
           100 MB: time and disk per turn, a turn's start on vs off, restore and rewind;
           issue 43)
 
-`python -m bench.run --only p1,p3` runs only those phases (p1 p2 traced p3 p3x chats p4
-p5 extras publish durable cluster sandbox chaos peers long realmodel responses toolcost
-snapshots resume), `--repeat N` runs them N times and prints each table: a quicker loop while
-working on one row. `--burn N` runs N CPU-burning processes (busy loops at the bench's own
-niceness) during each phase, as on a shared machine. `make bench` runs everything once.
+`python -m bench.run --only p1,p3` runs only those phases (p1 p2 traced p3 p3x chats
+controlplane p4 p5 extras publish durable cluster sandbox chaos peers long realmodel
+responses toolcost snapshots resume), `--repeat N` runs them N times and prints each
+table: a quicker loop while working on one row. `--burn N` runs N CPU-burning processes
+(busy loops at the bench's own niceness) during each phase, as on a shared machine.
+`make bench` runs everything once.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -60,6 +66,7 @@ from bench import (
     chaos,
     children,
     cluster,
+    controlplane,
     extras,
     long_session,
     peers,
@@ -80,9 +87,9 @@ from daemon.errors import leaves
 
 Phase = Callable[[], Awaitable[list[Row]]]
 PHASE_LIMIT_S = 600
-PHASES = ("p1", "p2", "traced", "p3", "p3x", "chats", "p4", "p5", "extras", "publish", "durable",
-          "cluster", "sandbox", "chaos", "peers", "long", "realmodel", "responses", "toolcost",
-          "snapshots", "resume")
+PHASES = ("p1", "p2", "traced", "p3", "p3x", "chats", "controlplane", "p4", "p5", "extras",
+          "publish", "durable", "cluster", "sandbox", "chaos", "peers", "long", "realmodel",
+          "responses", "toolcost", "snapshots", "resume")
 BURN = "while True: pass"
 
 
@@ -188,6 +195,10 @@ async def _run(only: set[str], resets: bool = True, burn: int = 0) -> int:
         if "chats" in only:
             async with open_daemon(mock.url) as fresh:
                 await _phase("chats", lambda: bursts.chats(fresh, ledger), ledger, rows)
+        if "controlplane" in only:  # fresh daemons of its own, one per scenario
+            before = os.environ.get("CP_BEFORE")
+            await _phase("controlplane", lambda: controlplane.controlplane_rows(
+                mock.url, ledger, before=before), ledger, rows)
         if only & {"p4", "p5", "extras"}:
             async with open_daemon(mock.url, claude(mock.url.removesuffix("/v1"))) as daemon:
                 if "p4" in only:

@@ -33,3 +33,16 @@ async def test_the_lag_gauge_rises_while_the_loop_is_blocked(daemon: Running) ->
     assert after < blocked
     _, samples = await scrape(daemon)
     assert value(samples, "veild_event_loop_lag_seconds") < blocked
+
+
+async def test_health_says_the_loop_was_stalled(daemon: Running) -> None:
+    """Issue 46: `/health` answers with the loop's worst recent lag (`loopLagMs`), so a
+    prober sees a stall even though its own request was answered after it."""
+    probe = daemon.daemon.loop_lag
+    await probe.wait_measured()
+    calm = (await daemon.http.get("/health")).json()["loopLagMs"]
+    assert 0 <= calm < BLOCK_S * 1000
+    time.sleep(BLOCK_S)  # noqa: ASYNC251 -- the point: hold the Trio thread
+    r = await daemon.http.get("/health")
+    assert r.status_code == 200
+    assert r.json()["loopLagMs"] >= (BLOCK_S - INTERVAL_S) * 1000

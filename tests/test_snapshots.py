@@ -24,11 +24,13 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.snapshots import SnapshotConfig, SnapshotError, Snapshots
 from daemon.snapshots.git import GitError, run_bounded
+from daemon.snapshots.service import SNAPSHOTS_AT_ONCE
 
 DEADLINE_S = 120
 MIB = 1024 * 1024
@@ -625,3 +627,29 @@ async def test_any_changes_any_snapshot_restores_exactly(tmp_path_factory: pytes
         for turn in [*reversed(expected), *expected]:
             await snaps.restore("ses_a", turn, ws)
             assert tree(ws) == expected[turn], (turn, ops)
+
+
+async def test_a_burst_of_snapshots_takes_a_few_at_once(tmp_path: Path,
+                                                        workspaces: Path) -> None:
+    """Issue 46: 1,000 turn starts at once must not hold every one of Trio's default
+    thread tokens (the store's writer needs one) nor the GIL: SNAPSHOTS_AT_ONCE are
+    taken at a time, the others wait their turn, and every one is taken."""
+    n = SNAPSHOTS_AT_ONCE * 3
+    with trio.fail_after(DEADLINE_S):
+        snaps = service(tmp_path)
+        taken: list[object] = []
+
+        async def one(i: int) -> None:
+            ws = workspaces / f"ses_{i}"
+            ws.mkdir()
+            (ws / "f").write_text(str(i))
+            taken.append(await snaps.snapshot(f"ses_{i}", "turn_1", ws))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(one, i)
+            await trio.testing.wait_all_tasks_blocked()
+            slots = snaps._slots.statistics()
+            assert slots.borrowed_tokens == SNAPSHOTS_AT_ONCE
+            assert slots.tasks_waiting == n - SNAPSHOTS_AT_ONCE
+        assert len(taken) == n and all(t is not None for t in taken)

@@ -131,8 +131,10 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
     @bp.get("/health")
     @documented(Op(
         "Liveness and how many turns run", {200: Resp("the daemon is up", obj(
-            ["status", "version", "sessionsRunning", "sandbox", "toolLimits"],
+            ["status", "version", "sessionsRunning", "sandbox", "toolLimits", "loopLagMs"],
             status={"enum": ["ok", "degraded"]}, version=STR, sessionsRunning=INT,
+            loopLagMs={**INT, "description": "the event loop's worst wake-up lag over the "
+                       "last 10 s, or a wake-up overdue now (ms): a stalled loop shows"},
             sandbox={"enum": ["bwrap", "none"]}, toolLimits={"enum": ["cgroup", "rlimit"]},
             node=STR))},
         public=True, tags=("operations",),
@@ -141,7 +143,9 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         body: dict[str, Any] = {"status": "ok", "version": __version__,
                                 "sessionsRunning": sessions.running_count,
                                 "sandbox": rt.sandbox.mode,  # CONTRACT §16
-                                "toolLimits": rt.sandbox.limiter.mode}  # §16.1
+                                "toolLimits": rt.sandbox.limiter.mode,  # §16.1
+                                # Issue 46: whether the loop that answers this is stalled.
+                                "loopLagMs": round(rt.loop_lag_s() * 1000)}
         node, degraded = rt.directory.describe()
         if node is not None:  # CONTRACT §13: the node, and whether it lost a backend
             body["node"] = node

@@ -3,6 +3,7 @@ services they answer for (MCP servers, the scheduler)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,8 @@ class Runtime:
     mcp: McpManager
     schedules: Scheduler | None = None
     clock: Clock = SYSTEM_CLOCK  # what "older than" is measured from (DELETE /sessions)
+    # The event loop's worst recent lag, s (observe/looplag.py): `/health` says it.
+    loop_lag_s: Callable[[], float] = lambda: 0.0
 
     @property
     def directory(self) -> SessionDirectory:

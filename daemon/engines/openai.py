@@ -65,6 +65,8 @@ def to_openai_messages(system: str, history: list[MessageRecord]) -> list[dict[s
     waiting: list[str] = []  # the last answer's calls not yet answered, in order
 
     def answer_missing() -> None:
+        if not waiting:  # the common case, once per message of the history
+            return
         out.extend({"role": "tool", "tool_call_id": call_id, "content": MISSING_RESULT}
                    for call_id in waiting)
         waiting.clear()

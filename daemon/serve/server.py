@@ -40,6 +40,7 @@ from daemon.llm.openai_client import OpenAIClient
 from daemon.llm.provider_http import ProviderHTTP, choose_transport, open_provider_http
 from daemon.mcp.manager import McpManager
 from daemon.observe.looplag import LoopLag
+from daemon.observe.loopstats import install_from_env
 from daemon.observe.metrics import Metrics
 from daemon.observe.provider import ObservedAnthropicClient, ObservedOpenAIClient, ProviderCalls
 from daemon.observe.tracing import NO_TRACING, Tracing, open_tracing
@@ -205,6 +206,8 @@ def _metrics(bus: Bus) -> Metrics:
 # and connections client_close_grace_s to finish, each within what is left of this
 # budget; closing the event log and the store get the last CLOSE_S each.
 STOP_BUDGET_S = 8.0
+# Generation thresholds of the daemon's own process (freeze_startup_objects).
+GC_THRESHOLDS = (5_000, 10, 50)
 CLOSE_S = 0.8
 
 
@@ -234,6 +237,8 @@ async def serve_daemon(
         log.warning("cannot make the daemon non-dumpable: an unsandboxed tool may read "
                     "/proc/%d/environ", os.getpid())
     sandbox = await open_sandbox(config)  # CONTRACT §16: tried once, here
+    if handle_signals:
+        install_from_env()  # VEILD_LOOPSTATS: a bench run's loop profile (issue 46)
     stop = trio.Event()
     async with trio.open_nursery() as outer:
         if handle_signals:
@@ -256,9 +261,17 @@ def freeze_startup_objects() -> None:
     would otherwise traverse them all, holding the Trio thread for 30-70 ms under load
     (a cancel's terminal waits behind it). Only in the daemon's own process
     (`veild serve`): a test process starts many daemons, whose frozen objects would
-    never be collected."""
+    never be collected.
+
+    Then the generation thresholds (issue 46, docs/performance.md): in a burst of
+    1,000 turns a young collection cost 0.5 ms of CPU at the default 700 allocations,
+    and a full one 120-200 ms (it walks every in-flight task, coroutine and connection:
+    ~480,000 objects), 64 of them in two minutes because every tenth gen1 collection
+    was a full one. Young collections seven times larger still take a few ms; full ones
+    come after 50 gen1 collections, not 10: about 35 times fewer."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def _listen_url(host: str, listener: socket.socket) -> str:
@@ -460,7 +473,7 @@ async def _serve(
                 await services.start(cluster.serve_leader, SCHEDULER_LOCK, scheduler.serve)
                 await services.start(cluster.serve_sweeper, sessions)
             runtime = late.value = Runtime(config, store, bus, sessions, mcp, scheduler,
-                                           clock)
+                                           clock, loop_lag.worst_recent)
             connections = Connections()
             http_server = HttpServer(
                 build_app(runtime, connections, metrics),

@@ -53,6 +53,7 @@ TOO_LARGE = "workspace too large"
 OFF = "snapshots off"
 GRACE_S = 30.0  # removing a half-built restore after a failure or a cancel
 INLINE_MANIFEST = 8192  # a manifest this small is a line of the commit message
+SNAPSHOTS_AT_ONCE = 4  # snapshots taken at once; the others wait their turn (Snapshots._slots)
 
 
 class SnapshotError(Exception):
@@ -78,6 +79,12 @@ class Snapshots:
         self._search_path = search_path  # None: the daemon's PATH (a seam for tests)
         self._clock = clock
         self._locks: dict[str, trio.Lock] = {}
+        # Snapshots taken at once (issue 46). Each one's walk, file work and git
+        # processes take Trio's default thread tokens (40, shared with the store's
+        # writer) and the GIL: a burst of 1,000 turn starts took them all, the store's
+        # commits waited 5 s (turns failed `the database is busy`) and the event loop
+        # waited seconds for the GIL. The rest queue here, in turn-start order.
+        self._slots = trio.CapacityLimiter(SNAPSHOTS_AT_ONCE)
         self._fresh: set[str] = set()  # sessions whose stale locks were cleared
         self._drops: dict[str, int] = {}  # refs dropped since the last prune
         self._logged: set[str] = set()
@@ -123,9 +130,12 @@ class Snapshots:
         try:
             if not ID.fullmatch(turn_id):
                 raise SnapshotError(f"not a turn id: {turn_id!r}")
-            with trio.fail_after(self.config.timeout_s):
-                async with self._session(session_id) as git:
-                    return await self._snapshot(git, session_id, turn_id, workspace)
+            # Waiting for a slot is not the git work's timeout: the queue ahead is
+            # bounded by theirs.
+            async with self._slots:
+                with trio.fail_after(self.config.timeout_s):
+                    async with self._session(session_id) as git:
+                        return await self._snapshot(git, session_id, turn_id, workspace)
         except trio.Cancelled:
             raise
         except trio.TooSlowError:

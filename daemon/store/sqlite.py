@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 import trio
 
 from daemon.errors import StoreError, TurnClosed
+from daemon.store.context_cache import ContextCache
 from daemon.store.models import (
     CompactionRecord,
     InboxRecord,
@@ -176,6 +178,31 @@ class Store:
         # How calls reach the two connections: the group commit, the reader's lane, the
         # write contract under cancel, and the seams tests play a disk with.
         self.runner = SqliteRunner(conn, reader, busy_timeout_s=busy_timeout_s)
+        # What `context` read, kept up to date by the appends (store/context_cache.py).
+        self.contexts = ContextCache()
+
+    @contextmanager
+    def _changing(self, *session_ids: str) -> Iterator[None]:
+        """Around a write that changes these sessions' context other than by appending:
+        what `contexts` keeps of them is dropped."""
+        for s in session_ids:
+            self.contexts.writing(s)
+        try:
+            yield
+        finally:
+            for s in session_ids:
+                self.contexts.changed(s)
+
+    async def _appending(self, session_id: str, ms: Sequence[MessageRecord],
+                         turn_id: str | None, write: Callable[[sqlite3.Connection], None]
+                         ) -> None:
+        self.contexts.writing(session_id)
+        try:
+            await self.runner.write(write)
+        except BaseException:
+            self.contexts.changed(session_id)
+            raise
+        self.contexts.appended(session_id, ms, turn_id)
 
     def bound_shields(self, shield: Shield) -> None:
         """The group commit's shield (SqliteRunner.bound_shields)."""
@@ -311,7 +338,7 @@ class Store:
             _insert_message(conn, session_id, m, turn_id)
             _record_progress(conn, turn_id, progress)
 
-        await self.runner.write(_append)
+        await self._appending(session_id, (m,), turn_id, _append)
 
     async def append_messages(self, session_id: str, ms: Sequence[MessageRecord],
                               turn_id: str | None = None, *,
@@ -323,7 +350,7 @@ class Store:
                 _insert_message(conn, session_id, m, turn_id)
             _record_progress(conn, turn_id, progress)
 
-        await self.runner.write(_append_all)
+        await self._appending(session_id, ms, turn_id, _append_all)
 
     async def messages(self, session_id: str) -> list[MessageRecord]:
         def _messages(conn: sqlite3.Connection) -> list[MessageRecord]:
@@ -340,6 +367,11 @@ class Store:
     async def append_compaction(self, session_id: str, c: CompactionRecord,
                                 turn_id: str | None = None) -> None:
         """Store one compaction of the session's context (a write like a message's)."""
+        with self._changing(session_id):
+            await self._insert_compaction(session_id, c, turn_id)
+
+    async def _insert_compaction(self, session_id: str, c: CompactionRecord,
+                                 turn_id: str | None) -> None:
         await self.runner.write(lambda conn: conn.execute(
             "INSERT INTO compactions(session_id, turn_id, place, covers_until, pruned_until, "
             "summary, reason, before_tokens, after_tokens, pruned_tool_results, created_at) "
@@ -363,9 +395,15 @@ class Store:
     async def context(self, session_id: str) -> StoredContext:
         """The latest summary and compaction of the session and the messages after the
         summary, from one snapshot; only those messages are read."""
-        return await self.runner.read(
+        kept = self.contexts.get(session_id)
+        if kept is not None:
+            return kept
+        began = self.contexts.now()
+        read = await self.runner.read(
             lambda conn: stored_context(conn.execute(_CONTEXT, {"s": session_id})
                                          .fetchall()))
+        self.contexts.put(session_id, read, began)
+        return read
 
     # -- turns ----------------------------------------------------------------------------
 
@@ -603,7 +641,8 @@ class Store:
                     (rewinding, fork.id, src)).rowcount != 1:
                 raise StoreError(f"session {src} is being rewound already")
 
-        await self.runner.write(_fork)
+        with self._changing(fork.id):
+            await self.runner.write(_fork)
 
     async def finish_rewind(self, session_id: str, upto: int, later_turns: Sequence[str],
                             updated_at: int) -> None:
@@ -632,7 +671,8 @@ class Store:
             conn.execute("UPDATE sessions SET rewind_turn = NULL, rewind_fork = NULL, "
                          "updated_at = ? WHERE id = ?", (updated_at, session_id))
 
-        await self.runner.write(_finish)
+        with self._changing(session_id):
+            await self.runner.write(_finish)
 
     async def undo_rewind(self, session_id: str) -> None:
         """A rewind that did not reach its workspace swap, undone in one transaction:
@@ -649,7 +689,10 @@ class Store:
             conn.execute("UPDATE sessions SET rewind_turn = NULL, rewind_fork = NULL "
                          "WHERE id = ?", (session_id,))
 
-        await self.runner.write(_undo)
+        try:
+            await self.runner.write(_undo)
+        finally:  # the fork it removes is named in the database only
+            self.contexts.everything_changed()
 
     async def rewinds(self) -> list[RewindMark]:
         """The rewinds under way (a crash left them marked)."""
@@ -695,7 +738,8 @@ class Store:
                 marks = ",".join("?" * len(chunk))
                 conn.execute(f"DELETE FROM sessions WHERE id IN ({marks})", chunk)
 
-        await self.runner.write(_delete)
+        with self._changing(*session_ids):
+            await self.runner.write(_delete)
         await self.runner.call(_vacuum_step, abandon_on_cancel=True)
 
     async def stale_trees(self, updated_before: int, limit: int = 500) -> list[str]:
