@@ -1,7 +1,8 @@
 """CONTRACT §18 "Cluster", issue 40: a node SIGKILLed at any event of a multi-step turn
 (two bash rounds, then an answer) — the surviving node's sweeper resumes it
 (`turn.resumed {reason: "node_lost"}`) and, watched from the survivor, it ends exactly
-once with `done`, runs no bash twice, stores no partial answer. The single-node
+once with `done`, runs no bash twice, stores no partial answer, and announces every
+stored message once (one stored by A whose `message` event died in A's queue too). The single-node
 counterpart is tests/test_durable_turns.py::test_sigkill_at_any_event_of_a_multi_step_turn.
 
 Each example starts two real `veild serve` processes on a fresh PostgreSQL database and
@@ -182,6 +183,12 @@ async def test_sigkill_a_node_at_any_event_of_a_multi_step_turn(
     for m in messages:
         if m["role"] == "assistant":
             assert m["content"] in ANSWERS, m
+    # Every stored message announced once (§13.6, §5: no silent hole, no doubles): a
+    # `message` that died in A's queue is published by the resume on B — no client saw
+    # it before (every node's fan-out tails the bus).
+    announced = [(e["data"]["role"], e["data"]["content"]) for e in stream
+                 if e["eventType"] == "message"]
+    assert announced == [(m["role"], m["content"]) for m in messages], announced
     # Each tool call has exactly one result.
     calls = [c["id"] for m in messages if m["role"] == "assistant"
              for c in m.get("toolCalls") or ()]
