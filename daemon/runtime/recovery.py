@@ -188,7 +188,10 @@ class Recovery:
             reason = "shutdown"
         return ResumedTurn(state, turn, message, Resumption(
             turn.attempt + 1, seen.after_seq(len(mine), turn.start_seq), reason, stored,
-            turn.usage, turn.model, node, frozenset(seen.decided)), client, output_cap)
+            turn.usage, turn.model, node, frozenset(seen.decided),
+            # A cluster's log is its bus (what every client saw): what it lacks of the
+            # stored messages was never published (runtime/turn.py Resumption).
+            announced=seen.messages if node is not None else None), client, output_cap)
 
     async def _start(self, resumes: Sequence[ResumedTurn]) -> None:
         """Count the resumes of `resumes` in one store write (before any of them runs:

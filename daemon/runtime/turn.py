@@ -214,6 +214,12 @@ class Resumption:
     # The inbox entries its stored messages consumed (a wake's drained ones, steers
     # it took): it owes their senders' `reply_to` its result at its end, as before.
     consumed: tuple[InboxRecord, ...] = ()
+    # How many of its stored messages the log holds a `message` event of, when the log
+    # is all any client saw (a cluster's bus: every node's fan-out tails it) — the rest
+    # were stored by a node that died with their events still queued, and are announced
+    # after `turn.resumed`. None on one daemon: there clients saw its events live, and
+    # only a replay across the log's lost tail misses them (it says so: stream.gap).
+    announced: int | None = None
 
 
 @dataclass(frozen=True)
@@ -490,6 +496,14 @@ class Turn:
                         result.content == STOPPED_WHILE_RUNNING, 0))
         self.publisher.stream(ev.TURN_RESUMED, ev.resumed_data(
             self.id, resumed.attempt, resumed.after_seq, resumed.reason, resumed.node))
+        if resumed.announced is not None:
+            # Stored, never published (CONTRACT §18, §13.6: no silent hole): each one
+            # now, with the iteration it had (its answer's number).
+            answered = 0
+            for i, m in enumerate(mine):
+                answered += m.role == "assistant"
+                if i >= resumed.announced:
+                    self.interpreter.publish_message(m, answered)
         record = self.session.mark("running")
         self.publisher.plain("session.updated", {"session": ev.session_wire(record)})
 
