@@ -8,11 +8,15 @@ stuck write with ClosedResourceError) once a grace period is over: after a WebSo
 SSE client lagged (`abort_after`, a timer in the connection's own nursery), and at
 shutdown for whatever is still open.
 
-Two more things below the app are ours, in small subclasses of hypercorn's classes:
+Three more things below the app are ours, in small subclasses of hypercorn's classes:
 - Errors h11 finds before a request reaches the app (a malformed request or a double
   Content-Length: 400, a header block over the limit: 431, an unsupported
   Transfer-Encoding: 501) carry the contract's error shape instead of an empty body,
   and still close the connection (`_H11Protocol._send_error_response`).
+- A kept-alive connection gets its keep-alive timer after each response (so it
+  closes when idle too long, and at once when the daemon stops): hypercorn starts the
+  timer from the app's task, which Quart-Trio has often cancelled by then
+  (`_TCPServer.protocol_send`).
 - A connection that must close (the client sent `Connection: close`, HTTP/1.0, an
   error above) is closed right after its response. Hypercorn closes it from the app's
   task, which Quart-Trio has already cancelled by then, so the close was skipped and
@@ -31,6 +35,7 @@ from typing import Any
 import h11
 import trio
 from hypercorn.config import Config as HyperConfig
+from hypercorn.events import Event, Updated
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
@@ -91,6 +96,22 @@ class _TCPServer(TCPServer):
                 wrapper.state, wrapper.ssl, wrapper.client, wrapper.server, wrapper.send,
             )
         await super()._read_data()
+
+    # Hypercorn's own method, bounded: restarting the keep-alive timer must happen.
+    async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, Updated) and event.idle:
+            # The response is out; hypercorn restarts the connection's keep-alive timer
+            # from the app's task, and Quart-Trio has often cancelled that task by then
+            # (its message reader ends at the `http.disconnect` hypercorn sends once
+            # the response is whole). The restart was then cut at its first checkpoint:
+            # no timer ran, so the idle connection lived until its client hung up —
+            # past the keep-alive timeout, and at a stop until the abort, holding the
+            # daemon `client_close_grace_s` (5 s) after its turns were suspended. Starting
+            # a task never waits on the peer, so a short shield is safe.
+            with trio.move_on_after(CLOSE_GRACE_S, shield=True):
+                await super().protocol_send(event)
+            return
+        await super().protocol_send(event)
 
     # Private hook: hypercorn (0.18) has no public close to bound; its own is skipped
     # when the app's task is already cancelled.
