@@ -76,6 +76,27 @@ async def test_otel_provider_name_overrides(tmp_path: Path, provider: Provider) 
     assert chat["attributes"]["gen_ai.provider.name"] == "vllm"
 
 
+async def test_a_fallback_to_another_provider_names_it(tmp_path: Path,
+                                                      provider: Provider) -> None:
+    """The call's span names the provider that answered: after a fallback to another
+    provider, its `gen_ai.provider.name`, not the first route's."""
+    other = (f'[providers.served]\ntype = "openai"\nbase_url = "{provider.url}"\n'
+             'api_key_env = ""\notel_provider_name = "vllm"\n'
+             '[agents.backed]\nengine = "openai"\nprovider = "mock"\n'
+             'model = "first-model"\nfallback = ["served:second-model"]\ntools = []\n')
+    async with open_receiver() as receiver, open_daemon(
+            tmp_path, provider, server=server_keys(receiver), extra=other,
+            provider_keys="retry_initial_ms = 1\nmax_retries = 0\n") as d:
+        body = (await d.chat(mock(say="made it", failModel="first-model",
+                                  fail=[{"status": 503}]), agent="backed")).json()
+        assert body["content"] == "made it", body
+        spans = await exported(d, receiver, {body["turnId"]})
+    (chat,) = under(spans, turn_spans(spans)[body["turnId"]], "chat ")
+    assert [e["name"] for e in chat["events"]] == ["provider.fallback"]
+    assert chat["attributes"]["gen_ai.response.model"] == "second-model"
+    assert chat["attributes"]["gen_ai.provider.name"] == "vllm"
+
+
 @pytest.mark.parametrize(("kind", "url", "name"), [
     ("openai", "https://api.openai.com/v1", "openai"),
     ("anthropic", "https://api.anthropic.com", "anthropic"),

@@ -112,6 +112,9 @@ class ProviderRetried:
     status: int | None
     error: str
     fallback: bool = False
+    # a fallback's provider as `gen_ai.provider.name` says it (CONTRACT §12.1): the
+    # call's span names the route that answered, not the first one
+    gen_ai_provider: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +194,8 @@ def trace_call_event(span: ChatSpan, event: EngineEvent) -> None:
     elif isinstance(event, ProviderRetried):
         span.retried(event.provider, event.model, event.attempt, event.max_retries,
                      event.wait_ms, event.status, event.error, event.fallback)
+        if event.gen_ai_provider:
+            span.provider_named(event.gen_ai_provider)
 
 
 def merge_text_runs(events: list[EngineEvent]) -> list[EngineEvent]:

@@ -141,7 +141,8 @@ class ModelCall(Generic[C]):
             provider = route.provider
             if index and last is not None:
                 yield ProviderRetried(provider.name, route.model, 0, provider.max_retries,
-                                      0, last.status, last.message, fallback=True)
+                                      0, last.status, last.message, fallback=True,
+                                      gen_ai_provider=provider.gen_ai_provider)
                 yield ModelNamed(route.model)  # until its stream names one
             retry = 0
             while True:

@@ -81,6 +81,8 @@ class ChatSpan(Protocol):
     def answer(self, text: str, calls: Sequence[Mapping[str, Any]],
                finish_reason: str = "stop") -> None: ...
     def model_named(self, model: str) -> None: ...
+    # a fallback went to another provider (its `gen_ai.provider.name`)
+    def provider_named(self, provider: str) -> None: ...
     def usage(self, input_tokens: int, output_tokens: int) -> None: ...
     def retried(self, provider: str, model: str, attempt: int, max_retries: int,
                 wait_ms: int, status: int | None, error: str, fallback: bool) -> None: ...
@@ -141,6 +143,9 @@ class _NoSpan:
         pass
 
     def model_named(self, model: str) -> None:
+        pass
+
+    def provider_named(self, provider: str) -> None:
         pass
 
     def usage(self, input_tokens: int, output_tokens: int) -> None:
@@ -622,6 +627,9 @@ class _OtelChat:
 
     def model_named(self, model: str) -> None:
         self.span.set_attribute("gen_ai.response.model", model)
+
+    def provider_named(self, provider: str) -> None:
+        self.span.set_attribute("gen_ai.provider.name", provider)
 
     def usage(self, input_tokens: int, output_tokens: int) -> None:
         self.input_tokens += input_tokens
