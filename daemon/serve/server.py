@@ -304,6 +304,9 @@ async def _join_cluster(
     node = ClusterNode(config, config.node_id, store.coordination,
                        cast("Degradable", event_log), redis, stop.set, store_clock)
     await node.register(url)
+    # The lease runs from here: it is renewed before anything else is started (the
+    # control stream's start waits on Redis; a slow start must not let it run out).
+    await services.start(node.serve)
     # A routed JSON chat holds its call (and the owner's handler) for its whole turn: the
     # bounds leave room for as many as turns may run, plus the short operations (a
     # cancel must never wait behind chats).
@@ -320,7 +323,6 @@ async def _join_cluster(
     await services.start(channel.serve, answer)
     router = Router(config.node_id, store.coordination, channel, lease_s=config.lease_s)
     sessions.directory = ClusterDirectory(node, router, store, SCHEDULER_LOCK)
-    await services.start(node.serve)
     return node
 
 
