@@ -356,6 +356,32 @@ def test_rlimit_limits_track_the_tree_by_a_cgroup_where_one_may_be_made(
     assert "--cgroup" not in argv
 
 
+def test_a_start_sweeps_the_tracking_cgroups_of_dead_supervisors_only() -> None:
+    """On this host's real cgroup v2 (where the daemon could track by one): a call
+    cgroup whose supervisor is gone is killed with what it holds and removed; one whose
+    supervisor lives (another daemon's call) is left alone."""
+    limiter = limits_mod.open_limiter()
+    if limiter.track is None:
+        pytest.skip(f"no cgroup v2 to track in here: {limiter.describe()}")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead, live = limiter.track / f"call-{gone.pid}", limiter.track / f"call-{os.getpid()}"
+    held = subprocess.Popen(["sleep", "300"])
+    try:
+        dead.mkdir()
+        live.mkdir()
+        (dead / "cgroup.procs").write_text(str(held.pid))
+        assert limits_mod.sweep_orphaned(limiter.track) == 1
+        assert held.wait(timeout=10) == -9  # cgroup.kill's SIGKILL
+        assert not dead.exists() and live.is_dir()
+    finally:
+        held.kill()
+        held.wait()
+        for path in (dead, live):
+            if path.exists():
+                path.rmdir()
+
+
 def test_the_supervisor_makes_the_calls_cgroup_and_reports_the_oom(tmp_path: Path) -> None:
     tools = tmp_path / "tools"
     tools.mkdir()

@@ -206,9 +206,10 @@ async def stdio_transport(cfg: McpServerConfig, stats: McpStats,
         noise.flush()
         with trio.CancelScope(shield=True):
             await _stop(process, known if walks else None)
-            if call is not None:
-                # A supervisor that died before its own sweep (SIGKILL, the OOM killer)
-                # left its tree re-parented to init, but still in its cgroup.
+            if call is not None and (process.returncode is None or process.returncode < 0):
+                # A supervisor that died by a signal before its own sweep (SIGKILL, the
+                # OOM killer) left its tree re-parented to init, but still in its cgroup.
+                # One that exited removed that cgroup: its pid, free now, is not used.
                 with trio.move_on_after(2 * GRACE_S):
                     if await trio.to_thread.run_sync(kill_call, call):
                         log.warning("MCP server %s: its supervisor left processes "

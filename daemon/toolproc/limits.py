@@ -207,6 +207,18 @@ def sweep_calls(tools: Path) -> int:
     return swept
 
 
+def sweep_orphaned(track: Path) -> int:
+    """Kill and remove each membership-only call cgroup under `track` whose supervisor
+    is gone (a daemon and its supervisor SIGKILLed): not the others, which may be live
+    calls of another daemon sharing the cgroup. Returns how many were swept."""
+    swept = 0
+    for call in sorted(track.glob("call-*")):
+        pid = call.name.removeprefix("call-")
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            swept += kill_call(call)  # in a thread at start: a second at most
+    return swept
+
+
 def kill_call(call: Path, wait_s: float = KILL_WAIT_S) -> bool:
     """Kill every process in one call's cgroup and remove it, waiting up to `wait_s`
     for the killed to leave it; False if there was none. Blocking: run in a thread."""
