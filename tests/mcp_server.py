@@ -119,6 +119,22 @@ async def spawn_setsid() -> str:
     return str(child.pid)
 
 
+@app.tool()
+async def spawn_escapee(marker: str, crash: bool = False) -> str:
+    """Start a process that leaves the server's tree by a double fork (`setsid -f`: the
+    forking `setsid` exits at once, so the process is orphaned, in a session of its own)
+    with `marker` in its argv; recorded as "escapee MARKER". Then exit the server with
+    code 9 when `crash`."""
+    subprocess.run(["setsid", "-f", sys.executable, "-c",  # noqa: ASYNC221
+                    "import time; time.sleep(300)", marker],
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=True)
+    record(f"escapee {marker}")
+    if crash:
+        os._exit(9)
+    return marker
+
+
 STALL_PING = float(os.environ.get("MCP_TEST_STALL_PING") or 0)
 HANG_PINGS = bool(os.environ.get("MCP_TEST_HANG_PINGS"))
 calls_running = 0

@@ -103,7 +103,7 @@ async def test_doctor_keeps_an_mcp_sdks_log_lines_out(tmp_path: Path, windowed: 
                   VEILD_LOG="INFO")
     out, err = p.stdout.decode(), p.stderr.decode()
     assert p.returncode == 0, out + err
-    assert any(x.startswith("mcp good (") and ": ok: 11 tool(s)" in x
+    assert any(x.startswith("mcp good (") and ": ok: 12 tool(s)" in x
                for x in out.splitlines()), out
     for text in (out, err):
         assert "Processing request" not in text and "ListToolsRequest" not in text, text

@@ -323,7 +323,7 @@ def test_doctor_starts_each_server_and_lists_its_tools(tmp_path: Path) -> None:
     lines = {line.split(" (")[0]: line for line in result.stdout.splitlines()
              if line.startswith("mcp ")}
     assert result.returncode == 1, result.stdout
-    assert "ok: 11 tool(s): good__add, good__big, good__crash" in lines["mcp good"]
+    assert "ok: 12 tool(s): good__add, good__big, good__crash" in lines["mcp good"]
     assert lines["mcp bad"].endswith("FAIL: the process ended with code 3"), lines
     starts = [x for x in recorded(record) if x.startswith("start")]
     assert len(starts) == 1  # the good one ran (the bad one exits before recording)

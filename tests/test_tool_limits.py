@@ -31,6 +31,7 @@ from daemon.config import ToolLimits, agent_limits, load_config
 from daemon.errors import ConfigError
 from daemon.toolproc import limits as limits_mod
 from daemon.toolproc.procgroup import SUPERVISOR
+from daemon.toolproc.sandbox import Sandbox
 from tests.harness import mock, open_recorder
 from tests.process import spawn_daemon
 from tests.test_sandbox import (
@@ -331,6 +332,54 @@ def test_without_the_controllers_it_is_rlimit_and_says_why(fake_cgroupfs: Path) 
     assert limiter.mode == "rlimit"
     assert "lacks the memory/pids controllers" in limiter.why
     assert limits_mod.open_limiter(fake_cgroupfs, "/nowhere").mode == "rlimit"
+
+
+def test_rlimit_limits_track_the_tree_by_a_cgroup_where_one_may_be_made(
+        fake_cgroupfs: Path) -> None:
+    """Issue 44: membership needs no controller. A cgroup the daemon may make with
+    `cgroup.kill` tracks each call's tree (`--track`); without it the subreaper alone."""
+    own = fake_cgroupfs / "system.slice" / "veild.service"
+    (own / "cgroup.controllers").write_text("cpu io\n")
+    limiter = limits_mod.open_limiter(fake_cgroupfs, "/system.slice/veild.service")
+    # The fake cgroupfs makes no cgroup.kill in the new directory: an old kernel.
+    assert (limiter.mode, limiter.track, limiter.tree) == ("rlimit", None, "subreaper")
+    assert "reaped by its supervisor (a child subreaper)" in limiter.describe()
+    (own / "veild-tools" / "cgroup.kill").write_text("")
+    limiter = limits_mod.open_limiter(fake_cgroupfs, "/system.slice/veild.service")
+    assert (limiter.mode, limiter.track, limiter.tree) == ("rlimit", own / "veild-tools",
+                                                            "cgroup")
+    assert limiter.call_cgroup(42) == own / "veild-tools" / "call-42"
+    assert f"tracked by a cgroup v2 under {own / 'veild-tools'}" in limiter.describe()
+    argv = Sandbox(limiter=limiter).command(["true"], limits=ToolLimits(), workspace=None,
+                                             network=True, confined=False)
+    assert argv[argv.index("--track") + 1] == str(own / "veild-tools")
+    assert "--cgroup" not in argv
+
+
+def test_a_start_sweeps_the_tracking_cgroups_of_dead_supervisors_only() -> None:
+    """On this host's real cgroup v2 (where the daemon could track by one): a call
+    cgroup whose supervisor is gone is killed with what it holds and removed; one whose
+    supervisor lives (another daemon's call) is left alone."""
+    limiter = limits_mod.open_limiter()
+    if limiter.track is None:
+        pytest.skip(f"no cgroup v2 to track in here: {limiter.describe()}")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead, live = limiter.track / f"call-{gone.pid}", limiter.track / f"call-{os.getpid()}"
+    held = subprocess.Popen(["sleep", "300"])
+    try:
+        dead.mkdir()
+        live.mkdir()
+        (dead / "cgroup.procs").write_text(str(held.pid))
+        assert limits_mod.sweep_orphaned(limiter.track) == 1
+        assert held.wait(timeout=10) == -9  # cgroup.kill's SIGKILL
+        assert not dead.exists() and live.is_dir()
+    finally:
+        held.kill()
+        held.wait()
+        for path in (dead, live):
+            if path.exists():
+                path.rmdir()
 
 
 def test_the_supervisor_makes_the_calls_cgroup_and_reports_the_oom(tmp_path: Path) -> None:

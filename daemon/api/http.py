@@ -136,6 +136,9 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
             loopLagMs={**INT, "description": "the event loop's worst wake-up lag over the "
                        "last 10 s, or a wake-up overdue now (ms): a stalled loop shows"},
             sandbox={"enum": ["bwrap", "none"]}, toolLimits={"enum": ["cgroup", "rlimit"]},
+            toolTree={"enum": ["cgroup", "subreaper"], "description": "what ends every "
+                      "process a tool call or MCP server started, a double-forked one "
+                      "too: a cgroup v2 per call, or the supervisor as child subreaper"},
             node=STR))},
         public=True, tags=("operations",),
     ))
@@ -144,6 +147,8 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
                                 "sessionsRunning": sessions.running_count,
                                 "sandbox": rt.sandbox.mode,  # CONTRACT §16
                                 "toolLimits": rt.sandbox.limiter.mode,  # §16.1
+                                # Issue 44: what ends a tool's (or server's) whole tree.
+                                "toolTree": rt.sandbox.limiter.tree,
                                 # Issue 46: whether the loop that answers this is stalled.
                                 "loopLagMs": round(rt.loop_lag_s() * 1000)}
         node, degraded = rt.directory.describe()

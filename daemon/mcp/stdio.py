@@ -8,9 +8,13 @@
   that prints its debug output there). Here such lines are counted (`McpStats`) and
   logged rate-limited by `NoiseLog`: the first few, then one summary per interval.
 - Processes: the SDK signals the server's process group only; a `setsid` grandchild
-  escapes it. Here the tree under the server is remembered (daemon/mcp/proctree.py,
-  walked in a worker thread every `TREE_EVERY_S`, bounded to `proctree.KNOWN_MAX`) and
-  signalled with it.
+  escapes it. Here the server runs under the tool supervisor (`boundary`), which ends
+  its whole tree, a double-forked escapee too: a child subreaper, and where a cgroup v2
+  may be made, the tree's cgroup, which `_stop` kills once more after the supervisor is
+  gone (daemon/toolproc/limits.py, "The tree"). Without a boundary (`veild doctor`'s
+  probe) the tree under the server is remembered (daemon/mcp/proctree.py, walked in a
+  worker thread every `TREE_EVERY_S`, bounded to `proctree.KNOWN_MAX`) and signalled
+  with it; what double-forks away between two walks escapes that.
 
 What the SDK does is kept otherwise: the process starts in a new session with the
 environment given (CONTRACT §16), its stderr is the daemon's; at the end its stdin is
@@ -40,6 +44,7 @@ from mcp.shared.message import SessionMessage
 from daemon.config import McpServerConfig
 from daemon.mcp import bound, proctree
 from daemon.toolproc.env import mcp_environment
+from daemon.toolproc.limits import kill_call
 
 if TYPE_CHECKING:
     from daemon.toolproc.sandbox import Sandbox
@@ -140,6 +145,10 @@ async def stdio_transport(cfg: McpServerConfig, stats: McpStats,
     write, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
     pending: dict[Any, str] = {}  # request id -> method, sent and not answered
     known: dict[int, int] = {}    # the server's descendants: pid -> start time
+    # Under the supervisor its tree is the supervisor's (and its cgroup's) to end: the
+    # walks are for a server without one.
+    walks = boundary is None
+    call = None if boundary is None else boundary.limiter.call_cgroup(process.pid)
     noise = NoiseLog(cfg.name, stats)
 
     async def reader() -> None:
@@ -176,10 +185,11 @@ async def stdio_transport(cfg: McpServerConfig, stats: McpStats,
             # A walk reads every host process's stat: off the Trio thread, and abandoned
             # by a cancel — it is handed a copy, so an abandoned one neither changes nor
             # reads what the stop path works on.
-            fresh = await trio.to_thread.run_sync(proctree.refresh, dict(known),
-                                                  process.pid, abandon_on_cancel=True)
-            known.clear()
-            known.update(fresh)
+            if walks:
+                fresh = await trio.to_thread.run_sync(proctree.refresh, dict(known),
+                                                      process.pid, abandon_on_cancel=True)
+                known.clear()
+                known.update(fresh)
             noise.flush_due()
             await trio.sleep(TREE_EVERY_S)
 
@@ -195,7 +205,15 @@ async def stdio_transport(cfg: McpServerConfig, stats: McpStats,
     finally:
         noise.flush()
         with trio.CancelScope(shield=True):
-            await _stop(process, known)
+            await _stop(process, known if walks else None)
+            if call is not None and (process.returncode is None or process.returncode < 0):
+                # A supervisor that died by a signal before its own sweep (SIGKILL, the
+                # OOM killer) left its tree re-parented to init, but still in its cgroup.
+                # One that exited removed that cgroup: its pid, free now, is not used.
+                with trio.move_on_after(2 * GRACE_S):
+                    if await trio.to_thread.run_sync(kill_call, call):
+                        log.warning("MCP server %s: its supervisor left processes "
+                                    "behind; its cgroup %s was killed", cfg.name, call)
             for stream in (read, write, read_writer, write_reader):
                 await stream.aclose()
 
@@ -229,15 +247,16 @@ async def _quiet(task: Any) -> None:
         pass
 
 
-async def _walk(process: trio.Process, known: dict[int, int]) -> None:
-    """Remember the tree under the live server now (in a worker thread: see proctree)."""
-    if process.returncode is None:
+async def _walk(process: trio.Process, known: dict[int, int] | None) -> None:
+    """Remember the tree under the live server now (in a worker thread: see proctree);
+    None: not walked (the supervisor ends the tree)."""
+    if known is not None and process.returncode is None:
         fresh = await trio.to_thread.run_sync(proctree.refresh, known, process.pid)
         known.clear()
         known.update(fresh)
 
 
-async def _stop(process: trio.Process, known: dict[int, int]) -> None:
+async def _stop(process: trio.Process, known: dict[int, int] | None) -> None:
     """MCP's stdio shutdown, with the server's whole tree; bounded (about 3 x GRACE_S).
     Runs shielded; its /proc reads are in worker threads, each a few ms."""
     await _walk(process, known)
@@ -252,13 +271,15 @@ async def _stop(process: trio.Process, known: dict[int, int]) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         await _walk(process, known)
         _killpg(process.pid, sig)
-        await trio.to_thread.run_sync(proctree.signal_known, known, sig)
+        if known is not None:
+            await trio.to_thread.run_sync(proctree.signal_known, known, sig)
         if sig == signal.SIGTERM:
             with trio.move_on_after(GRACE_S):
                 await process.wait()
                 # Not our children (no wait()): polled. The thread is not abandoned, so
                 # `known` is only ever changed by one of them at a time.
-                while await trio.to_thread.run_sync(proctree.prune, known):  # noqa: ASYNC110
+                while known is not None and await trio.to_thread.run_sync(  # noqa: ASYNC110
+                        proctree.prune, known):
                     await trio.sleep(0.05)
     with trio.move_on_after(GRACE_S):
         await process.wait()

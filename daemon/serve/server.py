@@ -56,7 +56,7 @@ from daemon.serve.sdnotify import notify, serve_status, serve_watchdog
 from daemon.snapshots import SnapshotConfig, Snapshots
 from daemon.store import open_store
 from daemon.toolproc import survivors
-from daemon.toolproc.limits import sweep_calls
+from daemon.toolproc.limits import sweep_calls, sweep_orphaned
 from daemon.toolproc.procgroup import close_own_proc
 from daemon.toolproc.sandbox import Sandbox, open_sandbox
 from daemon.tools.agents import AgentMessageTool, AgentSpawnTool
@@ -458,6 +458,8 @@ async def _serve(
             if limiter.mode == "cgroup" and limiter.tools is not None:
                 # And every call's cgroup the last run left (§16.1): all it holds.
                 ended += await trio.to_thread.run_sync(sweep_calls, limiter.tools)
+            elif limiter.track is not None:  # issue 44: what a dead supervisor left
+                ended += await trio.to_thread.run_sync(sweep_orphaned, limiter.track)
             if ended:
                 log.warning("ended %d tool processes of the last run", ended)
             # CONTRACT §19: interrupted workspace swaps and rewinds settled before any

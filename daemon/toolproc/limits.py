@@ -23,13 +23,26 @@ so the supervisor also counts the call's tree from /proc ten times a second and 
 past `tool_pids` tasks, past `tool_memory_mb` resident in all, or past `tool_cpu_s` CPU
 in all (reaped descendants included). That bound is a poll: a fork bomb may pass
 `tool_pids` for up to a tick before the tree is killed.
+
+**The tree** (issue 44: what ends every process a call or an MCP server started). The
+supervisor is always a child subreaper: an orphan — a `setsid -f` or double-forked
+daemon — is re-parented to it, and it kills every descendant at the end. That fails only
+if the supervisor itself dies first (its orphans go to init). So where a cgroup v2 may be
+made the tree is also tracked by one, which needs no controller at all (membership alone;
+`cgroup.kill`, Linux 5.14): with `cgroup` limits it is the call's cgroup; with `rlimit`
+limits, when the daemon's own cgroup v2 lets it make `veild-tools` (root, or delegated)
+and the kernel has `cgroup.kill`, each supervisor makes `veild-tools/call-PID` for
+membership only (`--track`). At its end the supervisor `cgroup.kill`s it, and the daemon
+does too once the supervisor is gone (`kill_call`: an MCP server's stop), so not even a
+SIGKILLed supervisor leaves its tree. `Limiter.tree` says which: `cgroup` or
+`subreaper` (GET /health `toolTree`, `veild doctor`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +50,8 @@ log = logging.getLogger("daemon.sandbox")
 
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 NEEDED = ("memory", "pids")
+TRACK_DIR = "veild-tools"  # under the daemon's cgroup: membership-only call cgroups
+KILL_WAIT_S = 1.0  # a killed cgroup empties (and can be removed) within this
 
 
 @dataclass(frozen=True)
@@ -47,13 +62,29 @@ class Limiter:
     mode: str = "rlimit"
     tools: Path | None = None  # PATH/tools: every call's cgroup is made here
     why: str = "not decided"
+    # `rlimit` limits with the tree tracked by a cgroup all the same: where each call's
+    # membership-only cgroup is made (supervise.py `--track`); None: subreaper only.
+    track: Path | None = None
+
+    @property
+    def tree(self) -> str:
+        """What ends a call's (or MCP server's) whole tree: `cgroup` or `subreaper`."""
+        return "cgroup" if self.mode == "cgroup" or self.track is not None else "subreaper"
+
+    def call_cgroup(self, supervisor: int) -> Path | None:
+        """The cgroup the supervisor `supervisor` made for its call, if one is made."""
+        parent = self.tools if self.mode == "cgroup" else self.track
+        return None if parent is None else parent / f"call-{supervisor}"
 
     def describe(self) -> str:
         if self.mode == "cgroup":
             return f"cgroup: a cgroup v2 per call under {self.tools}"
         root = ("; as root RLIMIT_NPROC does not bind: tool_pids is the supervisor's "
                 "count of the call's tasks" if os.geteuid() == 0 else "")
-        return f"rlimit: {self.why}{root}"
+        tree = (f"; each call's tree tracked by a cgroup v2 under {self.track}"
+                if self.track is not None else
+                "; each call's tree reaped by its supervisor (a child subreaper)")
+        return f"rlimit: {self.why}{root}{tree}"
 
 
 def _cgroup2_mount() -> Path | None:
@@ -90,10 +121,50 @@ def open_limiter(mount: Path | None = None, own: str | None = None, *,
                  dry_run: bool = False) -> Limiter:
     """The mechanism here: `cgroup` when the daemon's cgroup v2 has the controllers
     and lets the daemon make children (moving the daemon into its own leaf), else
-    `rlimit` saying why. `dry_run` (`veild doctor`) changes nothing: it checks that
-    the daemon could. `mount`/`own` are seams for tests (a fake cgroupfs)."""
+    `rlimit` saying why — with a cgroup to track each call's tree where one may be made
+    (`track`). `dry_run` (`veild doctor`) changes nothing: it checks that the daemon
+    could. `mount`/`own` are seams for tests (a fake cgroupfs)."""
     mount = mount or _cgroup2_mount()
     own = own if own is not None else _own_cgroup()
+    limiter = _limits(mount, own, dry_run=dry_run)
+    if limiter.mode == "rlimit" and mount is not None and own is not None:
+        track = _tracking(mount / own.lstrip("/"), dry_run=dry_run)
+        if track is not None:
+            return Limiter(why=limiter.why, track=track)
+    return limiter
+
+
+def _kernel_kills_cgroups() -> bool:
+    """Whether this kernel has `cgroup.kill` (Linux 5.14)."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (5, 14)
+
+
+def _tracking(base: Path, *, dry_run: bool) -> Path | None:
+    """`base/veild-tools`, where each call's membership-only cgroup is made, when the
+    daemon may make it and it has `cgroup.kill`; else None (the subreaper alone)."""
+    track = base / TRACK_DIR
+    if dry_run:
+        usable = ((track.is_dir() and os.access(track, os.W_OK)) or
+                  (os.access(base, os.W_OK) and (base / "cgroup.procs").exists()))
+        return track if usable and _kernel_kills_cgroups() else None
+    try:
+        track.mkdir(exist_ok=True)
+    except OSError as exc:
+        log.info("no cgroup to track tool processes in (%s): the supervisor, a child "
+                 "subreaper, reaps each call's tree", exc.strerror or exc)
+        return None
+    if not (track / "cgroup.kill").exists() or not os.access(track, os.W_OK):
+        log.info("%s has no cgroup.kill (Linux < 5.14) or is not writable: the "
+                 "supervisor, a child subreaper, reaps each call's tree", track)
+        return None
+    return track
+
+
+def _limits(mount: Path | None, own: str | None, *, dry_run: bool) -> Limiter:
     if mount is None or own is None:
         return Limiter(why="no cgroup v2 hierarchy")
     base = mount / own.lstrip("/")
@@ -132,8 +203,39 @@ def sweep_calls(tools: Path) -> int:
     swept = 0
     for call in sorted(tools.glob("call-*")):
         swept += 1
-        with contextlib.suppress(OSError):
-            _write(call / "cgroup.kill", "1")
-        with contextlib.suppress(OSError):
-            call.rmdir()
+        kill_call(call, wait_s=0)
     return swept
+
+
+def sweep_orphaned(track: Path) -> int:
+    """Kill and remove each membership-only call cgroup under `track` whose supervisor
+    is gone (a daemon and its supervisor SIGKILLed): not the others, which may be live
+    calls of another daemon sharing the cgroup. Returns how many were swept."""
+    swept = 0
+    for call in sorted(track.glob("call-*")):
+        pid = call.name.removeprefix("call-")
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            swept += kill_call(call)  # in a thread at start: a second at most
+    return swept
+
+
+def kill_call(call: Path, wait_s: float = KILL_WAIT_S) -> bool:
+    """Kill every process in one call's cgroup and remove it, waiting up to `wait_s`
+    for the killed to leave it; False if there was none. Blocking: run in a thread."""
+    try:
+        _write(call / "cgroup.kill", "1")
+    except FileNotFoundError:
+        return False  # removed by its supervisor: the usual end
+    except OSError as exc:
+        log.warning("cannot kill cgroup %s: %s", call, exc)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            call.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(0.01)  # a worker thread: the killed are leaving the cgroup

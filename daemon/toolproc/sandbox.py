@@ -164,6 +164,8 @@ class Sandbox:
             opts += ["--cpu-s", f"{limits.cpu_s:g}"]
         if self.limiter.mode == "cgroup":
             opts += ["--cgroup", str(self.limiter.tools)]
+        elif self.limiter.track is not None:  # the tree in a cgroup, limits by rlimit
+            opts += ["--track", str(self.limiter.track)]
         if not sandboxed:
             opts.append("--drop-caps")
         if report_fd is not None:

@@ -31,6 +31,11 @@ limit the tree is killed). `--drop-caps` empties bash's capability bounding set 
 unsandboxed call of a root daemon: without CAP_SYS_PTRACE it cannot read the
 non-dumpable daemon's /proc/PID/environ). `--report-fd FD`: the limit that ended the
 call, if one did, is written there (`memory`, `pids` or `cpu`) before exiting.
+`--track DIR` (limits by setrlimit, but a cgroup v2 this process may make children in):
+DIR/call-PID is made with no limits, only so that the kernel keeps every descendant in
+it — a double-forked one too, whatever happens to this process — and `cgroup.kill` ends
+them all at the end; the daemon kills what is left there should this process itself die
+(daemon/toolproc/limits.py `kill_call`).
 
 Without prctl (not Linux) step 1 is skipped: what bash's group and this process's own
 children hold is still killed, but a `setsid` grandchild whose parent died escapes.
@@ -82,6 +87,7 @@ class _Options:
         self.memory_mb = self.pids = 0
         self.cpu_s = 0.0
         self.cgroup: str | None = None  # the parent directory of the call's cgroup
+        self.track_only = False  # `--track`: a cgroup for membership, limits by rlimit
         self.drop_caps = False
         self.report_fd = -1
         while args and args[0].startswith("--"):
@@ -100,6 +106,8 @@ class _Options:
                 self.cpu_s = float(value)
             elif flag == "--cgroup":
                 self.cgroup = value
+            elif flag == "--track":
+                self.cgroup, self.track_only = value, True
             elif flag == "--report-fd":
                 self.report_fd = int(value)
         self.argv = args
@@ -109,9 +117,14 @@ class _Options:
     def polls(self) -> bool:
         """Whether the tree is counted on a timer: always without a cgroup; with one,
         for the CPU seconds only (cgroup v2 has no CPU-total limit of its own)."""
-        if self.cgroup is None:
+        if not self.limited:
             return bool(self.memory_mb or self.pids or self.cpu_s)
         return self.cpu_s > 0
+
+    @property
+    def limited(self) -> bool:
+        """Whether the kernel bounds the call through its cgroup (not `--track`)."""
+        return self.call is not None and not self.track_only
 
 
 def _watch(daemon: int, options: _Options, bash: list[int]) -> None:
@@ -161,7 +174,7 @@ def _tree(me: int) -> list[int]:
 
 def _over(options: _Options) -> str | None:
     """The limit the call's tree is past now, if any."""
-    if options.call is not None:  # a cgroup: only the CPU is ours to count
+    if options.limited:  # a cgroup: only the CPU is ours to count
         try:
             with open(f"{options.call}/cpu.stat") as f:
                 usec = int(f.readline().split()[1])  # usage_usec
@@ -200,8 +213,9 @@ def _make_cgroup(options: _Options) -> None:
     path = f"{options.cgroup}/call-{os.getpid()}"
     try:
         os.mkdir(path)
-        settings = [("memory.max", options.memory_mb * MIB), ("memory.swap.max", 0),
-                    ("memory.oom.group", 1), ("pids.max", options.pids)]
+        settings = [] if options.track_only else [
+            ("memory.max", options.memory_mb * MIB), ("memory.swap.max", 0),
+            ("memory.oom.group", 1), ("pids.max", options.pids)]
         for name, value in settings:
             if value or name in ("memory.swap.max", "memory.oom.group"):
                 try:
@@ -211,8 +225,9 @@ def _make_cgroup(options: _Options) -> None:
                     pass
         options.call = path
     except OSError as exc:
-        os.write(2, f"veild: no cgroup for this call ({exc}); limits by setrlimit\n"
-                    .encode())
+        if not options.track_only:  # tracking only: the subreaper remains, silently
+            os.write(2, f"veild: no cgroup for this call ({exc}); limits by setrlimit\n"
+                        .encode())
         options.cgroup = None
 
 
@@ -329,9 +344,14 @@ def _confine(options: _Options) -> None:
     """In the forked child, before exec: into the call's cgroup, else the rlimits; the
     capability bounding set emptied when asked."""
     if options.call is not None:
-        with open(f"{options.call}/cgroup.procs", "w") as f:
-            f.write(str(os.getpid()))
-    else:
+        try:
+            with open(f"{options.call}/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+        except OSError:
+            if not options.track_only:
+                raise
+            # Tracking only: untracked, the subreaper still reaches the tree.
+    if not options.limited:
         import resource
 
         if options.memory_mb:
