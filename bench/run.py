@@ -32,13 +32,15 @@ a target that does not hold is a `NO` in the table, not an exit status.
   TC      bench/toolcost.py (`bash true` with the limits and the allowlist bind against no
           sandbox and main's sandbox; issue 42)
   RC      bench/resume.py (200 open turns: restart -> first resumed chunk; issue 40)
+  RR      bench/rolling.py (a rolling restart of a two-node cluster under 100 streaming
+          turns: turns lost, the longest stall, SIGTERM -> first resumed chunk; issue 40)
   SN      bench/snapshots.py and bench/rewind.py (workspace snapshots of 1,000 files /
           100 MB: time and disk per turn, a turn's start on vs off, restore and rewind;
           issue 43)
 
 `python -m bench.run --only p1,p3` runs only those phases (p1 p2 traced p3 p3x chats
 controlplane p4 p5 extras publish durable cluster sandbox chaos peers long realmodel
-responses toolcost snapshots resume), `--repeat N` runs them N times and prints each
+responses toolcost snapshots resume rolling), `--repeat N` runs them N times and prints each
 table: a quicker loop while working on one row. `--burn N` runs N CPU-burning processes
 (busy loops at the bench's own niceness) during each phase, as on a shared machine.
 `make bench` runs everything once.
@@ -75,6 +77,7 @@ from bench import (
     responses_stream,
     resume,
     rewind,
+    rolling,
     sandbox,
     slow,
     throughput,
@@ -89,7 +92,7 @@ Phase = Callable[[], Awaitable[list[Row]]]
 PHASE_LIMIT_S = 600
 PHASES = ("p1", "p2", "traced", "p3", "p3x", "chats", "controlplane", "p4", "p5", "extras",
           "publish", "durable", "cluster", "sandbox", "chaos", "peers", "long", "realmodel",
-          "responses", "toolcost", "snapshots", "resume")
+          "responses", "toolcost", "snapshots", "resume", "rolling")
 BURN = "while True: pass"
 
 
@@ -218,6 +221,9 @@ async def _run(only: set[str], resets: bool = True, burn: int = 0) -> int:
                          rows)
         if "resume" in only:
             await _phase("RC resume", lambda: resume.resume_rows(mock.url, ledger), ledger,
+                         rows)
+        if "rolling" in only:
+            await _phase("RR rolling", lambda: rolling.rolling_rows(mock.url, ledger), ledger,
                          rows)
         if "sandbox" in only:
             await _phase("sandbox", lambda: sandbox.sandbox_rows(ledger), ledger, rows)

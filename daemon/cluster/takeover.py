@@ -8,12 +8,14 @@ stops. Each open turn is then, in its order:
 
 - closed with the terminal it had published (its end was not stored): as before;
 - taken: its session becomes this node's by a compare-and-set on the dead owner
-  (`adopt_session`, under this node's own lease), so a second sweep of the same node
-  (this sweeper died midway) never finds it again — a turn is resumed once per loss;
+  (`adopt_sessions`, under this node's own lease; one statement for all of them), so a
+  second sweep of the same node (this sweeper died midway) never finds it again — a
+  turn is resumed once per loss;
 - resumed here as at a start (runtime/recovery.py `resume_or_end`: same turnId, its
-  stored progress, `turn.resumed {reason: "node_lost" | "shutdown", node}`) — or, when
-  it may not be (resume_max, resume_within_s, a cancel had answered, claude-cli, nothing
-  stored), ended with what recovery says, on this node.
+  stored progress, `turn.resumed {reason: "node_lost" | "shutdown", node}`), all the
+  taken ones as one wave (planned, then started with one write) — or, when it may not
+  be (resume_max, resume_within_s, a cancel had answered, claude-cli, nothing stored),
+  ended with what recovery says, on this node.
 
 A turn whose session some other node took meanwhile is not this sweep's: skipped.
 """
@@ -56,27 +58,38 @@ async def take_over(sessions: SessionManager, coordination: Coordination, dead: 
     other sessions."""
     me = coordination.node_id
     done = TakenOver()
+    message = f"node {dead} stopped while this turn ran"
     for turn in turns:
-        message = f"node {dead} stopped while this turn ran"
-        try:
-            if turn.id in published:
+        if turn.id in published:
+            try:
                 done.owed.extend(await sessions.interrupt(turn, message, published[turn.id]))
-                done.ended += 1
-                continue
-            if not await coordination.adopt_session(turn.session_id, dead, me):
-                log.info("turn %s of node %s: its session moved meanwhile (not this "
-                         "sweep's)", turn.id, dead)
-                continue
-            end = await sessions.recovery.resume_or_end(
-                turn, logged.get(turn.id) or LoggedTurn(), "node_lost", me)
-            if end is None:
-                done.resumed += 1
-                continue
-            code, why, details = end
+            except TurnClosed:
+                continue  # ended (stored) by another sweep meanwhile: it has its terminal
+            done.ended += 1
+    rest = [t for t in turns if t.id not in published]
+    # Every session taken before any of its turns is resumed: one compare-and-set each,
+    # in one statement.
+    adopted = await coordination.adopt_sessions(sorted({t.session_id for t in rest}),
+                                                dead, me)
+    taken = []
+    for turn in rest:
+        if turn.session_id in adopted:
+            taken.append(turn)
+        else:
+            log.info("turn %s of node %s: its session moved meanwhile (not this sweep's)",
+                     turn.id, dead)
+    ends = await sessions.recovery.resume_or_end(
+        [(t, logged.get(t.id) or LoggedTurn()) for t in taken], "node_lost", me)
+    done.resumed += len(taken) - len(ends)
+    for turn in taken:
+        if turn.id not in ends:
+            continue
+        code, why, details = ends[turn.id]
+        try:
             done.owed.extend(await sessions.recovery.interrupt(
                 turn, why.replace("the daemon", f"node {dead}", 1), code=code,
                 details=details))
-            done.ended += 1
         except TurnClosed:
-            continue  # ended (stored) by another sweep meanwhile: it has its terminal
+            continue
+        done.ended += 1
     return done

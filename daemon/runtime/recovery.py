@@ -139,15 +139,31 @@ class Recovery:
         state = self._host.in_memory(session_id)  # a turn just resumed on it
         return state is not None and state.running is not None
 
-    async def resume_or_end(self, turn: TurnRecord, seen: LoggedTurn, reason: str,
-                            node: str | None) -> _End | None:
-        """One open turn of a node the cluster's sweeper took (cluster/takeover.py):
-        resumed here as at a start — None once it runs —, else the end it gets."""
-        planned = await self._plan(turn, seen, reason, node)
-        if not isinstance(planned, ResumedTurn):
-            return planned
-        await self._start([planned])
-        return None
+    async def resume_or_end(self, turns: Sequence[tuple[TurnRecord, LoggedTurn]],
+                            reason: str, node: str | None) -> dict[str, _End]:
+        """A dead node's open turns the cluster's sweeper took (cluster/takeover.py):
+        resumed here as at a start — planned (reads only), then started in waves, one
+        store write each, as recover_interrupted does: the first FIRST_WAVE standalone
+        ones as soon as they are planned, the rest once all are — and the end each of
+        the others gets instead, by turn id. One at a time, a hundred turns cost a
+        hundred writes before the last one's first chunk; in one wave only, the first
+        one's first chunk waits for every plan (bench/rolling.py)."""
+        ends: dict[str, _End] = {}
+        first: list[ResumedTurn] = []
+        resumes: list[ResumedTurn] = []
+        for turn, seen in turns:
+            planned = await self._plan(turn, seen, reason, node)
+            if not isinstance(planned, ResumedTurn):
+                ends[turn.id] = planned
+                continue
+            early = len(first) < FIRST_WAVE and standalone(planned)
+            (first if early else resumes).append(planned)
+            if early and len(first) == FIRST_WAVE:
+                await self._start(first)
+        if len(first) < FIRST_WAVE:  # not started yet
+            resumes = first + resumes
+        await self._start(resumes)
+        return ends
 
     async def _plan(self, turn: TurnRecord, seen: LoggedTurn, reason: str,
                     node: str | None) -> ResumedTurn | _End:

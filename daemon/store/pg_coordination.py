@@ -297,17 +297,22 @@ class PgCoordination:
             (node_id,)).fetchall())
         return sorted(r[0] for r in rows)
 
-    async def adopt_session(self, session_id: str, node_id: str, to: str) -> bool:
-        """owner := `to` if the session is still `node_id`'s (a swept node's session
-        whose open turn `to` resumes, CONTRACT §18): True if `to` took it. The
-        compare-and-set makes a resume once: a second sweep of the same node no longer
-        finds the turn among `node_id`'s."""
+    async def adopt_sessions(self, session_ids: Sequence[str], node_id: str,
+                             to: str) -> set[str]:
+        """owner := `to` for each of `session_ids` still `node_id`'s (a swept node's
+        sessions whose open turns `to` resumes, CONTRACT §18): the ids `to` took. One
+        statement for a whole sweep (a node stops with hundreds of turns open); the
+        compare-and-set per row makes a resume once: a second sweep of the same node no
+        longer finds those turns among `node_id`'s."""
+        if not session_ids:
+            return set()
         # Under `to`'s own lease (pg_fence.LIVE): a sweeper that is itself swept
         # meanwhile takes nothing its own sweep would then miss.
-        return await self._pool.execute(
+        rows = await self._pool.statement(lambda conn: conn.execute(
             f"WITH live AS ({LIVE}) UPDATE sessions SET owner=%s "
-            "WHERE id=%s AND owner=%s AND EXISTS (SELECT 1 FROM live)",
-            (to, self._lease.epoch, to, session_id, node_id)) == 1
+            "WHERE id = ANY(%s) AND owner=%s AND EXISTS (SELECT 1 FROM live) RETURNING id",
+            (to, self._lease.epoch, to, list(session_ids), node_id)).fetchall())
+        return {r[0] for r in rows}
 
     async def expire_node(self, node_id: str, epoch: int | None) -> None:
         """End a node's lease now (a clean stop that leaves suspended turns open, §18):
