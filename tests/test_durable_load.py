@@ -75,7 +75,8 @@ async def test_sigterm_with_200_running_turns_then_restart_ends_each_exactly_onc
                 assert await proc.process.wait() == 0
     # Suspended, not ended: no terminal, and each JSON chat was told so.
     assert len(answers) == TURNS
-    assert all(a.status_code == 503 and a.json()["error"]["details"]["suspended"]
+    assert all(a.status_code == 503 and a.json()["error"]["code"] == "UNAVAILABLE"
+               and a.json()["error"]["details"]["suspended"] is True
                for a in answers), [a.text for a in answers if a.status_code != 503][:3]
     for turn_id in turn_ids:
         kinds = [e["eventType"] for e in rec.stream(turn_id)]
@@ -93,7 +94,15 @@ async def test_sigterm_with_200_running_turns_then_restart_ends_each_exactly_onc
         took = trio.current_time() - restarted
         sessions = {rec.stream(t)[0]["sessionId"]: t for t in turn_ids}
         rows = [(await http.get(f"/sessions/{s}/turns")).json()["turns"] for s in sessions]
-    print(f"\n{TURNS} suspended turns: restart -> the last terminal {took:.1f} s")
+    # Restart -> each resumed turn's first chunk (the events' own `ts`), reported.
+    firsts = sorted(min(e["ts"] for e in rec.stream(t)
+                        if e["eventType"] == "inference.chunk" and e["seq"] > resumed_seq)
+                    for t in turn_ids
+                    for resumed_seq in [next(e["seq"] for e in rec.stream(t)
+                                             if e["eventType"] == "turn.resumed")])
+    print(f"\n{TURNS} suspended turns: restart -> first resumed chunk "
+          f"{firsts[0] - restarted_ms:.0f} ms, -> every turn's first "
+          f"{firsts[-1] - restarted_ms:.0f} ms, -> the last terminal {took:.1f} s")
 
     # The replay from seq 0 holds both runs: one turn.resumed, one terminal (last) each.
     assert not [e for e in rec.events if e.get("type") == "stream.gap"]

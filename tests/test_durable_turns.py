@@ -6,9 +6,7 @@ no partial answer, and its usage counts only the answers that were stored."""
 
 from __future__ import annotations
 
-import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -172,92 +170,6 @@ async def test_sigkill_in_bash_gives_an_error_result_and_never_runs_it_again(
     [result] = [e for e in _of(rec, turn_id, "tool.result")]
     assert result["data"]["isError"] is True
     assert messages[3]["content"] == "all done"
-
-
-async def test_sigterm_suspends_every_running_turn_and_the_next_start_ends_each_once(
-        tmp_path: Path, provider: Provider) -> None:
-    """50 running turns (10 of them in a bash call): SIGTERM suspends them all (no
-    terminal), the daemon exits 0 within 10 s, a waiting JSON chat answers 503
-    `suspended`; the next start resumes each (`reason: shutdown`) and each ends `done`
-    once; no bash command ran twice."""
-    # VEILD_DURABLE_TURNS: more for a measurement (the issue's 200 is the bench's).
-    n = int(os.environ.get("VEILD_DURABLE_TURNS", "50"))
-    with_bash = 10
-    release = tmp_path / "release"
-    config = write_config(tmp_path, provider.url, server="drain_s = 1")
-    answers: list[httpx.Response] = []
-    words = "alpha beta gamma delta epsilon zeta"
-
-    def script(i: int) -> str:
-        if i < with_bash:
-            command = (f"echo ran >> counter; echo started; while [ ! -e {release} ]; "
-                       "do sleep 0.05; done")
-            return mock(calls=[{"say": f"turn {i}", "tools": [
-                {"name": "bash", "arguments": {"command": command}}]}, {"say": words}])
-        return mock(say=words, pause_after=2, pause_until=str(release))
-
-    async with spawn_daemon(config) as proc, open_recorder(proc.ws_url) as rec, \
-            httpx.AsyncClient(base_url=proc.url, timeout=60,
-                              limits=httpx.Limits(max_connections=n + 5)) as http:
-        async with trio.open_nursery() as nursery:
-            async def chat(i: int) -> None:
-                try:
-                    answers.append(await http.post("/agents/assistant/chat",
-                                                   json={"message": script(i)}))
-                except httpx.HTTPError:
-                    pass
-
-            for i in range(n):
-                nursery.start_soon(chat, i)
-
-            def streaming(evs: list[dict[str, Any]]) -> bool:
-                paused = {e["turnId"] for e in evs if e.get("eventType") == "inference.chunk"}
-                bashing = {e["turnId"] for e in evs if e.get("eventType") == "tool.chunk"
-                           and "started" in e["data"]["content"]}
-                return len(paused) >= n and len(bashing) >= with_bash
-
-            await rec.wait_for(streaming)
-            turn_ids = set(rec.turn_ids())
-            assert len(turn_ids) == n
-            started = trio.current_time()
-            proc.process.send_signal(signal.SIGTERM)
-            with trio.fail_after(10):
-                code = await proc.process.wait()
-            assert code == 0
-            assert trio.current_time() - started < 10
-    assert len(answers) == n
-    for answer in answers:
-        assert answer.status_code == 503, answer.text
-        error = answer.json()["error"]
-        assert error["code"] == "UNAVAILABLE" and error["details"]["suspended"] is True
-    for turn_id in turn_ids:
-        kinds = [e["eventType"] for e in rec.stream(turn_id)]
-        assert kinds[-1] == "turn.suspended", kinds
-        assert "done" not in kinds and "error" not in kinds
-    release.touch()
-    restarted_ms = time.time() * 1000
-    async with spawn_daemon(config) as proc:
-        listening_ms = time.time() * 1000
-        async with open_recorder(proc.ws_url, "since=0") as rec:
-            terminals = {t: await rec.terminal(t) for t in turn_ids}
-    # Restart -> each resumed turn's first chunk (the events' own `ts`), reported.
-    firsts = []
-    for turn_id in turn_ids:
-        resumed_seq = _of(rec, turn_id, "turn.resumed")[0]["seq"]
-        firsts.append(min(e["ts"] for e in _of(rec, turn_id, "inference.chunk")
-                          if e["seq"] > resumed_seq))
-    print(f"\n{n} suspended turns: restart -> first resumed chunk "
-          f"{min(firsts) - restarted_ms:.0f} ms, -> every turn's first "
-          f"{max(firsts) - restarted_ms:.0f} ms (listening after "
-          f"{listening_ms - restarted_ms:.0f} ms)")
-    for turn_id, terminal in terminals.items():
-        assert terminal["eventType"] == "done", terminal
-        [resumed] = _of(rec, turn_id, "turn.resumed")
-        assert resumed["data"]["reason"] == "shutdown"
-        assert_one_terminal_last(rec.stream(turn_id))
-    counters = list((tmp_path / "data" / "workspaces").glob("*/counter"))
-    assert len(counters) == with_bash
-    assert all(c.read_text() == "ran\n" for c in counters)
 
 
 KINDS_THAT_COUNT = ("turn.start", "inference.chunk", "inference.tool", "tool.chunk",
