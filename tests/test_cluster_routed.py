@@ -373,9 +373,13 @@ async def test_a_tree_cancel_goes_on_when_its_client_hangs_up(
                 async with trio.open_nursery() as asker:
                     asker.start_soon(client.post, f"/sessions/{parent}/cancel")
                     await asking.wait()
+                    # The cancel's connection is among these; its hang-up closes it.
+                    open_then = a.daemon.http.live_connections
                     asker.cancel_scope.cancel()  # the client hangs up
-            # The server notices (its request task is cancelled), then B is asked.
-            await trio.sleep(0.5)
+            # The server notices (its connection ends, the request's task cancelled
+            # with it), then B is asked.
+            while a.daemon.http.live_connections >= open_then:
+                await trio.sleep(0.01)  # a poll: the server announces no hang-up
             hung_up.set()
             for turn in running:
                 terminal = await rec.terminal(turn)

@@ -221,6 +221,11 @@ class HttpServer:
         self._all_closed = trio.Event()
 
     @property
+    def live_connections(self) -> int:
+        """Client connections open now (a test sees a hang-up reach the server)."""
+        return self._live
+
+    @property
     def port(self) -> int:
         return int(self.sock.getsockname()[1])
 
