@@ -378,8 +378,7 @@ async def test_a_tree_cancel_goes_on_when_its_client_hangs_up(
                     asker.cancel_scope.cancel()  # the client hangs up
             # The server notices (its connection ends, the request's task cancelled
             # with it), then B is asked.
-            while a.daemon.http.live_connections >= open_then:
-                await trio.sleep(0.01)  # a poll: the server announces no hang-up
+            await a.daemon.http.wait_connections_below(open_then)
             hung_up.set()
             for turn in running:
                 terminal = await rec.terminal(turn)

@@ -219,11 +219,18 @@ class HttpServer:
         self._connections_scope: trio.CancelScope | None = None
         self._live = 0
         self._all_closed = trio.Event()
+        self._one_closed = trio.Event()  # set (and replaced) as each connection ends
 
     @property
     def live_connections(self) -> int:
-        """Client connections open now (a test sees a hang-up reach the server)."""
+        """Client connections open now."""
         return self._live
+
+    async def wait_connections_below(self, count: int) -> None:
+        """Until fewer than `count` client connections are open (a test sees a
+        client's hang-up reach the server)."""
+        while self._live >= count:
+            await self._one_closed.wait()
 
     @property
     def port(self) -> int:
@@ -264,6 +271,8 @@ class HttpServer:
                             own.cancel_scope.cancel()
                     finally:
                         self._live -= 1
+                        self._one_closed.set()
+                        self._one_closed = trio.Event()
                         if self._live == 0:
                             self._all_closed.set()
                             self._all_closed = trio.Event()
