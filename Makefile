@@ -19,8 +19,15 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/veild serve
 
+# Two workers, a module each at a time (most tests wait on daemons, sockets and
+# subprocesses, so two fill two cores); then the wall-time-bound tests alone. Both parts
+# always run; either failing fails the target. TEST_WORKERS=0 runs it all in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	@if [ "$(TEST_WORKERS)" = 0 ]; then $(PY) -m pytest -q; else \
+		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial"; a=$$?; \
+		$(PY) -m pytest -q -m serial; b=$$?; \
+		test $$a -eq 0 && test $$b -eq 0; fi
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check daemon tests bench docs/examples examples

@@ -29,18 +29,25 @@ ACROSS_NODES = True  # also on a two-node cluster (tests/conftest.py: topology)
 
 
 
-def ticks(marker: str) -> str:
+def ticks(marker: str, count: int) -> str:
     """A shell that starts a process carrying `marker` as its argv[0], then ticks."""
     return (f"(exec -a {marker} sleep 300) & "
-            "for i in $(seq 1 400); do echo tick $i; sleep 0.005; done")
+            f"for i in $(seq 1 {count}); do echo tick $i; sleep 0.005; done")
 
 
-def script(marker: str) -> str:
+# While the cancel is to land in the tool's output, 400 ticks (2 s) give it time on a
+# loaded machine; "between" waits for the tool's result, and a short shell gets there
+# without 2 s of ticking in each of its examples.
+TICKS = {"tool": 400, "between": 30}
+
+
+def script(marker: str, phase: str) -> str:
     # The second call hangs after its chunks: the turn can only end by the cancel, so
     # every assertion below holds on every run, however late the cancel lands.
+    command = ticks(marker, TICKS.get(phase, 400))
     return mock(calls=[
         {"think": 30, "say": 30, "delay_ms": 1,
-         "tools": [{"name": "bash", "arguments": {"command": ticks(marker)}}]},
+         "tools": [{"name": "bash", "arguments": {"command": command}}]},
         {"think": 30, "say": 30, "delay_ms": 1, "hang_after": 60},
     ])
 PHASE_EVENT = {
@@ -70,7 +77,7 @@ def processes_in(workspace: Path) -> list[int]:
 async def cancel_at(daemon: Running, tmp: Path, phase: str, k: int) -> None:
     marker = f"veild-tick-{uuid.uuid4().hex[:12]}"
     async with open_recorder(daemon.ws_url) as rec, trio.open_nursery() as nursery:
-        nursery.start_soon(daemon.chat, script(marker))
+        nursery.start_soon(daemon.chat, script(marker, phase))
         turn_id = await rec.turn_of()
         wanted = PHASE_EVENT[phase]
         if phase == "between":

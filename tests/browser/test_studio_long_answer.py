@@ -15,10 +15,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from tests.browser.chromium import BrowserThread, Tab, open_tab
 from tests.harness import Running
+
+# Bound by wall time (render budgets, the longest task): run alone (Makefile `test`).
+pytestmark = pytest.mark.serial
 
 LONGEST_MS = 200
 ANSWER_BYTES = 1_000_000

@@ -33,6 +33,9 @@ import trio
 from tests.browser.chromium import BrowserThread, Tab, open_tab
 from tests.harness import Running, mock, spawn
 
+# Bound by wall time (render budgets, the longest task): run alone (Makefile `test`).
+pytestmark = pytest.mark.serial
+
 BOUND_S = 1.0  # each input renders within this, in the page
 HUNG_S = 10.0  # a render still running then is stopped: the input failed
 MAX_HUNG = 3  # after that many, the other inputs are not tried (each would cost HUNG_S)
