@@ -155,6 +155,14 @@ class Running:
         return result
 
 
+# The lease of the invariant modules' two nodes (CONTRACT §5 on a cluster): none of
+# them waits for a sweep, and both nodes run in this test's own process, so a lease
+# as short as the sweeping tests' (clusterkit.LEASE_S, 1.5 s) fenced a node whose
+# loop a loaded machine had not run for 1.5 s (seen at load average 12). The default
+# is 15 s.
+INVARIANT_LEASE_S = 10.0
+
+
 @asynccontextmanager
 async def open_daemon(
     tmp: Path, provider: Provider, *, server: str = "", extra: str = "",
@@ -165,7 +173,8 @@ async def open_daemon(
         from tests.clusterkit import CrossNode, open_cluster
 
         async with open_cluster(tmp, provider, CLUSTER, server=server, extra=extra,
-                                provider_keys=provider_keys, clock=clock) as (a, b):
+                                provider_keys=provider_keys, clock=clock,
+                                lease_s=INVARIANT_LEASE_S) as (a, b):
             yield CrossNode(a, b)
         return
     path = write_config(tmp, provider.url, server=server, extra=extra,

@@ -7,10 +7,10 @@ from typing import Any
 
 from quart import Blueprint, Response, jsonify, request
 
-from daemon import __version__
 from daemon.api import parse
 from daemon.api.actions import ACTIONS, perform
 from daemon.api.connections import Connections
+from daemon.api.health import health_body
 from daemon.api.results import TurnFailed, chat_result
 from daemon.api.runtime import Runtime
 from daemon.api.spec import (
@@ -143,20 +143,8 @@ def http_routes(rt: Runtime, connections: Connections) -> Blueprint:
         public=True, tags=("operations",),
     ))
     async def health() -> Response:
-        body: dict[str, Any] = {"status": "ok", "version": __version__,
-                                "sessionsRunning": sessions.running_count,
-                                "sandbox": rt.sandbox.mode,  # CONTRACT §16
-                                "toolLimits": rt.sandbox.limiter.mode,  # §16.1
-                                # Issue 44: what ends a tool's (or server's) whole tree.
-                                "toolTree": rt.sandbox.limiter.tree,
-                                # Issue 46: whether the loop that answers this is stalled.
-                                "loopLagMs": round(rt.loop_lag_s() * 1000)}
-        node, degraded = rt.directory.describe()
-        if node is not None:  # CONTRACT §13: the node, and whether it lost a backend
-            body["node"] = node
-        if degraded:
-            body["status"] = "degraded"
-        return _json(body)
+        # A plain GET is answered by its connection (api/health.py); the same body.
+        return _json(health_body(rt))
 
     @bp.get("/agents")
     @documented(Op(

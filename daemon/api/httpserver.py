@@ -28,20 +28,21 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from functools import partial
 from itertools import chain
 from typing import Any
 
 import h11
 import trio
 from hypercorn.config import Config as HyperConfig
-from hypercorn.events import Event, Updated
+from hypercorn.events import Closed, Event, Updated
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import wrap_app
+
+from daemon.api.health import FastAnswer
 
 # The logger keeps its name from before the move (operators filter logs by it).
 log = logging.getLogger("daemon.httpserver")
@@ -65,7 +66,42 @@ def protocol_error_body(status: int) -> bytes:
 
 
 class _H11Protocol(H11Protocol):
-    """Hypercorn's HTTP/1.1 protocol whose own error responses carry the error shape."""
+    """Hypercorn's HTTP/1.1 protocol whose own error responses carry the error shape,
+    and which answers what `fast` answers itself (api/health.py: a plain GET /health)."""
+
+    fast: FastAnswer | None = None
+
+    # Private hook: hypercorn (0.18) hands every request to a stream that spawns the
+    # app's task; this is where a request is known whole and not yet handed on.
+    async def _create_stream(self, request: h11.Request) -> None:
+        answer = self.fast(request, self.server[0] if self.server else None) \
+            if self.fast is not None else None
+        if answer is None:
+            await super()._create_stream(request)
+            return
+        status, body = answer
+        self.keep_alive_requests += 1
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode()),
+                   *self.config.response_headers("h11")]
+        if self.keep_alive_requests >= self.config.keep_alive_max_requests:
+            headers.append((b"connection", b"close"))
+        await self._send_h11_event(h11.Response(status_code=status, headers=headers))
+        await self._send_h11_event(h11.Data(data=body))
+        await self._send_h11_event(h11.EndOfMessage())
+        await self.context.mark_request()
+        # The request had no body (`fast` answers none that has): its end is parsed
+        # with its head. Take it, then start the next request as `_maybe_recycle` does.
+        end = self.connection.next_event()
+        if not isinstance(end, h11.EndOfMessage):  # not a request `fast` may answer
+            await self.send(Closed())
+            return
+        if (not self.context.terminated.is_set() and self.connection.our_state is h11.DONE
+                and self.connection.their_state is h11.DONE):
+            self.connection.start_next_cycle()
+            await self.send(Updated(idle=True))
+        else:
+            await self.send(Closed())
 
     # Private hook: hypercorn (0.18) has no public way to shape its own error responses.
     async def _send_error_response(self, status_code: int) -> None:
@@ -85,6 +121,8 @@ class _H11Protocol(H11Protocol):
 class _TCPServer(TCPServer):
     """Hypercorn's Trio TCP server with `_H11Protocol` and a close that happens."""
 
+    fast: FastAnswer | None = None  # set per server (HttpServer), for `_H11Protocol`
+
     # Private hook: hypercorn (0.18) takes no protocol class; this is the one place to
     # swap it before a byte is read.
     async def _read_data(self) -> None:
@@ -95,6 +133,7 @@ class _TCPServer(TCPServer):
                 wrapper.app, wrapper.config, wrapper.context, wrapper.task_group,
                 wrapper.state, wrapper.ssl, wrapper.client, wrapper.server, wrapper.send,
             )
+            wrapper.protocol.fast = self.fast
         await super()._read_data()
 
     # Hypercorn's own method, bounded: restarting the keep-alive timer must happen.
@@ -207,8 +246,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
 class HttpServer:
     """Started with `nursery.start(server.serve)`; stopped in steps by the daemon."""
 
-    def __init__(self, app: Any, sock: socket.socket, connections: Connections) -> None:
+    def __init__(self, app: Any, sock: socket.socket, connections: Connections,
+                 fast: FastAnswer | None = None) -> None:
         self.sock = sock
+        self._fast = fast  # requests a connection answers itself (api/health.py)
         self.connections = connections
         self.config = HyperConfig()
         self.config.keep_alive_timeout = 5
@@ -254,9 +295,14 @@ class HttpServer:
                     trio.SocketListener(trio.socket.from_stdlib_socket(self.sock)),
                     self.connections,
                 )
-                tcp_server = partial(
-                    _TCPServer, self._app, self.config, self._context, ConnectionState(state.copy())
-                )
+                fast = self._fast
+
+                async def tcp_server(stream: trio.SocketStream) -> None:
+                    server = _TCPServer(self._app, self.config, self._context,
+                                        ConnectionState(state.copy()),
+                                        stream)  # type: ignore[arg-type]  # plain TCP
+                    server.fast = fast
+                    await server.run()
 
                 async def handler(stream: trio.SocketStream) -> None:
                     self._live += 1
@@ -264,7 +310,7 @@ class HttpServer:
                         async with trio.open_nursery() as own:  # the connection's timers
                             self.connections.watch(stream, own)
                             try:
-                                await tcp_server(stream)  # type: ignore[arg-type]  # plain TCP
+                                await tcp_server(stream)
                             finally:
                                 # Before the nursery closes: no timer is started after.
                                 self.connections.discard(stream)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import trio
 
 from daemon.api.app import build_app
+from daemon.api.health import health_fast_path
 from daemon.api.httpserver import Connections, HttpServer, bind_socket
 from daemon.api.runtime import Runtime
 from daemon.clock import SYSTEM_CLOCK, Clock, SystemClock
@@ -483,6 +484,7 @@ async def _serve(
                 build_app(runtime, connections, metrics),
                 listener,
                 connections,
+                fast=health_fast_path(runtime),  # /health answered first (issue 46)
             )
             await core.start(http_server.serve)
             daemon = Daemon(runtime, http_server, server.host, stop, metrics, loop_lag,
