@@ -15,11 +15,12 @@ from daemon.engines.context import (
     Calibration,
     Limits,
     Window,
+    message_bytes,
     tokens,
 )
 from daemon.engines.summary_request import transcript
 from daemon.runtime.events import history_wire
-from daemon.store.models import CompactionRecord, MessageRecord, StoredContext
+from daemon.store.models import CompactionRecord, Measured, MessageRecord, StoredContext
 
 LIMITS = Limits(window=4000, compact_at=0.8, keep=800)
 SUMMARY = 600  # bytes of the fake summariser's answer
@@ -48,13 +49,17 @@ class Session:
         self.records: list[CompactionRecord] = []
         self.window = Window()
         self.calls = 0
+        # One for the session's life, as the store's kept context shares one with each
+        # turn (context_cache.py); here also across compactions, which the cache would
+        # drop it at: the sizes must be right whatever list they are offered with.
+        self.measured = Measured()
 
     def stored(self) -> StoredContext:
         summaries = [r for r in self.records if r.summary is not None]
         summary = summaries[-1] if summaries else None
         covers = summary.covers_until if summary else 0
         return StoredContext(summary, self.records[-1] if self.records else None,
-                             self.messages[covers:])
+                             self.messages[covers:], self.measured)
 
     def append(self, m: MessageRecord) -> None:
         self.messages.append(m)
@@ -169,6 +174,16 @@ class History(RuleBasedStateMachine):
                 assert e["coversUntil"] <= seen
             else:
                 seen += 1
+
+    @invariant()
+    def the_kept_total_is_what_is_sent(self) -> None:
+        """sent_bytes (a total kept as messages are appended, sizes measured once) is
+        the measure of what `sent` returns, counted from nothing."""
+        w = self.s.window
+        assert w.sent_bytes() == w.base_bytes + sum(message_bytes(m) for m in w.sent())
+        rebuilt = Window.stored(self.s.stored())
+        assert rebuilt.sent_bytes() == rebuilt.base_bytes + sum(
+            message_bytes(m) for m in rebuilt.sent())
 
     @invariant()
     def rebuilt_from_the_store_sends_the_same(self) -> None:

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 import trio
 
+from daemon.engines.context import Limits, Window, message_bytes, tokens
 from daemon.store.models import (
     CompactionRecord,
     ForkPoint,
     MessageRecord,
     SessionRecord,
+    StoredContext,
     TurnRecord,
 )
 from daemon.store.sqlite import Store
@@ -121,3 +123,96 @@ async def test_a_read_racing_appends_is_never_kept_stale(
         n += 1
         assert await store.context("s") == await fresh(other, "s")
     assert len((await store.context("s")).messages) == n
+
+
+# -- the sizes a turn's window measured, kept with the entry (models.Measured) --------
+
+LIMITS = Limits(window=400, compact_at=0.5, keep=40)
+
+
+def assert_same_window(kept: StoredContext, read: StoredContext) -> None:
+    """The window a turn builds from what was kept decides as one built from a read of
+    the database: the same estimate, kept part and compaction plan."""
+    a, b = Window.stored(kept, base_bytes=7), Window.stored(read, base_bytes=7)
+    assert a.sent_bytes() == b.sent_bytes() == 7 + sum(message_bytes(m) for m in b.sent())
+    for keep in (0, 10, 40, 10_000):
+        assert a.kept_from(keep) == b.kept_from(keep)
+    estimate = tokens(b.sent_bytes())
+    assert a.plan(LIMITS, estimate) == b.plan(LIMITS, estimate)
+    assert a.plan(LIMITS, estimate, force=True) == b.plan(LIMITS, estimate, force=True)
+
+
+async def check_window(store: Store, other: Store, session_id: str) -> None:
+    kept = await store.context(session_id)
+    read = await fresh(other, session_id)
+    assert isinstance(read, StoredContext)
+    assert kept == read
+    assert_same_window(kept, read)
+
+
+async def test_the_kept_sizes_follow_every_kind_of_write(
+        stores: tuple[Store, Store]) -> None:
+    """Each turn measures only what was appended since the last one, and after a
+    compaction, a fork, a rewind or an undone rewind the window decides as one built
+    from nothing."""
+    store, other = stores
+    s = session("s")
+    await store.create_session(s)
+    for i in range(6):
+        tid = f"t{i}"
+        await store.start_turn(TurnRecord(tid, "s", "chat", 3000 + i), running(s, 3000 + i))
+        await store.append_messages("s", [msg(3 * i), msg(3 * i + 1), msg(3 * i + 2)], tid)
+        await store.end_turn(tid, "done", 3100 + i, idle(s, 3100 + i))
+        await check_window(store, other, "s")
+        # The sizes measured are the entry's, for all of its messages.
+        kept = await store.context("s")
+        assert kept.measured is (await store.context("s")).measured
+        assert len(kept.measured.sizes) == len(kept.messages) == 3 * (i + 1)
+    await store.append_compaction("s", CompactionRecord(18, 6, 9, "sum", "manual", 9, 3, 1, 5),
+                                  "t5")
+    await check_window(store, other, "s")
+    await store.append_compaction("s", CompactionRecord(18, 6, 15, None, "threshold", 9, 3, 2,
+                                                        6), "t5")
+    await check_window(store, other, "s")
+    f = SessionRecord(**{**_fields(session("f", at=4000)),
+                         "forked_from": ForkPoint("s", "t3", "before")})
+    await store.context("f")
+    await store.fork_session(f, 9, ["t0", "t1", "t2"])
+    await check_window(store, other, "f")
+    saved = SessionRecord(**{**_fields(session("v", at=5000)),
+                             "forked_from": ForkPoint("s", None, "now")})
+    await store.fork_session(saved, 18, rewinding="t4")
+    await check_window(store, other, "s")
+    await store.finish_rewind("s", 12, ["t4", "t5"], 6000)
+    await check_window(store, other, "s")
+    await store.append_messages("s", [msg(40), msg(41)], None)
+    await check_window(store, other, "s")
+    undone = SessionRecord(**{**_fields(session("w", at=7000)),
+                              "forked_from": ForkPoint("s", None, "now")})
+    await store.fork_session(undone, 14, rewinding="t3")
+    await check_window(store, other, "s")
+    await store.undo_rewind("s")
+    await check_window(store, other, "s")
+    await check_window(store, other, "w")
+
+
+async def test_a_window_of_a_list_not_the_kept_one_leaves_no_stale_size(
+        stores: tuple[Store, Store]) -> None:
+    """A caller that appends to its own copy and builds a window of it measures a
+    message the entry never holds; the next message the store appends, at that place,
+    of another size, must be measured as itself."""
+    store, other = stores
+    await store.create_session(session("s"))
+    await store.append_messages("s", [msg(0), msg(1), msg(2)], None)
+    mine = await store.context("s")
+    mine.messages.append(MessageRecord("user", "x" * 500))
+    Window.stored(mine)  # measures it: 516 bytes, where the store will hold msg(3)
+    await store.append_message("s", msg(3))
+    await check_window(store, other, "s")
+    # And a reader of an older, shorter copy after the kept sizes grew.
+    older = await store.context("s")
+    await store.append_messages("s", [msg(4), msg(5)], None)
+    await check_window(store, other, "s")
+    assert_same_window(older, StoredContext(older.summary, older.latest,
+                                            list(older.messages)))
+    await check_window(store, other, "s")

@@ -26,9 +26,10 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
+from itertools import islice
 
-from daemon.store.models import MessageRecord, StoredContext
+from daemon.store.models import Measured, MessageRecord, StoredContext
 
 BYTES_PER_TOKEN = 4  # CONTRACT §15: about one token per 4 bytes
 MESSAGE_OVERHEAD = 16  # a message's role and framing, in bytes of the estimate
@@ -147,10 +148,17 @@ class Window:
     messages: list[MessageRecord] = field(default_factory=list)
     pinned: int | None = None
     base_bytes: int = 0  # the system prompt and the tool schemas, sent with every call
-    _sizes: list[int] = field(default_factory=list)
+    # Each message's message_bytes, if the caller has them (Window.stored: measured
+    # once per message of a kept context); else measured here.
+    sizes: InitVar[list[int] | None] = None
+    _sizes: list[int] = field(init=False, repr=False)
+    _total: int = field(init=False, repr=False)  # sum(_sizes)
 
-    def __post_init__(self) -> None:
-        self._sizes = [message_bytes(m) for m in self.messages]
+    def __post_init__(self, sizes: list[int] | None) -> None:
+        if sizes is None or len(sizes) != len(self.messages):
+            sizes = [message_bytes(m) for m in self.messages]
+        self._sizes = sizes
+        self._total = sum(sizes)
 
     @classmethod
     def stored(cls, stored: StoredContext, *, base_bytes: int = 0,
@@ -162,7 +170,7 @@ class Window:
         count = covers + len(stored.messages)
         pinned = count - 1 if pinned_last and stored.messages else None
         return cls(summary, covers, max(stored.pruned_until, covers), list(stored.messages),
-                   pinned, base_bytes)
+                   pinned, base_bytes, _measure(stored.messages, stored.measured))
 
     @property
     def end(self) -> int:
@@ -171,7 +179,9 @@ class Window:
 
     def append(self, message: MessageRecord) -> None:
         self.messages.append(message)
-        self._sizes.append(message_bytes(message))
+        size = message_bytes(message)
+        self._sizes.append(size)
+        self._total += size
 
     # -- what is sent ---------------------------------------------------------------------
 
@@ -199,25 +209,32 @@ class Window:
         summary = self.summary_message()
         if summary is not None:
             out.append(summary)
-        names = _call_names(self.messages[:max(0, self.pruned_until - self.covers_until)])
-        for i, m in enumerate(self.messages):
-            out.append(self._placeholder(i, names) or m)
+        pruned = self._pruned()
+        names = _call_names(self.messages[:pruned]) if pruned else {}
+        for i in range(pruned):
+            out.append(self._placeholder(i, names) or self.messages[i])
+        # No message after `pruned_until` has a placeholder: the rest as they are.
+        out.extend(islice(self.messages, pruned, None))
         return out
+
+    def _pruned(self) -> int:
+        """How many of `messages` lie before `pruned_until` (may have a placeholder)."""
+        return max(0, min(len(self.messages), self.pruned_until - self.covers_until))
 
     def sent_bytes(self) -> int:
         """The estimate's measure of what `sent` returns, with the system and tools."""
-        total = self.base_bytes
+        total = self.base_bytes + self._total
         summary = self.summary_message()
         if summary is not None:
             total += message_bytes(summary)
-        pruned = max(0, self.pruned_until - self.covers_until)
+        # Only the messages before `pruned_until` are walked: a session without a
+        # window (never pruned) is counted without looking at its past.
+        pruned = self._pruned()
         names = _call_names(self.messages[:pruned]) if pruned else {}
-        for i, size in enumerate(self._sizes):
-            if i < pruned:
-                placeholder = self._placeholder(i, names)
-                if placeholder is not None:
-                    size = message_bytes(placeholder)
-            total += size
+        for i in range(pruned):
+            placeholder = self._placeholder(i, names)
+            if placeholder is not None:
+                total += message_bytes(placeholder) - self._sizes[i]
         return total
 
     # -- compaction -----------------------------------------------------------------------
@@ -250,7 +267,8 @@ class Window:
         pinned = len(self.messages) if self.pinned is None else self.pinned - self.covers_until
         summarise = max(0, min(kept, pinned))
         if not force and summarise and pruned:
-            after = replace(self, pruned_until=prune_to, messages=list(self.messages))
+            after = replace(self, pruned_until=prune_to, messages=list(self.messages),
+                            sizes=list(self._sizes))
             freed = (self.sent_bytes() - after.sent_bytes()) * per_byte
             if estimate - freed <= limits.threshold:
                 summarise = 0
@@ -269,11 +287,13 @@ class Window:
         """This window after `plan`, with the summary of `plan.summarise` messages
         (None: pruning only)."""
         if summary is None or not plan.summarise:
-            return replace(self, pruned_until=plan.pruned_until, messages=list(self.messages))
+            return replace(self, pruned_until=plan.pruned_until, messages=list(self.messages),
+                           sizes=list(self._sizes))
         covers = self.covers_until + plan.summarise
         return replace(self, summary=summary, covers_until=covers,
                        pruned_until=max(plan.pruned_until, covers),
-                       messages=self.messages[plan.summarise:])
+                       messages=self.messages[plan.summarise:],
+                       sizes=self._sizes[plan.summarise:])
 
     def to_summarise(self, plan: Plan) -> tuple[str | None, list[MessageRecord]]:
         """What the summarising call is shown: the summary in force and the messages
@@ -290,6 +310,25 @@ class Plan:
     pruned_until: int  # absolute: tool results before it are sent as placeholders
     pruned: int  # how many results this compaction newly prunes
     summarise: int  # how many of the window's messages the summary newly covers (0: none)
+
+
+def _measure(messages: list[MessageRecord], measured: Measured) -> list[int]:
+    """Each of `messages`' message_bytes, a list of the caller's own: those `measured`
+    holds (kept with the store's kept context, so a long session's turn measures only
+    what was appended since the last one), the rest measured and added to it. Kept sizes
+    are used only when they end at the same message object as this list does there —
+    the kept list is only ever appended to, so then they are of these messages; else
+    (another list, or one shorter than what was measured) all are measured again and
+    `measured` is made of these."""
+    held = len(measured.sizes)
+    if 0 < held <= len(messages) and messages[held - 1] is measured.last:
+        measured.sizes.extend(message_bytes(m) for m in islice(messages, held, None))
+    elif held > len(messages):  # a reader of an older copy: the kept sizes stay
+        return [message_bytes(m) for m in messages]
+    else:
+        measured.sizes[:] = [message_bytes(m) for m in messages]
+    measured.last = messages[-1] if messages else None
+    return list(measured.sizes)
 
 
 def _call_names(messages: Sequence[MessageRecord]) -> dict[str, str]:

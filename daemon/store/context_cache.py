@@ -16,6 +16,9 @@ Correctness rests on three rules:
 - what is appended is made as `message_record` makes it from the row (tool calls
   through JSON, no inbox ids, the storing turn's id).
 
+Each entry also keeps the byte sizes a turn's window measured of its messages
+(models.Measured), so a turn measures only the messages appended since the last one.
+
 Bounded: MAX_SESSIONS entries (least recently used out) of at most MAX_MESSAGES each.
 """
 
@@ -62,7 +65,10 @@ class ContextCache:
         self._entries.move_to_end(session_id)
         self.hits += 1
         # A list of its own: a caller may append to what it was given.
-        return StoredContext(entry.summary, entry.latest, list(entry.messages))
+        # The sizes measured of the entry's messages go with it: they are of its
+        # messages, which are only ever appended to (engines/context.py checks that).
+        return StoredContext(entry.summary, entry.latest, list(entry.messages),
+                             entry.measured)
 
     def now(self) -> int:
         """Taken as a read of the store begins; `put` is given it."""
@@ -75,7 +81,7 @@ class ContextCache:
                 or len(read.messages) > self.max_messages):
             return
         self._entries[session_id] = StoredContext(read.summary, read.latest,
-                                                  list(read.messages))
+                                                  list(read.messages), read.measured)
         self._entries.move_to_end(session_id)
         while len(self._entries) > self.max_sessions:
             self._entries.popitem(last=False)

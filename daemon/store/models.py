@@ -105,6 +105,19 @@ class CompactionRecord:
     turn_id: str | None = None  # the turn that made it (read back from the store)
 
 
+@dataclass(slots=True, eq=False)
+class Measured:
+    """The estimate's byte sizes of a kept context's first `len(sizes)` messages
+    (engines/context.py measures them; `last` is the message `sizes[-1]` is of). Kept
+    with the store's kept context (store/context_cache.py) so that each message of a
+    long session is measured once, not at every turn (issue 46 item 5); the store
+    itself never reads it. A reader whose messages do not end at `last` where the
+    sizes end (its list is not the kept one) measures them all again."""
+
+    sizes: list[int] = field(default_factory=list)
+    last: MessageRecord | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class StoredContext:
     """What the next LLM call of a session starts from: the latest compaction with a
@@ -115,6 +128,9 @@ class StoredContext:
     summary: CompactionRecord | None
     latest: CompactionRecord | None
     messages: list[MessageRecord]
+    # Shared with the kept entry it was read from (a fresh one for a read of the
+    # database): not part of what the store answered, so not compared.
+    measured: Measured = field(default_factory=Measured, compare=False, repr=False)
 
     @property
     def covers_until(self) -> int:
