@@ -8,6 +8,9 @@ Shapes, each on fresh processes:
 - **two**: two `veild serve` nodes with a [cluster] table on this host, sharing one
   PostgreSQL (fsync off, tests/pgserver.py) and one redis-server (no persistence), both
   started here on free ports in temporary directories and removed afterwards.
+- **shared**: the same two nodes on one port (`[server] reuse_port`: SO_REUSEPORT), every
+  client process connecting to that port and the kernel dealing the connections; the
+  two /health probes each land on one node (the row says which).
 
 Scenarios (bench/controlplane.py's, with every client a process of its own on raw
 sockets, bench/rawload.py): CP1 = WATCHERS `/ws?batch=1` watchers of every event, then
@@ -25,7 +28,7 @@ RSS (VmHWM), what the watchers saw.
 Environment: ONEHOST_ONLY=CP1|CP2 runs one scenario (default both, CP1 first);
 ONEHOST_SCALE=N divides the chats and the watchers by N in both shapes alike (the
 load on two cores with PostgreSQL and Redis beside the nodes may not finish in the
-phase's time otherwise); ONEHOST_SHAPES=one,two (default both).
+phase's time otherwise); ONEHOST_SHAPES=one,two,shared (default all three).
 
     python -m bench.onehost        make bench's phase: python -m bench.run --only onehost
 """
@@ -69,7 +72,7 @@ from bench.procs import Proc, cluster_table, open_daemon, open_mock
 from bench.procstat import cpu_seconds, memory_kib
 from bench.table import Ledger, Row, bench_header, print_report
 from tests.pgserver import PgServer, create_database
-from tests.redisserver import RedisServer
+from tests.redisserver import RedisServer, free_port
 
 LEASE_S = 15.0  # the default lease
 
@@ -141,18 +144,22 @@ async def open_one(mock_url: str, tmp: Path) -> AsyncIterator[Shape]:
 
 
 @asynccontextmanager
-async def open_two(mock_url: str, pg: PgServer, tmp: Path) -> AsyncIterator[Shape]:
-    """A fresh database and redis-server, and two nodes on them."""
+async def open_two(mock_url: str, pg: PgServer, tmp: Path,
+                   shared: bool = False) -> AsyncIterator[Shape]:
+    """A fresh database and redis-server, and two nodes on them; `shared`: both on one
+    port (`[server] reuse_port`), the kernel dealing the connections."""
     store = create_database(pg)
+    port, server = (free_port(), "reuse_port = true\n") if shared else (0, "")
     with RedisServer(tmp / "redis") as redis:
         async with AsyncExitStack() as stack:
             stats = [tmp / f"node-{n}-loopstats.json" for n in "ab"]
             nodes = [await stack.enter_async_context(open_daemon(
                 mock_url, cluster_table(store, redis.url, f"node-{n}", LEASE_S),
-                env={"VEILD_LOOPSTATS": str(s)}))
+                env={"VEILD_LOOPSTATS": str(s)}, server=server, port=port))
                 for n, s in zip("ab", stats, strict=True)]
-            yield Shape("two cluster nodes (PostgreSQL + Redis)", nodes,
-                        Backends(pg, redis), stats)
+            name = ("two cluster nodes on one port (reuse_port)" if shared
+                    else "two cluster nodes (PostgreSQL + Redis)")
+            yield Shape(name, nodes, Backends(pg, redis), stats)
 
 
 def _ms(seconds: float) -> str:
@@ -216,7 +223,8 @@ async def burst(shape: Shape, chats: int, watchers: int, ledger: Ledger,
         "total": total, "ok": ok, "statuses": dict(statuses), "answered_s": answered,
         "answer_p50": statistics.median(answers), "answer_max": answers[-1],
         "health": [{"p50": statistics.median(h), "p99": p99(h), "max": h[-1], "n": len(h),
-                    "bad": g["bad"]} for h, g in zip(health, got, strict=True)],
+                    "bad": g["bad"], "nodes": g.get("nodes", {})}
+                   for h, g in zip(health, got, strict=True)],
         "cpu": cpu, "pg_cpu": pg, "redis_cpu": redis,
         "peak_mb": [memory_kib(n.pid, "VmHWM") / 1024 for n in nodes],
         "backend_peak_mb": b.peaks_mb() if b else None,
@@ -228,7 +236,8 @@ async def burst(shape: Shape, chats: int, watchers: int, ledger: Ledger,
 def rows_of(shape: Shape, label: str, f: dict[str, Any], watchers: int) -> list[Row]:
     total = f["total"]
     per_node = "; ".join(
-        f"node {'ab'[i]}: {_ms(h['p50'])} / {_ms(h['p99'])} / {_ms(h['max'])} ms "
+        f"probe {i + 1} ({', '.join(k for k in h['nodes'] if k) or 'the daemon'}): "
+        f"{_ms(h['p50'])} / {_ms(h['p99'])} / {_ms(h['max'])} ms "
         f"({h['n']:,} GETs{', not 200: ' + str(h['bad']) if h['bad'] else ''})"
         for i, h in enumerate(f["health"]))
     worst99 = max(h["p99"] for h in f["health"])
@@ -255,11 +264,13 @@ def rows_of(shape: Shape, label: str, f: dict[str, Any], watchers: int) -> list[
                   + (f", {watchers} /ws?batch=1 watchers in {WATCHER_PROCS} processes"
                      if watchers else ", no watchers")
                   + (", split evenly over the two nodes' ports" if len(shape.nodes) > 1
-                     else ""))
+                     and shape.nodes[0].url != shape.nodes[1].url else "")
+                  + (", all to the one shared port" if len(shape.nodes) > 1
+                     and shape.nodes[0].url == shape.nodes[1].url else ""))
     rows = [
-        Row(f"{label} {shape.name}: /health p99, ms (worst node)", _ms(worst99),
+        Row(f"{label} {shape.name}: /health p99, ms (worst probe)", _ms(worst99),
             target="≤ 100", holds=worst99 <= 0.1,
-            note=f"{shape_note}; per node p50 / p99 / max: {per_node}; max ≤ 250: "
+            note=f"{shape_note}; /health p50 / p99 / max: {per_node}; max ≤ 250: "
                  f"{'yes' if worstmax <= 0.25 else 'NO'}"),
         Row(f"{label} {shape.name}: chats 200 with their words; answer p50 / max, s",
             f"{f['ok']:,}/{total:,}; {f['answer_p50']:.2f} / {f['answer_max']:.2f}",
@@ -275,6 +286,7 @@ def rows_of(shape: Shape, label: str, f: dict[str, Any], watchers: int) -> list[
 
 
 SCENARIOS = (("CP1", True), ("CP2", False))
+SHAPES = ("one", "two", "shared")
 
 
 def _loadavg() -> str:
@@ -282,7 +294,7 @@ def _loadavg() -> str:
 
 
 async def onehost_rows(mock_url: str, ledger: Ledger, only: str = "", scale: int = 1,
-                       shapes: str = "one,two") -> list[Row]:
+                       shapes: str = ",".join(SHAPES)) -> list[Row]:
     """Each scenario on one embedded daemon and then on two cluster nodes, fresh
     processes for each (peak RSS is the burst's); the PostgreSQL server is shared by the
     runs, each cluster run with a fresh database and redis-server."""
@@ -298,12 +310,12 @@ async def onehost_rows(mock_url: str, ledger: Ledger, only: str = "", scale: int
             if only and name != only:
                 continue
             w = watchers if with_watchers else 0
-            for kind in ("one", "two"):
+            for kind in SHAPES:
                 if kind not in wanted:
                     continue
                 with tempfile.TemporaryDirectory(prefix="veild-onehost-") as tmp:
                     opened = (open_one(mock_url, Path(tmp)) if kind == "one"
-                              else open_two(mock_url, pg, Path(tmp)))
+                              else open_two(mock_url, pg, Path(tmp), shared=kind == "shared"))
                     async with opened as shape:
                         f = await burst(shape, chats, w, ledger, f"{name} {kind}")
                     rows += rows_of(shape, name, f, w)
@@ -320,7 +332,7 @@ async def _main() -> int:
     async with open_mock() as mock:
         rows = await onehost_rows(mock.url, ledger, only=os.environ.get("ONEHOST_ONLY", ""),
                                   scale=int(os.environ.get("ONEHOST_SCALE", "1")),
-                                  shapes=os.environ.get("ONEHOST_SHAPES", "one,two"))
+                                  shapes=os.environ.get("ONEHOST_SHAPES", ",".join(SHAPES)))
     return print_report(rows, header, ledger)
 
 
