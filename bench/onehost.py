@@ -28,7 +28,8 @@ RSS (VmHWM), what the watchers saw.
 Environment: ONEHOST_ONLY=CP1|CP2 runs one scenario (default both, CP1 first);
 ONEHOST_SCALE=N divides the chats and the watchers by N in both shapes alike (the
 load on two cores with PostgreSQL and Redis beside the nodes may not finish in the
-phase's time otherwise); ONEHOST_SHAPES=one,two,shared (default all three).
+phase's time otherwise); ONEHOST_SHAPES=one,two,shared (default: all three, in this
+order; another order runs them in that order).
 
     python -m bench.onehost        make bench's phase: python -m bench.run --only onehost
 """
@@ -304,15 +305,13 @@ async def onehost_rows(mock_url: str, ledger: Ledger, only: str = "", scale: int
         f"{chats:,} chats" + (f" (CP's {CHATS:,} divided by {scale})" if scale > 1 else "")
         + f", {watchers} watchers in CP1; load average at the start "
         f"{_loadavg().split()[0]}"))]
-    wanted = {s.strip() for s in shapes.split(",")}
+    wanted = [s.strip() for s in shapes.split(",") if s.strip() in SHAPES]  # in this order
     async with open_pg() as pg:
         for name, with_watchers in SCENARIOS:
             if only and name != only:
                 continue
             w = watchers if with_watchers else 0
-            for kind in SHAPES:
-                if kind not in wanted:
-                    continue
+            for kind in wanted:
                 with tempfile.TemporaryDirectory(prefix="veild-onehost-") as tmp:
                     opened = (open_one(mock_url, Path(tmp)) if kind == "one"
                               else open_two(mock_url, pg, Path(tmp), shared=kind == "shared"))
