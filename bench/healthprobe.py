@@ -1,5 +1,6 @@
 """GET /health every EVERY seconds on one keep-alive connection until SIGTERM; then one
-JSON line on stdout: each request's latency (s) and the answers that were not 200.
+JSON line on stdout: each request's latency (s), the answers that were not 200, and
+which node answered (a cluster node's /health says its id; every 20th answer is read).
 
 A process of its own (plain stdlib, blocking), so that what it times is the daemon's
 answer, not the bench process's event loop, busy with its /ws watchers. It writes
@@ -34,14 +35,17 @@ def main() -> None:
     conn = http.client.HTTPConnection(host, port, timeout=60)
     latencies: list[float] = []
     bad: Counter[str] = Counter()
+    nodes: Counter[str] = Counter()  # a cluster node's /health names it
     next_at = time.perf_counter()
     while not stopping:
         started = time.perf_counter()
         try:
             conn.request("GET", "/health")
             answer = conn.getresponse()
-            answer.read()
+            body = answer.read()
             status = str(answer.status)
+            if len(latencies) % 20 == 0 and status == "200":
+                nodes[str(json.loads(body).get("node", ""))] += 1
         except (OSError, http.client.HTTPException) as exc:
             status = type(exc).__name__
             conn.close()
@@ -54,7 +58,8 @@ def main() -> None:
         now = time.perf_counter()
         next_at = max(next_at + every, now)
         time.sleep(next_at - now)
-    print(json.dumps({"latencies_s": latencies, "bad": dict(bad)}), flush=True)
+    print(json.dumps({"latencies_s": latencies, "bad": dict(bad), "nodes": dict(nodes)}),
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -59,10 +59,11 @@ async def open_mock() -> AsyncIterator[Proc]:
         yield proc
 
 
-def config_text(data_dir: Path, provider_url: str, extra: str = "", server: str = "") -> str:
-    """`server`: more [server] lines (e.g. `otel_endpoint`)."""
+def config_text(data_dir: Path, provider_url: str, extra: str = "", server: str = "",
+                port: int = 0) -> str:
+    """`server`: more [server] lines (e.g. `otel_endpoint`); `port`: 0 = a free one."""
     return (
-        f'[server]\nport = 0\ndata_dir = "{data_dir}"\n{server}'
+        f'[server]\nport = {port}\ndata_dir = "{data_dir}"\n{server}'
         "max_running_turns = 8192\n"  # P3 runs 1,000 children and their parent at once
         "inbox_max = 5000\n"  # and each child's reply waits in the parent's inbox
         f'[providers.mock]\ntype = "openai"\nbase_url = "{provider_url}"\n'
@@ -83,7 +84,7 @@ def cluster_table(store: str, bus: str, node_id: str, lease_s: float) -> str:
 async def open_daemon(provider_url: str, extra: str = "",
                       stderr: Any = None, *, server: str = "",
                       env: dict[str, str] | None = None,
-                      tree: str | None = None) -> AsyncIterator[Proc]:
+                      tree: str | None = None, port: int = 0) -> AsyncIterator[Proc]:
     """One `veild serve`; `extra` is appended to its config (a [cluster] table makes it
     a cluster node, with its own data_dir as every node has), `server` to its [server]
     table; `stderr`: where its log goes (a file object; None: inherited); `env`: more
@@ -91,7 +92,7 @@ async def open_daemon(provider_url: str, extra: str = "",
     run: `python -m daemon` finds its package in the working directory)."""
     with tempfile.TemporaryDirectory(prefix="veild-bench-") as tmp:
         config = Path(tmp) / "daemon.toml"
-        config.write_text(config_text(Path(tmp) / "data", provider_url, extra, server))
+        config.write_text(config_text(Path(tmp) / "data", provider_url, extra, server, port))
         async with _process(["serve", "--config", str(config)],
                             env={"VEILD_LOG": "WARNING", "PATH": "/usr/bin:/bin",
                                  **(env or {})},

@@ -17,6 +17,9 @@ a target that does not hold is a `NO` in the table, not an exit status.
           its own on raw sockets, 1 s turns; /health p50/p99/max with and without the
           watchers, the daemon's collection pauses and longest loop steps;
           CP_BEFORE=<checkout>: each also on that tree's daemon, before/after in one run)
+  onehost bench/onehost.py (issue 46 item 6: CP1 and CP2 on one embedded daemon against
+          two cluster nodes on this host with PostgreSQL and Redis, the load split over
+          the nodes' ports; ONEHOST_SCALE=N divides the load by N in both shapes)
   P4      bench/cancel.py         P5  bench/slow.py and bench/publish.py (in-process Bus)
   C1-C3   bench/cluster.py (a two-node cluster against the embedded default)
   S1-S4   bench/sandbox.py (the bubblewrap sandbox of a bash call against none)
@@ -40,7 +43,7 @@ a target that does not hold is a `NO` in the table, not an exit status.
 
 `python -m bench.run --only p1,p3` runs only those phases (p1 p2 traced p3 p3x chats
 controlplane p4 p5 extras publish durable cluster sandbox chaos peers long realmodel
-responses toolcost snapshots resume rolling), `--repeat N` runs them N times and prints each
+responses toolcost snapshots resume rolling onehost), `--repeat N` runs them N times and prints each
 table: a quicker loop while working on one row. `--burn N` runs N CPU-burning processes
 (busy loops at the bench's own niceness) during each phase, as on a shared machine.
 `make bench` runs everything once.
@@ -71,6 +74,7 @@ from bench import (
     controlplane,
     extras,
     long_session,
+    onehost,
     peers,
     publish,
     realmodel,
@@ -90,9 +94,10 @@ from daemon.errors import leaves
 
 Phase = Callable[[], Awaitable[list[Row]]]
 PHASE_LIMIT_S = 600
+ONEHOST_LIMIT_S = 3600  # six bursts of 1,000 chats, two of them on five processes
 PHASES = ("p1", "p2", "traced", "p3", "p3x", "chats", "controlplane", "p4", "p5", "extras",
           "publish", "durable", "cluster", "sandbox", "chaos", "peers", "long", "realmodel",
-          "responses", "toolcost", "snapshots", "resume", "rolling")
+          "responses", "toolcost", "snapshots", "resume", "rolling", "onehost")
 BURN = "while True: pass"
 
 
@@ -118,17 +123,17 @@ NO_BURN = Burners(0)
 
 
 async def _measured(name: str, run: Phase, ledger: Ledger, rows: list[Row],
-                    burn: Burners = NO_BURN) -> None:
+                    burn: Burners = NO_BURN, limit_s: float = PHASE_LIMIT_S) -> None:
     """One measurement; one that fails is a row and a loss (what it would have checked
     was not checked), and the others still run."""
     started = time.perf_counter()
     print(f"bench: {name} …", file=sys.stderr, flush=True)
     try:
-        with trio.fail_after(PHASE_LIMIT_S), burn.running():  # a lost terminal must not
+        with trio.fail_after(limit_s), burn.running():  # a lost terminal must not
             rows.extend(await run())  # hang the bench
     except trio.TooSlowError:
-        rows.append(Row(name, "FAILED", note=f"not done after {PHASE_LIMIT_S} s"))
-        ledger.lost(f"{name}: not done after {PHASE_LIMIT_S} s (a turn that never ended?)")
+        rows.append(Row(name, "FAILED", note=f"not done after {limit_s:.0f} s"))
+        ledger.lost(f"{name}: not done after {limit_s:.0f} s (a turn that never ended?)")
     except Exception as exc:
         traceback.print_exc()
         what = "; ".join(f"{type(e).__name__}: {e}" for e in leaves(exc))
@@ -169,8 +174,9 @@ async def _run(only: set[str], resets: bool = True, burn: int = 0) -> int:
     header = bench_header(burn)
     burners = Burners(burn)
 
-    async def _phase(name: str, run: Phase, ledger: Ledger, rows: list[Row]) -> None:
-        await _measured(name, run, ledger, rows, burners)
+    async def _phase(name: str, run: Phase, ledger: Ledger, rows: list[Row],
+                     limit_s: float = PHASE_LIMIT_S) -> None:
+        await _measured(name, run, ledger, rows, burners, limit_s)
 
     ledger = Ledger()
     rows: list[Row] = []
@@ -202,6 +208,10 @@ async def _run(only: set[str], resets: bool = True, burn: int = 0) -> int:
             before = os.environ.get("CP_BEFORE")
             await _phase("controlplane", lambda: controlplane.controlplane_rows(
                 mock.url, ledger, before=before), ledger, rows)
+        if "onehost" in only:  # fresh daemons, PostgreSQL and Redis of its own
+            scale = int(os.environ.get("ONEHOST_SCALE", "1"))
+            await _phase("onehost", lambda: onehost.onehost_rows(
+                mock.url, ledger, scale=scale), ledger, rows, ONEHOST_LIMIT_S)
         if only & {"p4", "p5", "extras"}:
             async with open_daemon(mock.url, claude(mock.url.removesuffix("/v1"))) as daemon:
                 if "p4" in only:

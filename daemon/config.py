@@ -57,6 +57,10 @@ LIMIT_KEYS = ("tool_memory_mb", "tool_pids", "tool_cpu_s", "tool_stream_bytes")
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 7433
+    # Issue 46 item 6: SO_REUSEPORT on the listener, so that several cluster nodes on
+    # one host share `port` and the kernel deals new connections among them (only with
+    # [cluster]: each embedded daemon has a store of its own).
+    reuse_port: bool = False
     data_dir: Path = Path("./var")
     auth_token_env: str | None = None
     max_depth: int = 4
@@ -480,6 +484,7 @@ def _server(file: str, table: Any) -> ServerConfig:
     cfg = ServerConfig(
         host=bind_host(r.get("host", str, "127.0.0.1")),
         port=port,
+        reuse_port=r.get("reuse_port", bool, False),
         data_dir=data_dir,
         auth_token_env=r.get("auth_token_env", str, None),
         max_depth=r.positive_int("max_depth", 4, minimum=0),
@@ -1131,6 +1136,11 @@ def load_config(path: Path) -> Config:
     }
     cluster_table = top.get("cluster", dict, None)
     cluster = _cluster(file, cluster_table) if cluster_table is not None else None
+    if server.reuse_port and cluster is None:
+        # Two embedded daemons on one port would be two veilds, each with its own
+        # sessions: a client's next connection could land on the one without its session.
+        raise ConfigError(file, "server.reuse_port",
+                          "needs a [cluster] table (nodes that share a store and a bus)")
     top.check_unknown()
     return Config(path=path, server=server, providers=providers, agents=agents, mcp=mcp,
                   schedules=schedules, cluster=cluster)

@@ -89,8 +89,9 @@ class Node:
 async def open_cluster(
     tmp: Path, provider: Provider, backends: Backends, *, nodes: tuple[str, ...] = NODES,
     server: str = "", extra: str = "", provider_keys: str = "", lease_s: float = LEASE_S,
-    clock: Clock = SYSTEM_CLOCK,
+    clock: Clock = SYSTEM_CLOCK, port: int = 0,
 ) -> AsyncIterator[list[Node]]:
+    """`port`: every node's (0: a free one each; another needs `reuse_port` in `server`)."""
     store = backends.database_for(tmp)
     async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
         started: list[Node] = []
@@ -100,6 +101,7 @@ async def open_cluster(
             path = write_config(
                 where, provider.url, server=server, provider_keys=provider_keys,
                 extra=extra + cluster_table(store, backends.redis_url, node_id, lease_s),
+                port=port,
             )
             daemon: Daemon = await nursery.start(
                 partial(serve_daemon, load_config(path), clock=clock,

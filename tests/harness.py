@@ -104,11 +104,12 @@ RESUME_OFF = 'resume = "off"'
 
 
 def write_config(tmp: Path, provider_url: str, *, server: str = "", extra: str = "",
-                 provider_keys: str = "") -> Path:
-    """`provider_keys`: more lines for [providers.mock] (e.g. its transport)."""
+                 provider_keys: str = "", port: int = 0) -> Path:
+    """`provider_keys`: more lines for [providers.mock] (e.g. its transport); `port`:
+    the daemon's (0: a free one)."""
     path = tmp / "daemon.toml"
     path.write_text(
-        f"[server]\nhost = \"127.0.0.1\"\nport = 0\ndata_dir = \"{tmp / 'data'}\"\n{server}\n"
+        f"[server]\nhost = \"127.0.0.1\"\nport = {port}\ndata_dir = \"{tmp / 'data'}\"\n{server}\n"
         f"[providers.mock]\ntype = \"openai\"\nbase_url = \"{provider_url}\"\n"
         f"{provider_keys}\n{AGENTS_TOML}{extra}"
     )

@@ -233,10 +233,15 @@ class _TrackingListener(trio.abc.Listener[trio.SocketStream]):
         await self._inner.aclose()
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """`reuse_port`: SO_REUSEPORT, so that other processes (cluster nodes on this host)
+    may bind the same address; the kernel then deals each new connection to one of the
+    listeners."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(1024)
     sock.setblocking(False)

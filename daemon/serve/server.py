@@ -441,7 +441,7 @@ async def _serve(
             store.bound_shields(partial(turn_services.stop.shielded, to_last=True,
                                         at_least=CLOSE_S / 2))
             sessions = SessionManager(config, store, bus, turn_services)
-            listener = bind_socket(server.host, server.port)
+            listener = bind_socket(server.host, server.port, server.reuse_port)
             late = _Late()
             if config.cluster is not None:
                 assert redis is not None
