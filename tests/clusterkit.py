@@ -50,11 +50,21 @@ class Backends:
 
 
 def flush_redis(url: str) -> None:
-    host, port = url.split("://")[1].split("/")[0].split(":")
+    """FLUSHALL on the server at `url` (redis://:PASSWORD@HOST:PORT/DB), after AUTH: a
+    server that is not the one `url` names refuses it (tests/redisserver.py)."""
+    auth, _, hostport = url.split("://")[1].split("/")[0].rpartition("@")
+    host, port = hostport.split(":")
+    password = auth.partition(":")[2].encode()
     with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.sendall(b"*1\r\n$8\r\nFLUSHALL\r\n")
-        reply = sock.recv(64)
-    assert reply.startswith(b"+OK"), reply
+        command = b"".join(b"$%d\r\n%s\r\n" % (len(arg), arg)
+                           for arg in (b"AUTH", password))
+        sock.sendall(b"*2\r\n" + command + b"*1\r\n$8\r\nFLUSHALL\r\n")
+        reply = b""
+        while reply.count(b"\r\n") < 2:
+            chunk = sock.recv(64)
+            assert chunk, reply
+            reply += chunk
+    assert reply == b"+OK\r\n+OK\r\n", reply
 
 
 def cluster_table(store: str, bus: str, node_id: str, lease_s: float = LEASE_S,

@@ -2,6 +2,13 @@
 (no persistence: `--save '' --appendonly no`), and `RedisServer` for a test that needs
 one of its own (one it kills and restarts on the same port).
 
+Each server has a password of its own (`--requirepass`, in its `url`). Several pytest
+processes (`make test`'s workers, a bench) run redis-servers on free loopback ports, and
+a port one of them left (a test's restart, a server stopped) can be another's a moment
+later: a client that still holds the old URL then fails AUTH instead of reading, writing
+or FLUSHALLing another process's data (seen: a test's cluster found its seq counter
+gone mid-test).
+
 Each test isolates itself with its own key prefix (`prefix` fixture). A machine without
 redis-server fails these tests, saying how to get it: .ci/run installs it.
 """
@@ -31,7 +38,7 @@ class RedisServer:
     """redis-server on 127.0.0.1:`port`, started and stopped by the test process."""
 
     def __init__(self, workdir: Path, port: int | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), password: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail("redis-server is not installed: run .ci/run (it installs the "
@@ -40,12 +47,14 @@ class RedisServer:
         self.workdir = workdir
         self.port = port if port is not None else free_port()
         self.extra_args = extra_args
+        # A restart "on the same server" passes the old one's password on.
+        self.password = password if password is not None else uuid.uuid4().hex
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: list[bytes] = []
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         """Start it and wait for its own "ready" line (no polling, no sleep)."""
@@ -53,7 +62,8 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir), *self.extra_args],
+             "--appendonly", "no", "--dir", str(self.workdir),
+             "--requirepass", self.password, *self.extra_args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         assert proc.stdout is not None

@@ -379,7 +379,8 @@ async def test_redis_lost_degrades_health_and_a_restart_on_the_port_recovers(
             assert (await a.http.get("/health")).json()["status"] == "ok"
             redis.kill()
             await health_becomes(a.http, "degraded")
-            redis = RedisServer(tmp_path / "redis", port=redis.port)
+            redis = RedisServer(tmp_path / "redis", port=redis.port,
+                                password=redis.password)
             redis.start()  # the same port, its data gone (no persistence)
             await health_becomes(a.http, "ok")
             async with open_recorder(a.ws_url) as rec:

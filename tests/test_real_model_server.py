@@ -44,6 +44,10 @@ from tests.harness import (
 from tests.llamaserver import LlamaServer, llama_server  # noqa: F401 (fixture)
 from tests.test_engine_call_end import engine_events
 
+# Bound by the model's generation speed (one CPU thread) against the clients' timeouts:
+# run alone, after the parallel part (Makefile `test`).
+pytestmark = pytest.mark.serial
+
 AGENTS = """
 [providers.llama]
 type = "openai"

@@ -282,9 +282,9 @@ async def test_rediss_verified_with_a_password_and_db(tmp_path: Path, prefix: st
     cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
     port = free_port()
     args = ("--tls-port", str(port), "--tls-cert-file", str(tmp_path / "cert.pem"),
-            "--tls-key-file", str(tmp_path / "key.pem"), "--tls-auth-clients", "no",
-            "--requirepass", "s3cret")
-    with RedisServer(tmp_path / "redis", port=0, extra_args=args), trio.fail_after(60):
+            "--tls-key-file", str(tmp_path / "key.pem"), "--tls-auth-clients", "no")
+    with RedisServer(tmp_path / "redis", port=0, extra_args=args, password="s3cret"), \
+            trio.fail_after(60):
         url = f"rediss://:s3cret@127.0.0.1:{port}/3?ssl_ca_certs={tmp_path / 'ca.pem'}"
         async with node(url, prefix) as (log_a, bus_a):
             sub = bus_a.subscribe(Filter())

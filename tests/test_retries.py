@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from email.utils import formatdate
 from pathlib import Path
@@ -73,11 +73,12 @@ async def answer(provider: RawProvider, stream: trio.abc.Stream) -> bool:
     return True
 
 
-def failing(status: int, **headers: str) -> Behaviour:
-    """`status` with these headers and a small JSON error body."""
+def failing(status: int, **headers: str | Callable[[], str]) -> Behaviour:
+    """`status` with these headers and a small JSON error body (a callable header's
+    value is taken as the answer is sent)."""
     async def behave(provider: RawProvider, stream: trio.abc.Stream) -> bool:
         body = json.dumps({"error": {"type": "error", "message": f"failed {status}"}}).encode()
-        head = "".join(f"{name.replace('_', '-')}: {value}\r\n"
+        head = "".join(f"{name.replace('_', '-')}: {value() if callable(value) else value}\r\n"
                        for name, value in headers.items())
         await stream.send_all(
             f"HTTP/1.1 {status} Failed\r\nContent-Type: application/json\r\n{head}"
@@ -255,7 +256,10 @@ async def test_retry_after_sets_the_wait(
 async def test_retry_after_as_an_http_date(
         tmp_path: Path, provider: Provider, rawp: RawProvider) -> None:
     setup = Setup("openai", "httpx")
-    rawp.plan = [failing(503, Retry_After=formatdate(time.time() + 2, usegmt=True)), answer]
+    # The date is written as the 503 is sent: a daemon slow to start on a loaded machine
+    # must not have used up the 2 s before the provider was even asked.
+    rawp.plan = [failing(503, Retry_After=lambda: formatdate(time.time() + 2, usegmt=True)),
+                 answer]
     async with open_daemon(tmp_path, provider, extra=extra(rawp, setup)) as d:
         r, stream = await turn(d, setup.agent)
     assert r.status_code == 200, r.text
