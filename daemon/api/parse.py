@@ -29,10 +29,14 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def json_object(raw: bytes | str, *, allow_empty: bool = False) -> dict[str, Any]:
-    if not raw.strip():
+    """The body as a JSON object. `allow_empty`: no body at all is `{}`; a body of only
+    whitespace is not JSON, so it is malformed (schemathesis sent a cancel "\n")."""
+    if not raw:
         if allow_empty:
             return {}
         raise BadRequest("the request body must be a JSON object")
+    if not raw.strip():
+        raise BadRequest("malformed JSON: the body is only whitespace")
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
