@@ -116,6 +116,29 @@ def _pyspy_top(raw: Path, n: int = 15) -> list[str]:
     return out
 
 
+
+def tally(ledger: Ledger, label: str, total: int, results: list[dict[str, Any]],
+          seen: list[dict[str, Any]]
+          ) -> tuple[list[float], int, Counter[str], list[int], Counter[str]]:
+    """What the chat processes (`results`) and the watcher processes (`seen`) reported,
+    summed; each chat not answered 200 with its words is a loss in `ledger`. The answer
+    times sorted, the chats answered, their statuses, each watcher's `done` count, the
+    watchers' close codes."""
+    answers = sorted(a for r in results for a in r["answers_s"])
+    ok = sum(r["ok"] for r in results)
+    statuses: Counter[str] = Counter()
+    for r in results:
+        statuses.update(r["statuses"])
+    for i in range(total - ok):
+        ledger.lost(f"{label}: chat answer {i + 1} of {total - ok} not 200 with its words")
+    ledger.turns += total
+    ledger.tokens += ok * TOKENS
+    dones = [d for s in seen for d in s["dones"]]
+    codes: Counter[str] = Counter()
+    for s in seen:
+        codes.update(s["close_codes"])
+    return answers, ok, statuses, dones, codes
+
 async def burst(daemon: Proc, watchers: int, ledger: Ledger, label: str,
                 pyspy: Path | None = None) -> tuple[list[Row], dict[str, Any]]:
     body = json.dumps({"message": script(say=TOKENS, delay_ms=DELAY_MS)})
@@ -157,19 +180,7 @@ async def burst(daemon: Proc, watchers: int, ledger: Ledger, label: str,
             spy.kill()
     peak = memory_kib(daemon.pid, "VmHWM") / 1024
     health = sorted(got["latencies_s"])
-    answers = sorted(a for r in results for a in r["answers_s"])
-    ok = sum(r["ok"] for r in results)
-    statuses: Counter[str] = Counter()
-    for r in results:
-        statuses.update(r["statuses"])
-    for i in range(CHATS - ok):
-        ledger.lost(f"{label}: chat answer {i + 1} of {CHATS - ok} not 200 with its words")
-    ledger.turns += CHATS
-    ledger.tokens += ok * TOKENS
-    dones = [d for s in seen for d in s["dones"]]
-    codes: Counter[str] = Counter()
-    for s in seen:
-        codes.update(s["close_codes"])
+    answers, ok, statuses, dones, codes = tally(ledger, label, CHATS, results, seen)
     p99h = p99(health)
     figures = {"p50": statistics.median(health), "p99": p99h, "max": health[-1],
                "n": len(health), "answer_p50": statistics.median(answers),

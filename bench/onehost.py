@@ -42,7 +42,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -68,6 +67,7 @@ from bench.controlplane import (
     WATCHERS,
     _Child,
     _loopstats_note,
+    tally,
 )
 from bench.procs import Proc, cluster_table, open_daemon, open_mock
 from bench.procstat import cpu_seconds, memory_kib
@@ -204,19 +204,7 @@ async def burst(shape: Shape, chats: int, watchers: int, ledger: Ledger,
         for child in children:
             child.kill()
     total = chats // CHAT_PROCS * CHAT_PROCS
-    ok = sum(r["ok"] for r in results)
-    statuses: Counter[str] = Counter()
-    for r in results:
-        statuses.update(r["statuses"])
-    for i in range(total - ok):
-        ledger.lost(f"{label}: chat answer {i + 1} of {total - ok} not 200 with its words")
-    ledger.turns += total
-    ledger.tokens += ok * TOKENS
-    answers = sorted(a for r in results for a in r["answers_s"])
-    dones = [d for s in seen for d in s["dones"]]
-    codes: Counter[str] = Counter()
-    for s in seen:
-        codes.update(s["close_codes"])
+    answers, ok, statuses, dones, codes = tally(ledger, label, total, results, seen)
     if watch and min(dones) < ok:
         ledger.lost(f"{label}: a watcher saw {min(dones)} `done`s of {ok} answered chats")
     health = [sorted(g["latencies_s"]) for g in got]

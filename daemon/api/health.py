@@ -17,18 +17,15 @@ with the same body (`health_body`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import h11
 
 from daemon import __version__
 from daemon.api.guard import HostPolicy
+from daemon.api.httpserver import FastAnswer
 from daemon.api.runtime import Runtime
 from daemon.hosts import split_host
-
-# (status, JSON body) for a request the connection answers itself, or None: route it.
-FastAnswer = Callable[[h11.Request, "str | None"], "tuple[int, bytes] | None"]
 
 # Headers that make a GET more than a probe: a body, a cross-origin caller (CORS
 # headers), a WebSocket upgrade (the route answers 400), a 100-continue.

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+from collections.abc import Callable
 from itertools import chain
 from typing import Any
 
@@ -42,7 +43,9 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import wrap_app
 
-from daemon.api.health import FastAnswer
+# (status, JSON body) for a request the connection answers itself (api/health.py), or
+# None: the request goes to the app.
+FastAnswer = Callable[[h11.Request, "str | None"], "tuple[int, bytes] | None"]
 
 # The logger keeps its name from before the move (operators filter logs by it).
 log = logging.getLogger("daemon.httpserver")
@@ -91,17 +94,12 @@ class _H11Protocol(H11Protocol):
         await self._send_h11_event(h11.EndOfMessage())
         await self.context.mark_request()
         # The request had no body (`fast` answers none that has): its end is parsed
-        # with its head. Take it, then start the next request as `_maybe_recycle` does.
+        # with its head. Take it, then hypercorn's own end of a request's cycle.
         end = self.connection.next_event()
         if not isinstance(end, h11.EndOfMessage):  # not a request `fast` may answer
             await self.send(Closed())
             return
-        if (not self.context.terminated.is_set() and self.connection.our_state is h11.DONE
-                and self.connection.their_state is h11.DONE):
-            self.connection.start_next_cycle()
-            await self.send(Updated(idle=True))
-        else:
-            await self.send(Closed())
+        await self._maybe_recycle()
 
     # Private hook: hypercorn (0.18) has no public way to shape its own error responses.
     async def _send_error_response(self, status_code: int) -> None:
